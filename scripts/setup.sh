@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Install everything this project needs on a Debian machine, idempotently:
+#   - the Debian packages of a local Slurm cluster (slurmctld, slurmd, slurm-client, slurmdbd, munge,
+#     mariadb-server);
+#   - a virtual environment in .venv with the project and its Python dependencies, torch pinned exactly
+#     ($TORCH_VERSION, default 2.13.0, whose CPU wheel lies on local disk; a loose pin pulls a CUDA build).
+# A second run finds everything in place and returns in about a second.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+PYTHON=${PYTHON:-python3}
+VENV=$ROOT/.venv
+APT_PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server)
+
+fail() { echo "scripts/setup.sh: $*" >&2; exit 1; }
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "== installing Debian packages: ${missing[*]}"
+  sudo=()
+  if ((EUID != 0)); then
+    command -v sudo >/dev/null || fail "need root (or sudo) to install ${missing[*]}"
+    sudo=(sudo)
+  fi
+  # policy-rc.d keeps the packages' own services from starting: slurm/up.sh runs its own daemons.
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -q >/dev/null || fail "apt-get update failed"
+  "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
+    || fail "apt-get install ${missing[*]} failed"
+fi
+
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null \
+  || fail "$PYTHON must be Python >= 3.10 (set PYTHON=...)"
+if [[ ! -x $VENV/bin/python ]]; then
+  echo "== creating $VENV"
+  "$PYTHON" -m venv "$VENV" || fail "could not create a virtual environment with $PYTHON"
+fi
+
+# Reinstall only when the dependency declarations changed.
+stamp=$VENV/.setup-stamp
+want=$(cat "$ROOT/pyproject.toml" "$0" | sha256sum | cut -d' ' -f1)-$TORCH_VERSION
+if [[ $(cat "$stamp" 2>/dev/null) != "$want" ]]; then
+  echo "== installing torch==$TORCH_VERSION and the project into $VENV"
+  "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" || fail "pip could not install torch==$TORCH_VERSION"
+  "$VENV/bin/pip" install -q -e "$ROOT[dev]" || fail "pip could not install the project"
+  echo "$want" >"$stamp"
+fi
+"$VENV/bin/python" -c 'import torch, submitit, hydra, numpy' || fail "the environment in $VENV is broken; remove it and rerun"
+echo "== setup done: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'), slurm $(dpkg-query -W -f='${Version}' slurm-client)"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Stop everything slurm/up.sh started, by pid, and leave nothing running. Harmless on a stopped cluster.
+# Usage: slurm/down.sh [--dir DIR]   (or SLURM_LOCAL_DIR)
+set -uo pipefail
+if [[ ${1-} == --dir ]]; then export SLURM_LOCAL_DIR=${2-}; fi
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+export SLURM_CONF=$SLURM_LOCAL_ETC/slurm.conf
+
+[[ -d $SLURM_LOCAL_RUN ]] || { echo "Slurm cluster in $SLURM_LOCAL_DIR is not running."; exit 0; }
+
+# Jobs first, so their tasks end through slurmstepd rather than being orphaned.
+if slurm_local_pid_alive "$SLURM_LOCAL_RUN/slurmctld.pid"; then
+  jobs=$(squeue -h -o %A 2>/dev/null)
+  if [[ -n $jobs ]]; then
+    # shellcheck disable=SC2086
+    scancel $jobs 2>/dev/null
+    for _ in $(seq 50); do [[ -z $(squeue -h -o %A 2>/dev/null) ]] && break; sleep 0.2; done
+  fi
+fi
+
+stop() {  # PIDFILE: TERM, wait up to 10 s, then KILL
+  local pidfile=$1 pid
+  slurm_local_pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
+  pid=$(cat "$pidfile")
+  kill -TERM "$pid" 2>/dev/null
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  kill -KILL "$pid" 2>/dev/null
+  rm -f "$pidfile"
+}
+
+for pidfile in "$SLURM_LOCAL_RUN"/slurmd-*.pid; do
+  [[ $pidfile == *.daemon.pid ]] || stop "$pidfile"
+done
+for ((i = ${#SLURM_LOCAL_DAEMONS[@]} - 1; i >= 0; i--)); do
+  stop "$SLURM_LOCAL_RUN/${SLURM_LOCAL_DAEMONS[i]}.pid"
+done
+rm -f "$SLURM_LOCAL_RUN"/*.daemon.pid "$SLURM_LOCAL_DIR/settings"
+if [[ -w /etc/hosts ]] && grep -q '# slurm-local:' /etc/hosts; then
+  name=$(grep -o '^ClusterName=.*' "$SLURM_CONF" 2>/dev/null | cut -d= -f2)
+  [[ -n $name ]] && sed -i "/# slurm-local:$name\$/d" /etc/hosts
+fi
+echo "Slurm cluster in $SLURM_LOCAL_DIR stopped."

@@ -1,0 +1,128 @@
+"""The local Slurm cluster (slurm/up.sh) behaves like a real multi-node GPU cluster."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO
+
+UP = str(REPO / "slurm" / "up.sh")
+DOWN = str(REPO / "slurm" / "down.sh")
+
+
+def wait_for_state(slurm, job_id: str, timeout: float = 60) -> str:
+    """Poll sacct until the job reaches a final state."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        out = slurm.run("sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id).stdout.strip()
+        if out and out.split()[0] in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}:
+            return out.split()[0]
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not finish in {timeout} s")
+
+
+def test_two_node_job_runs_one_task_per_node_with_8_gpus(slurm, tmp_path):
+    out = tmp_path / "out.txt"
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        "srun bash -c 'echo task=$SLURM_PROCID node=$SLURMD_NODENAME gpus=$SLURM_GPUS_ON_NODE'\n"
+    )
+    res = slurm.run("sbatch", "--parsable", "-N", "2", "--ntasks-per-node=1",
+                    f"--gpus-per-node={slurm.gpus_per_node}", "-o", str(out), str(script))
+    job_id = res.stdout.strip().split(";")[0]
+    assert wait_for_state(slurm, job_id) == "COMPLETED"
+    lines = sorted(out.read_text().split("\n"))
+    lines = [line for line in lines if line]
+    assert lines == [
+        f"task=0 node={slurm.nodes[0]} gpus={slurm.gpus_per_node}",
+        f"task=1 node={slurm.nodes[1]} gpus={slurm.gpus_per_node}",
+    ]
+    # Node names resolve, so tasks can rendezvous by name.
+    assert socket.gethostbyname(slurm.nodes[0]) == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-N", "3"], "Node count specification invalid"),
+        (["-N", "1", "--gpus-per-node=9"], "Requested node configuration is not available"),
+    ],
+)
+def test_oversized_request_is_rejected_by_slurm(slurm, args, message):
+    res = slurm.run("sbatch", *args, "--wrap", "true", check=False)
+    assert res.returncode != 0
+    assert message in res.stderr
+
+
+def run_up(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run(["bash", UP, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--nodes", "0"], "--nodes must be a positive integer, got '0'"),
+        (["--gpus", "abc"], "--gpus must be a non-negative integer, got 'abc'"),
+        (["--cpus", "-1"], "--cpus must be a positive integer, got '-1'"),
+        (["--bogus"], "unknown option '--bogus'"),
+    ],
+)
+def test_up_rejects_impossible_settings_without_starting_anything(tmp_path, args, message):
+    state = tmp_path / "state"
+    res = run_up("--dir", str(state), *args)
+    assert res.returncode != 0
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"slurm/up.sh: {message}")
+    assert not state.exists()
+
+
+def test_up_names_a_taken_port(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        res = run_up("--dir", str(tmp_path / "s"), "--name", "porttest", "--no-accounting", "--port", str(port))
+    assert res.returncode != 0
+    assert f"port {port} is already in use" in res.stderr
+
+
+def test_up_reports_a_daemon_that_dies_with_its_log(tmp_path):
+    """Fault injection: a slurmctld that exits at once must be named, with its log, and nothing left."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "slurmctld").write_text("#!/bin/sh\necho 'fatal: injected failure' >&2\nexit 1\n")
+    (fake / "slurmctld").chmod(0o755)
+    state = tmp_path / "state"
+    res = run_up("--dir", str(state), "--name", "diestest", "--no-accounting", "--port", "17710",
+                 env_extra={"PATH": f"{fake}:{os.environ['PATH']}"})
+    assert res.returncode != 0
+    assert f"slurmctld died during start-up; read {state}/log/slurmctld.log" in res.stderr
+    assert "injected failure" in (state / "log" / "slurmctld.log").read_text()
+    assert not list((state / "run").glob("*.pid")), "a failed start must stop what it started"
+
+
+def test_up_twice_is_harmless_and_down_leaves_nothing_running(tmp_path):
+    state = tmp_path / "state"
+    args = ("--dir", str(state), "--name", "twice", "--no-accounting", "--nodes", "1", "--gpus", "2",
+            "--port", "17610")
+    first = run_up(*args)
+    assert first.returncode == 0, first.stderr
+    pids = {p.name: p.read_text() for p in (state / "run").glob("*.pid")}
+    assert len(pids) >= 3  # munged, slurmctld, one slurmd
+    second = run_up(*args)
+    assert second.returncode == 0, second.stderr
+    assert {p.name: p.read_text() for p in (state / "run").glob("*.pid")} == pids
+    assert f"export SLURM_CONF={state}/etc/slurm.conf" in second.stdout
+
+    down = subprocess.run(["bash", DOWN, "--dir", str(state)], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0
+    for pid in pids.values():
+        assert not os.path.exists(f"/proc/{pid.strip()}"), f"process {pid} still running after down.sh"
+    again = subprocess.run(["bash", DOWN, "--dir", str(state)], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0
