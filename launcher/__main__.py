@@ -1,0 +1,4 @@
+"""``python -m launcher``: see launcher/cli.py."""
+from launcher.cli import main
+
+raise SystemExit(main())

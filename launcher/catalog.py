@@ -1,0 +1,46 @@
+"""What ``conf/`` offers: the config groups and their options.
+
+Validation messages list the valid choices, and ``--help`` shows them; both
+read them here from the files on disk, so adding ``conf/cluster/mysite.yaml``
+is all it takes to make ``cluster=mysite`` valid.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import List
+
+from omegaconf import OmegaConf
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+# The config groups a user chooses from, in the order of conf/config.yaml.
+GROUPS = ("model", "gpus", "cluster")
+
+# The gpus option that takes its count from ``layout.gpus``.
+CUSTOM_GPUS = "custom"
+
+
+def _natural_key(name: str) -> list:
+    """Sort ``2`` before ``16`` and ``gpt_7b`` before ``gpt_13b``."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
+
+
+def options(group: str) -> List[str]:
+    """The option names of a config group (its YAML files, without suffix)."""
+    return sorted((p.stem for p in (CONF_DIR / group).glob("*.yaml")), key=_natural_key)
+
+
+def gpu_presets() -> List[int]:
+    """The GPU counts that have a preset file in ``conf/gpus/``."""
+    return [int(name) for name in options("gpus") if name.isdigit()]
+
+
+def model_micro_batch(model: str) -> int | None:
+    """The micro-batch a model's size file sets, where ``train.micro_batch=auto``
+    starts its search; None if the file is absent or sets no integer."""
+    path = CONF_DIR / "model" / f"{model}.yaml"
+    if not path.is_file():
+        return None
+    value = OmegaConf.select(OmegaConf.load(path), "train.micro_batch")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

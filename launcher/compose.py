@@ -1,0 +1,89 @@
+"""Compose validated, typed run configs from ``conf/`` and the command line.
+
+Uses Hydra's compose API rather than ``@hydra.main``: the launcher runs its own
+sweeps (one submission per concrete override list, see launcher/overrides.py)
+and must return as soon as jobs are submitted, while ``@hydra.main`` owns the
+process (working directory, logging) and its launchers block on their jobs.
+
+Every run of a sweep is composed, validated and planned before any is
+submitted, so one bad combination fails the whole command up front.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Sequence
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from launcher import overrides as ov
+from launcher.catalog import CONF_DIR
+from launcher.config import RunConfig
+from launcher.errors import LaunchError
+from launcher.plan import Plan
+from launcher.sbatch import request_params
+from launcher.validate import validate
+
+# What Hydra and OmegaConf raise for bad input (Hydra also raises bare ValueError).
+_CONFIG_ERRORS = (HydraException, OmegaConfBaseException, ValueError)
+
+
+@dataclass(frozen=True)
+class ComposedRun:
+    """One concrete run: what the user typed, the typed config, and its plan."""
+
+    overrides: List[str]  # this run's overrides as typed (sweeps expanded)
+    config: RunConfig
+    resolved: DictConfig  # the fully resolved config, for the run's config.yaml
+    plan: Plan
+
+
+def compose_runs(overrides: Sequence[str], multirun: bool = False) -> List[ComposedRun]:
+    """Compose every run the overrides describe (several only with ``multirun``).
+
+    Raises LaunchError, with a one-line message, for any user mistake.
+    """
+    ConfigStore.instance().store(name="base", node=RunConfig)
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="launcher"):
+            # With the config loader, glob() sweeps can list a group's options.
+            parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+            runs = ov.expand(ov.parse(parser, overrides), multirun)
+            return [_compose_one(parser, run, label=multirun and len(runs) > 1) for run in runs]
+    except _CONFIG_ERRORS as exc:
+        raise LaunchError(one_line(exc)) from exc
+
+
+def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> ComposedRun:
+    try:
+        parsed = ov.parse(parser, typed)
+        ov.check(parsed)
+        cfg = compose(config_name="config", overrides=ov.normalise(parsed))
+        config: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+        validate(config)
+        plan = Plan.from_config(config)
+        request_params(config, plan)  # rejects values unsafe in an sbatch script
+    except (LaunchError, *_CONFIG_ERRORS) as exc:
+        message = exc.message if isinstance(exc, LaunchError) else one_line(exc)
+        raise LaunchError(f"[{' '.join(typed)}] {message}" if label else message) from exc
+    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    return ComposedRun(overrides=list(typed), config=config, resolved=resolved, plan=plan)
+
+
+def one_line(exc: BaseException) -> str:
+    """Hydra's and OmegaConf's messages (and their causes) on one line, without
+    the indented ``full_key:``/``object_type=`` detail lines."""
+    parts: List[str] = []
+    current: BaseException | None = exc
+    while current is not None:
+        lines = [line.strip() for line in str(current).splitlines() if line.strip() and not line[0].isspace()]
+        text = " ".join(lines)
+        if text and text not in parts:
+            parts.append(text)
+        current = current.__cause__
+    return ": ".join(parts) or type(exc).__name__

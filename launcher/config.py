@@ -1,0 +1,140 @@
+"""The typed shape of a run's configuration.
+
+Hydra composes YAML from ``conf/`` on top of these dataclasses, so a misspelled
+key or a value of the wrong type is an error at composition time instead of a
+silently ignored setting. The resolved config is written to the run directory
+as ``config.yaml``; the training task (``train/``) reads it back into the same
+dataclasses with :func:`load_run_config`. This module must stay free of torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, OmegaConf
+
+
+@dataclass
+class ModelConfig:
+    """A decoder-only GPT's shape (MPT shapes for the public sizes)."""
+
+    name: str = MISSING
+    d_model: int = MISSING
+    n_heads: int = MISSING
+    n_layers: int = MISSING
+    seq_len: int = 2048
+    vocab_size: int = 50304
+    mlp_ratio: int = 4
+
+
+@dataclass
+class LayoutConfig:
+    """How many GPUs (tasks) and how they are spread over nodes.
+
+    ``nodes`` is normally derived as ``gpus / cluster.gpus_per_node``; the small
+    presets set it to spread a few GPUs over several nodes.
+    """
+
+    gpus: int = 8
+    nodes: Optional[int] = None
+
+
+@dataclass
+class ParallelConfig:
+    """How parallelism is applied to the plain model (train/parallel.py).
+
+    sharding: ``full`` (params, grads, optimizer sharded over the world),
+    ``hybrid`` (sharded inside a node, replicated across nodes) or ``grad_op``
+    (params kept gathered after forward; grads and optimizer state sharded).
+    activation_checkpointing: ``none``, ``selective`` (every other block) or ``full``.
+    precision: ``auto`` (bf16 params + fp32 reduce on CUDA, fp32 on CPU), ``bf16`` or ``fp32``.
+    """
+
+    sharding: str = "full"
+    activation_checkpointing: str = "none"
+    compile: bool = False
+    precision: str = "auto"
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation loop. ``global_batch`` is in sequences per optimizer step;
+    when null it is ``batch_per_gpu * gpus`` (weak scaling across GPU counts)."""
+
+    steps: int = 100
+    global_batch: Optional[int] = None
+    batch_per_gpu: int = 2
+    micro_batch: Any = 2  # an int, or "auto" (halve on CUDA OOM)
+    lr: float = 3.0e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 1234
+    log_every: int = 10
+    eval_every: int = 50
+    eval_batches: int = 2
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+
+
+@dataclass
+class DataConfig:
+    """Token data. With ``path`` null, a byte-level corpus built from the Python
+    standard library's sources is made on first use and cached in ``cache_dir``."""
+
+    path: Optional[str] = None
+    dtype: str = "uint16"
+    val_fraction: float = 0.05
+    cache_dir: str = "~/.cache/slurm-gpt-launcher"
+
+
+@dataclass
+class ClusterConfig:
+    """Where and how the job is submitted (see conf/cluster/*.yaml)."""
+
+    name: str = "local"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    gpus_per_node: int = 8
+    gpu_type: Optional[str] = None
+    gpu_memory_gb: Optional[float] = None
+    cpus_per_gpu: int = 1
+    mem_per_gpu: Optional[str] = None
+    time_limit_min: int = 60
+    exclusive: bool = False
+    overcommit: bool = False
+    signal_delay_s: int = 120
+    max_requeues: int = 3
+    sbatch_flags: Dict[str, Any] = field(default_factory=dict)
+    setup: List[str] = field(default_factory=list)
+    container_image: Optional[str] = None
+    slurm_conf: Optional[str] = None
+
+
+@dataclass
+class RunConfig:
+    """The root of every composed run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    name: Optional[str] = None
+    run_root: str = "${oc.env:LAUNCHER_RUN_ROOT,'~/.launcher/runs'}"
+    dry_run: Any = False  # false, true or "json"
+    force: bool = False
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Read a resolved ``config.yaml`` back into typed dataclasses."""
+    schema = OmegaConf.structured(RunConfig)
+    merged = OmegaConf.merge(schema, OmegaConf.load(path))
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]

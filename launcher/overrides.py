@@ -1,0 +1,126 @@
+"""From the overrides a user types to the override lists Hydra can compose.
+
+Hydra's compose API takes one concrete list of overrides. Three things between
+the command line and that list are ours:
+
+* Sweeps: ``-m gpus=8,16 model=a,b`` becomes the cartesian product of concrete
+  lists, in a stable order (the first override varies slowest), as Hydra's
+  BasicSweeper would do under ``@hydra.main``, which we do not use because it
+  owns the process and blocks on its jobs.
+* GPU counts: options of the ``gpus`` group are named by count, and Hydra
+  rejects ``gpus=16`` as typed ("Config group override must be a string or a
+  list. Got int"). A count with a preset file selects that preset; any other
+  positive count selects ``custom`` with ``layout.gpus=N``.
+* Early, precise errors: an unknown key or group option is reported with the
+  closest valid name before Hydra's multi-line message could be.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import typing
+from typing import List, Sequence
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import OverrideParseException
+
+from launcher.catalog import CUSTOM_GPUS, GROUPS, gpu_presets, options
+from launcher.config import RunConfig
+from launcher.errors import LaunchError, did_you_mean
+
+
+def parse(parser: OverridesParser, overrides: Sequence[str]) -> List[Override]:
+    """Parse override strings, turning Hydra's grammar errors into a LaunchError."""
+    parsed = []
+    for line in overrides:
+        try:
+            parsed.extend(parser.parse_overrides([line]))
+        except OverrideParseException as exc:
+            raise LaunchError(f"cannot parse override '{line}': {str(exc).splitlines()[0]}") from exc
+    return parsed
+
+
+def expand(parsed: Sequence[Override], multirun: bool) -> List[List[str]]:
+    """The concrete override lists of a (multi)run, each as the user would type it."""
+    axes = []
+    for override in parsed:
+        if not override.is_sweep_override():
+            axes.append([override.input_line])
+            continue
+        if not multirun:
+            raise LaunchError(f"'{override.input_line}' is a sweep; add -m (--multirun) to launch one run per value")
+        if not override.is_discrete_sweep():
+            raise LaunchError(
+                f"'{override.input_line}' cannot be enumerated; sweep over a list (a=1,2), range() or choice()"
+            )
+        key = override.get_key_element()
+        axes.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+    return [list(combination) for combination in itertools.product(*axes)]
+
+
+def check(parsed: Sequence[Override]) -> None:
+    """Reject unknown keys and unknown model/cluster options with a suggestion."""
+    for override in parsed:
+        key = override.key_or_group
+        if override.package is not None or override.is_delete():
+            continue
+        if key in ("model", "cluster"):  # gpus also takes counts: see normalise()
+            _check_option(key, override.value())
+        elif key not in GROUPS and not (override.is_add() or override.is_force_add()):
+            _check_key(key)
+
+
+def normalise(parsed: Sequence[Override]) -> List[str]:
+    """The override strings to hand to Hydra, with ``gpus=N`` made composable."""
+    hydra_overrides = []
+    for override in parsed:
+        if override.key_or_group != "gpus" or override.package is not None or override.is_delete():
+            hydra_overrides.append(override.input_line)
+        elif override.value() == CUSTOM_GPUS:
+            if not any(o.key_or_group == "layout.gpus" for o in parsed):
+                raise LaunchError("gpus=custom needs layout.gpus=N (or type the count: gpus=N)")
+            hydra_overrides.append(f"gpus={CUSTOM_GPUS}")
+        else:
+            count = _gpu_count(override.value())
+            if count in gpu_presets():
+                hydra_overrides.append(f"gpus='{count}'")  # a quoted string is a valid group choice
+            else:
+                hydra_overrides += [f"gpus={CUSTOM_GPUS}", f"layout.gpus={count}"]
+    return hydra_overrides
+
+
+def _gpu_count(value: object) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        presets = ", ".join(map(str, gpu_presets()))
+        raise LaunchError(
+            f"gpus must be a GPU count (presets: {presets}; any other count is laid out as custom), got '{value}'"
+        )
+    if value <= 0:
+        raise LaunchError(f"gpus must be a positive number of GPUs, got {value}")
+    return value
+
+
+def _check_option(group: str, value: object) -> None:
+    valid = options(group)
+    if value not in valid:
+        raise LaunchError(f"unknown {group} '{value}'{did_you_mean(str(value), valid)}; valid: {', '.join(valid)}")
+
+
+def _check_key(key: str) -> None:
+    """Walk ``key`` down the RunConfig dataclasses; free-form mappings accept any sub-key."""
+    node: object = RunConfig
+    path: List[str] = []
+    for part in key.split("."):
+        if typing.get_origin(node) is dict:
+            return
+        if not dataclasses.is_dataclass(node):
+            raise LaunchError(f"unknown key '{key}': '{'.'.join(path)}' is a value, not a section")
+        fields = typing.get_type_hints(node)
+        if part not in fields:
+            candidates = [".".join(path + [name]) for name in fields] + ([] if path else list(GROUPS))
+            raise LaunchError(f"unknown key '{key}'{did_you_mean('.'.join(path + [part]), candidates)}")
+        node = fields[part]
+        path.append(part)

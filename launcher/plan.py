@@ -1,0 +1,125 @@
+"""What a run will do, in numbers: layout, batch arithmetic, size and FLOPs.
+
+Computed from a RunConfig before anything is submitted, so impossible layouts
+and batch sizes fail on the command line instead of minutes later in a queued
+job. The launcher writes it as the run's ``plan.json`` (keys in
+docs/design-contract.md) and prints it for ``dry_run``. The parameter and FLOPs
+formulas must match train/model.py exactly.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, Tuple
+
+from launcher.catalog import model_micro_batch
+from launcher.config import ModelConfig, RunConfig
+from launcher.errors import LaunchError
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    gpus: int
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int  # GPUs requested per node (one per task)
+    world_size: int
+    micro_batch: int  # the starting micro-batch when micro_batch_auto
+    micro_batch_auto: bool
+    grad_accum: int
+    global_batch: int  # sequences per optimizer step
+    tokens_per_step: int
+    seq_len: int
+    params: int
+    non_embedding_params: int
+    flops_per_token: int
+    sharding: str
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> "Plan":
+        """The plan of a validated config; LaunchError if it cannot be laid out."""
+        gpus = cfg.layout.gpus
+        nodes, tasks_per_node = layout(gpus, cfg.layout.nodes, cfg.cluster.gpus_per_node, cfg.cluster.name)
+        global_batch = cfg.train.global_batch
+        if global_batch is None:  # weak scaling: a fixed batch per GPU
+            global_batch = cfg.train.batch_per_gpu * gpus
+        micro_batch, auto = _micro_batch(cfg, global_batch, gpus)
+        if global_batch % (gpus * micro_batch):
+            raise LaunchError(
+                f"global batch {global_batch} is not divisible by world_size x micro_batch = {gpus} x {micro_batch}; "
+                "change train.global_batch, train.batch_per_gpu or train.micro_batch"
+            )
+        non_embedding, params = parameter_counts(cfg.model)
+        return cls(
+            model=cfg.model.name,
+            gpus=gpus,
+            nodes=nodes,
+            tasks_per_node=tasks_per_node,
+            gpus_per_node=tasks_per_node,
+            world_size=gpus,
+            micro_batch=micro_batch,
+            micro_batch_auto=auto,
+            grad_accum=global_batch // (gpus * micro_batch),
+            global_batch=global_batch,
+            tokens_per_step=global_batch * cfg.model.seq_len,
+            seq_len=cfg.model.seq_len,
+            params=params,
+            non_embedding_params=non_embedding,
+            flops_per_token=flops_per_token(cfg.model),
+            sharding=cfg.parallel.sharding,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The plan.json object."""
+        return dataclasses.asdict(self)
+
+
+def parameter_counts(model: ModelConfig) -> Tuple[int, int]:
+    """(non-embedding, total) parameters: bias-free Linear and LayerNorm, tied
+    embedding, learned positions (docs/design-contract.md)."""
+    d, r = model.d_model, model.mlp_ratio
+    non_embedding = model.n_layers * ((4 + 2 * r) * d * d + 2 * d) + d
+    return non_embedding, non_embedding + model.vocab_size * d + model.seq_len * d
+
+
+def flops_per_token(model: ModelConfig) -> int:
+    """Training FLOPs per token, 6N + 12*L*H*Q*T with H*Q = d_model."""
+    non_embedding, _ = parameter_counts(model)
+    return 6 * non_embedding + 12 * model.n_layers * model.d_model * model.seq_len
+
+
+def layout(gpus: int, nodes: int | None, gpus_per_node: int, cluster: str) -> Tuple[int, int]:
+    """(nodes, tasks per node) for ``gpus`` tasks, one per GPU.
+
+    Without an explicit node count, a run fits on one node or fills whole nodes.
+    """
+    if nodes is None:
+        if gpus <= gpus_per_node:
+            return 1, gpus
+        if gpus % gpus_per_node:
+            multiples = ", ".join(str(gpus_per_node * k) for k in (2, 3, 4))
+            raise LaunchError(
+                f"gpus={gpus} cannot be laid out on cluster {cluster} ({gpus_per_node} GPUs per node); "
+                f"use at most {gpus_per_node} or a multiple of {gpus_per_node} ({multiples}, ...)"
+            )
+        return gpus // gpus_per_node, gpus_per_node
+    if gpus % nodes:
+        raise LaunchError(f"gpus={gpus} cannot be split evenly over layout.nodes={nodes}")
+    if gpus // nodes > gpus_per_node:
+        raise LaunchError(
+            f"gpus={gpus} over layout.nodes={nodes} needs {gpus // nodes} GPUs per node; "
+            f"cluster {cluster} has {gpus_per_node}"
+        )
+    return nodes, gpus // nodes
+
+
+def _micro_batch(cfg: RunConfig, global_batch: int, world_size: int) -> Tuple[int, bool]:
+    """(micro-batch, auto). ``auto`` starts from the model size's default and
+    takes the largest divisor of the per-rank batch not above it; training
+    halves it on CUDA out-of-memory."""
+    if cfg.train.micro_batch != "auto":
+        return cfg.train.micro_batch, False
+    per_rank = max(1, global_batch // world_size)
+    start = min(model_micro_batch(cfg.model.name) or per_rank, per_rank)
+    return max(m for m in range(1, start + 1) if per_rank % m == 0), True
