@@ -1,0 +1,121 @@
+"""Submit composed runs to Slurm: check the cluster, record each run, hand it to submitit, return at once.
+
+Every check that can refuse a launch (Slurm reachable, the request fits the partition, the run root is
+writable) runs for every run of a sweep before the first one is submitted. A run whose submission fails
+leaves no directory behind.
+"""
+from __future__ import annotations
+
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from omegaconf import OmegaConf
+
+from launcher.compose import ComposedRun
+from launcher.errors import LaunchError
+from launcher.plan import Plan
+from launcher.runs import (RunRecord, append_event, create_run_dir, ensure_root, save_record,
+                           write_json_atomic)
+from launcher.slurm import Partition, SlurmError, find_partition, ping, slurm_conf_for, use_cluster
+
+
+def run_base_name(plan: Plan) -> str:
+    """A readable name stem, e.g. ``gpt-1b-16g``; the launch adds a random suffix."""
+    return f"{plan.model.replace('_', '-')}-{plan.gpus}g"
+
+
+def launch(runs: List[ComposedRun], sweep: bool) -> int:
+    """Submit every run (one Slurm job each), print what was submitted, return the exit status."""
+    try:
+        roots = [ensure_root(run.config.run_root) for run in runs]
+        check_cluster(runs)
+    except (SlurmError, PermissionError) as err:
+        raise LaunchError(str(err)) from None
+    sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}" if sweep else None
+    records = [submit_one(run, root, sweep_id) for run, root in zip(runs, roots)]
+    print_submitted(records, sweep_id)
+    return 0
+
+
+def check_cluster(runs: List[ComposedRun]) -> None:
+    """Slurm answers, and each run fits its partition as it could ever be (not as it is now)."""
+    for run in runs:
+        cluster = run.config.cluster
+        use_cluster(cluster.name, cluster.slurm_conf)
+        ping()
+        check_fits(run.plan, find_partition(cluster.partition))
+
+
+def check_fits(plan: Plan, part: Partition) -> None:
+    have = f"partition '{part.name}' has {part.nodes} nodes x {part.gpus_per_node} GPUs"
+    if plan.gpus_per_node > part.gpus_per_node:
+        raise SlurmError(f"gpus={plan.gpus} needs {plan.gpus_per_node} GPUs per node, but {have}")
+    if plan.nodes > part.nodes:
+        raise SlurmError(f"gpus={plan.gpus} needs {plan.nodes} nodes x {plan.gpus_per_node} GPUs, but {have} "
+                         f"(at most {part.nodes * part.gpus_per_node} GPUs)")
+
+
+def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str]) -> RunRecord:
+    """Create the run's directory, submit its job, and record it; on failure remove the directory."""
+    import submitit
+
+    from launcher.entry import TrainTask
+    from launcher.sbatch import executor_params
+
+    cfg, plan = run.config, run.plan
+    try:
+        run_dir = create_run_dir(root, cfg.name or run_base_name(plan), explicit=cfg.name is not None)
+    except FileExistsError as err:
+        raise LaunchError(str(err)) from None
+    name = run_dir.name
+    try:
+        resolved = run.resolved.copy()
+        resolved.name = name
+        resolved.run_root = str(root)
+        OmegaConf.save(resolved, run_dir / "config.yaml")
+        write_json_atomic(run_dir / "plan.json", plan.to_dict())
+        executor = submitit.SlurmExecutor(folder=run_dir / "submitit", max_num_timeout=cfg.cluster.max_requeues)
+        executor.update_parameters(**executor_params(cfg, plan, name))
+        job = executor.submit(TrainTask(), str(run_dir))
+    except Exception as err:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(err, LaunchError):
+            raise
+        raise LaunchError(f"submitting {name} failed: {last_line(err)}") from None
+    shutil.copyfile(run_dir / "submitit" / f"{job.job_id}_submission.sh", run_dir / "sbatch.sh")
+    record = RunRecord(
+        name=name, run_dir=str(run_dir), model=plan.model, gpus=plan.gpus, nodes=plan.nodes,
+        gpus_per_node=plan.gpus_per_node, steps=cfg.train.steps, cluster=cfg.cluster.name,
+        submitted_at=time.time(), job_id=job.job_id, sweep=sweep_id,
+        slurm_conf=slurm_conf_for(cfg.cluster.name, cfg.cluster.slurm_conf), argv=list(sys.argv[1:]),
+    )
+    save_record(record)
+    append_event(run_dir, "submitted", job_id=job.job_id)
+    return record
+
+
+def last_line(err: BaseException) -> str:
+    """The informative last line of an error (sbatch's complaint inside submitit's message)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+def print_submitted(records: List[RunRecord], sweep_id: Optional[str]) -> None:
+    if sweep_id is None:
+        rec = records[0]
+        print(f"Submitted {rec.name} as Slurm job {rec.job_id}: {rec.model} on {rec.nodes} node(s) x "
+              f"{rec.gpus_per_node} GPUs, {rec.steps} steps")
+        print(f"  run dir  {rec.run_dir}")
+        print(f"  status   python -m launcher describe {rec.name}")
+        print(f"  logs     python -m launcher logs {rec.name} --follow")
+        return
+    from tabulate import tabulate
+
+    rows = [(r.name, r.job_id, r.model, f"{r.nodes}x{r.gpus_per_node}", r.steps) for r in records]
+    print(f"Submitted sweep {sweep_id}: {len(records)} runs")
+    print(tabulate(rows, headers=["NAME", "JOB ID", "MODEL", "GPUS", "STEPS"]))
+    print(f"  status   python -m launcher runs --sweep {sweep_id}")
