@@ -116,8 +116,10 @@ def _subcommand(name: str) -> Callable[[List[str]], int]:
 
 
 def _display_name(run: ComposedRun) -> str:
-    """The run's name, or a descriptive stand-in where none is given yet."""
-    return run.config.name or f"{run.plan.model}-{run.plan.gpus}gpu"
+    """The run's name, or its stem where the launch would add a random suffix."""
+    from launcher.runs import base_name
+
+    return run.config.name or base_name(run.plan.model, run.plan.gpus)
 
 
 def _print_dry_run(runs: List[ComposedRun]) -> None:

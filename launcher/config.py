@@ -104,7 +104,7 @@ class ClusterConfig:
     gpus_per_node: int = 8
     gpu_type: Optional[str] = None
     gpu_memory_gb: Optional[float] = None
-    cpus_per_gpu: int = 1
+    cpus_per_gpu: Optional[int] = 1  # null: no --cpus-per-task (lets --overcommit pack tasks)
     mem_per_gpu: Optional[str] = None
     time_limit_min: int = 60
     exclusive: bool = False

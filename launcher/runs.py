@@ -88,6 +88,11 @@ def ensure_root(root: str) -> Path:
     return path
 
 
+def base_name(model: str, gpus: int) -> str:
+    """A readable name stem, e.g. ``gpt-1b-16g``; a launch adds a random suffix."""
+    return f"{model.replace('_', '-')}-{gpus}g"
+
+
 def create_run_dir(root: Path, base: str, explicit: bool) -> Path:
     """Make the run's directory. An explicit name must be new; a generated one gets a random suffix."""
     if explicit:

@@ -33,8 +33,9 @@ _LAUNCHER_FLAGS = {"signal", "output", "error", "open-mode", "array", "wckey", "
 def request_params(cfg: RunConfig, plan: Plan) -> Dict[str, Any]:
     """The parameters that follow from the config alone (all but the job name).
 
-    One task per GPU: ``ntasks_per_node`` tasks on each of ``nodes`` nodes,
-    each with ``cluster.cpus_per_gpu`` CPUs. USR2 arrives ``signal_delay_s``
+    One task per GPU: ``ntasks_per_node`` tasks on each of ``nodes`` nodes
+    (``--ntasks`` in all when the cluster overcommits CPUs),
+    each with ``cluster.cpus_per_gpu`` CPUs (none asked when null). USR2 arrives ``signal_delay_s``
     before the time limit so rank 0 can checkpoint and requeue. Composition
     calls this too, so an unsafe cluster value fails before any run of a sweep
     is submitted. Raises LaunchError.
@@ -45,12 +46,12 @@ def request_params(cfg: RunConfig, plan: Plan) -> Dict[str, Any]:
         gpus = f"{_token('cluster.gpu_type', cluster.gpu_type)}:{plan.gpus_per_node}"
     params: Dict[str, Any] = {
         "nodes": plan.nodes,
-        "ntasks_per_node": plan.tasks_per_node,
         "gpus_per_node": gpus,
-        "cpus_per_task": cluster.cpus_per_gpu,
         "time": cluster.time_limit_min,
         "signal_delay_s": cluster.signal_delay_s,
     }
+    if cluster.cpus_per_gpu is not None:
+        params["cpus_per_task"] = cluster.cpus_per_gpu
     if cluster.setup:
         params["setup"] = [_setup_line(line) for line in cluster.setup]
     for key in ("partition", "account", "qos", "constraint", "mem_per_gpu"):
@@ -59,8 +60,14 @@ def request_params(cfg: RunConfig, plan: Plan) -> Dict[str, Any]:
             params[key] = _token(f"cluster.{key}", value)
     if cluster.exclusive:
         params["exclusive"] = True
-    managed = {key.replace("_", "-") for key in params} | _LAUNCHER_FLAGS
-    extra = {"overcommit": True} if cluster.overcommit else {}
+    extra: Dict[str, Any] = {}
+    if cluster.overcommit:
+        # Slurm checks --ntasks-per-node against the node's CPUs even with --overcommit, but not
+        # --ntasks, which it then spreads evenly over the nodes.
+        extra.update(overcommit=True, ntasks=plan.nodes * plan.tasks_per_node)
+    else:
+        params["ntasks_per_node"] = plan.tasks_per_node
+    managed = {key.replace("_", "-") for key in [*params, *extra, "ntasks_per_node"]} | _LAUNCHER_FLAGS
     extra.update(_sbatch_flags(cluster.sbatch_flags, managed))
     if extra:
         params["additional_parameters"] = extra

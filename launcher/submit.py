@@ -18,14 +18,9 @@ from omegaconf import OmegaConf
 from launcher.compose import ComposedRun
 from launcher.errors import LaunchError
 from launcher.plan import Plan
-from launcher.runs import (RunRecord, append_event, create_run_dir, ensure_root, save_record,
+from launcher.runs import (RunRecord, append_event, base_name, create_run_dir, ensure_root, save_record,
                            write_json_atomic)
 from launcher.slurm import Partition, SlurmError, find_partition, ping, slurm_conf_for, use_cluster
-
-
-def run_base_name(plan: Plan) -> str:
-    """A readable name stem, e.g. ``gpt-1b-16g``; the launch adds a random suffix."""
-    return f"{plan.model.replace('_', '-')}-{plan.gpus}g"
 
 
 def launch(runs: List[ComposedRun], sweep: bool) -> int:
@@ -68,7 +63,7 @@ def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str]) -> RunReco
 
     cfg, plan = run.config, run.plan
     try:
-        run_dir = create_run_dir(root, cfg.name or run_base_name(plan), explicit=cfg.name is not None)
+        run_dir = create_run_dir(root, cfg.name or base_name(plan.model, plan.gpus), explicit=cfg.name is not None)
     except FileExistsError as err:
         raise LaunchError(str(err)) from None
     name = run_dir.name

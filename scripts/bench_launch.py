@@ -8,17 +8,21 @@ offending import lazy.
 
 Each benchmark is a function that times one run and returns seconds; the
 baseline is run alternately with it, so both see the same machine load, and
-medians are compared. To add one (e.g. a real submission to the local
-cluster), write such a function and list it in BENCHMARKS.
+medians are compared. A real submission goes to the local cluster (start it
+with slurm/up.sh first); its runs go to a temporary root and its jobs are
+cancelled at the end.
 
     python scripts/bench_launch.py [--repeats 7]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Dict, Sequence
@@ -41,7 +45,25 @@ def dry_run_json() -> float:
     return time_process([sys.executable, "-m", "launcher", "dry_run=json"])
 
 
-BENCHMARKS: Dict[str, Callable[[], float]] = {"launcher dry_run=json": dry_run_json}
+SUBMIT_ROOT = tempfile.mkdtemp(prefix="bench-launch-")
+
+
+def real_submission() -> float:
+    os.environ["LAUNCHER_RUN_ROOT"] = SUBMIT_ROOT
+    # Held, so the submitted jobs do not start and load the machine during the measurement.
+    return time_process([sys.executable, "-m", "launcher", "gpus=1", "train.steps=1", "+cluster.sbatch_flags.hold=true"])
+
+
+def cancel_submitted() -> None:
+    job_ids = [json.loads(p.read_text())["job_id"] for p in Path(SUBMIT_ROOT).glob("*/run.json")]
+    if job_ids:
+        subprocess.run(["scancel", *job_ids], check=False)
+
+
+BENCHMARKS: Dict[str, Callable[[], float]] = {
+    "launcher dry_run=json": dry_run_json,
+    "launcher (real submission)": real_submission,
+}
 
 
 def main() -> int:
@@ -55,6 +77,7 @@ def main() -> int:
             times.append(bench())
         base, seconds = statistics.median(base_times), statistics.median(times)
         print(f"{label:<28} {seconds:7.3f} s   import hydra, submitit {base:7.3f} s   ratio {seconds / base:5.2f}x")
+    cancel_submitted()
     return 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,26 @@ class SlurmCluster:
 
     def run(self, *cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run(cmd, env=self.env, capture_output=True, text=True, check=check, timeout=timeout)
+
+    def wait(self, job_id: str, timeout: float = 180) -> str:
+        """Poll sacct until the job reaches a final state; return it."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            out = self.run("sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id).stdout.split()
+            if out and out[0].split()[0] in FINAL_STATES:
+                return out[0]
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} did not finish in {timeout} s")
+
+    def launcher(self, *args: str, root: Path, timeout: float = 60, env: dict | None = None
+                 ) -> subprocess.CompletedProcess:
+        """Run ``python -m launcher ARGS`` as a user would, with runs under ``root``."""
+        env = {**self.env, **(env or {}), "LAUNCHER_RUN_ROOT": str(root)}
+        return subprocess.run([sys.executable, "-m", "launcher", *args], env=env, capture_output=True,
+                              text=True, timeout=timeout, cwd=REPO)
+
+
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 
 import pytest
 
@@ -12,17 +11,6 @@ from conftest import REPO
 
 UP = str(REPO / "slurm" / "up.sh")
 DOWN = str(REPO / "slurm" / "down.sh")
-
-
-def wait_for_state(slurm, job_id: str, timeout: float = 60) -> str:
-    """Poll sacct until the job reaches a final state."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        out = slurm.run("sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id).stdout.strip()
-        if out and out.split()[0] in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}:
-            return out.split()[0]
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not finish in {timeout} s")
 
 
 def test_two_node_job_runs_one_task_per_node_with_8_gpus(slurm, tmp_path):
@@ -35,7 +23,7 @@ def test_two_node_job_runs_one_task_per_node_with_8_gpus(slurm, tmp_path):
     res = slurm.run("sbatch", "--parsable", "-N", "2", "--ntasks-per-node=1",
                     f"--gpus-per-node={slurm.gpus_per_node}", "-o", str(out), str(script))
     job_id = res.stdout.strip().split(";")[0]
-    assert wait_for_state(slurm, job_id) == "COMPLETED"
+    assert slurm.wait(job_id) == "COMPLETED"
     lines = sorted(out.read_text().split("\n"))
     lines = [line for line in lines if line]
     assert lines == [
