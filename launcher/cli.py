@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -23,7 +24,15 @@ if TYPE_CHECKING:
 
 # Subcommand name -> "module:function". Each function takes the remaining
 # arguments and returns an exit status; its module is imported only when used.
-SUBCOMMANDS: Dict[str, str] = {}
+SUBCOMMANDS: Dict[str, str] = {
+    "runs": "launcher.listing:main",
+    "describe": "launcher.describe:main",
+    "logs": "launcher.logs:main",
+    "stop": "launcher.manage:stop",
+    "delete": "launcher.manage:delete",
+    "clusters": "launcher.clusters:main",
+    "secrets": "launcher.secrets:main",
+}
 
 _WORD = re.compile(r"[a-z][a-z_-]*")
 
@@ -38,6 +47,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except LaunchError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `launcher runs | head`: the reader left; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def launch_command(args: List[str]) -> int:

@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING, OmegaConf
 
+from launcher.runs import DEFAULT_ROOT
+
 
 @dataclass
 class ModelConfig:
@@ -128,7 +130,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     name: Optional[str] = None
-    run_root: str = "${oc.env:LAUNCHER_RUN_ROOT,'~/.launcher/runs'}"
+    run_root: str = f"${{oc.env:LAUNCHER_RUN_ROOT,'{DEFAULT_ROOT}'}}"
     dry_run: Any = False  # false, true or "json"
     force: bool = False
 

@@ -17,6 +17,14 @@ from typing import Any, Iterator, Optional
 
 RECORD = "run.json"
 EVENTS = "events.jsonl"
+METRICS = "metrics.jsonl"
+INDEX = ".index"
+DEFAULT_ROOT = "~/.launcher/runs"
+
+
+def default_root() -> Path:
+    """Where runs live unless a command says otherwise: $LAUNCHER_RUN_ROOT or ~/.launcher/runs."""
+    return Path(os.path.expanduser(os.environ.get("LAUNCHER_RUN_ROOT", DEFAULT_ROOT)))
 
 
 @dataclass
@@ -112,7 +120,10 @@ def create_run_dir(root: Path, base: str, explicit: bool) -> Path:
 
 
 def save_record(record: RunRecord) -> None:
-    write_json_atomic(Path(record.run_dir) / RECORD, asdict(record))
+    """Write the run's record (once, at submit time) and index it."""
+    run_dir = Path(record.run_dir)
+    write_json_atomic(run_dir / RECORD, asdict(record))
+    index_run(run_dir.parent, record.name, record.submitted_at)
 
 
 def load_record(run_dir: Path) -> Optional[RunRecord]:
@@ -123,3 +134,94 @@ def load_record(run_dir: Path) -> Optional[RunRecord]:
         return None
     known = RunRecord.__dataclass_fields__
     return RunRecord(**{k: v for k, v in data.items() if k in known})
+
+
+def record_paths(root: Path) -> list[tuple[float, Path]]:
+    """(submit time, run dir) of every run, newest first.
+
+    The index (``root/.index``, one ``<submitted_at> <name>`` line appended per run at submit time) makes
+    this one read instead of a stat per run. It is only a cache of the directories: a name it lacks is
+    looked up (run.json's mtime is its submit time, as it is written once) and added; a name whose
+    directory is gone is dropped. Deleting the index, or a run directory, by hand breaks nothing.
+    """
+    try:
+        names = {name for name in os.listdir(root) if not name.startswith(".")}
+    except FileNotFoundError:
+        return []
+    submitted: dict[str, float] = {}
+    try:
+        with open(root / INDEX) as f:
+            for line in f:
+                stamp, _, name = line.rstrip("\n").partition(" ")
+                if name in names:
+                    try:
+                        submitted[name] = float(stamp)
+                    except ValueError:  # a torn line
+                        continue
+    except FileNotFoundError:
+        pass
+    for name in names - submitted.keys():
+        try:
+            submitted[name] = os.stat(root / name / RECORD).st_mtime
+        except OSError:  # not a run (yet)
+            continue
+        index_run(root, name, submitted[name])
+    return sorted(((t, root / name) for name, t in submitted.items()), key=lambda item: item[0], reverse=True)
+
+
+def index_run(root: Path, name: str, submitted_at: float) -> None:
+    """Append the run to the root's index: one write of one line, so concurrent appends never mix."""
+    try:
+        fd = os.open(root / INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError:  # a root this user may read but not write: the index stays a cache
+        return
+    try:
+        os.write(fd, f"{submitted_at:.6f} {name}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def list_records(root: Path, limit: Optional[int] = None) -> list[RunRecord]:
+    """Records of the newest ``limit`` runs (all with None), newest first."""
+    paths = record_paths(root)
+    records = (load_record(path) for _, path in (paths if limit is None else paths[:limit]))
+    return [rec for rec in records if rec is not None]
+
+
+def find_run(root: Path, name: str) -> RunRecord:
+    """The run called ``name``, or the only one whose name starts with it.
+
+    Raises LookupError with the closest names when there is no such run or the prefix is ambiguous.
+    """
+    exact = load_record(root / name) if name and "/" not in name else None
+    if exact is not None:
+        return exact
+    names = [path.name for _, path in record_paths(root)]
+    matches = [n for n in names if n.startswith(name)]
+    if len(matches) == 1:
+        return load_record(root / matches[0])  # type: ignore[return-value]
+    if matches:
+        raise LookupError(f"run name '{name}' is ambiguous: {', '.join(sorted(matches)[:5])}")
+    import difflib
+
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise LookupError(f"no run named '{name}' in {root}{hint}")
+
+
+def last_metrics(run_dir: Path) -> Optional[dict]:
+    """The newest complete record of metrics.jsonl, reading only the file's tail."""
+    try:
+        with open(run_dir / METRICS, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 8192))
+            tail = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return None

@@ -3,9 +3,10 @@
 # slurmctld and one slurmd per node, each node with its own port and virtual (or real) GPUs as gres.
 #
 # Usage: slurm/up.sh [--nodes N] [--gpus N] [--cpus N] [--mem MB] [--port BASE] [--name NAME]
-#                    [--dir DIR] [--no-accounting]
+#                    [--dir DIR] [--no-accounting] [--min-job-age S]
 # The same settings can come from SLURM_LOCAL_NODES, SLURM_LOCAL_GPUS, SLURM_LOCAL_CPUS,
-# SLURM_LOCAL_MEM_MB, SLURM_LOCAL_PORT, SLURM_LOCAL_NAME, SLURM_LOCAL_DIR, SLURM_LOCAL_ACCOUNTING=0.
+# SLURM_LOCAL_MEM_MB, SLURM_LOCAL_PORT, SLURM_LOCAL_NAME, SLURM_LOCAL_DIR, SLURM_LOCAL_ACCOUNTING=0,
+# SLURM_LOCAL_MIN_JOB_AGE (how long squeue remembers finished jobs, default 300 s).
 # Running it on a cluster that is already up with the same settings changes nothing.
 set -euo pipefail
 
@@ -18,6 +19,7 @@ MEM_MB=${SLURM_LOCAL_MEM_MB:-4096}
 PORT=${SLURM_LOCAL_PORT:-16810}
 NAME=${SLURM_LOCAL_NAME:-local}
 ACCOUNTING=${SLURM_LOCAL_ACCOUNTING:-1}
+MIN_JOB_AGE=${SLURM_LOCAL_MIN_JOB_AGE:-300}
 while (($#)); do
   case $1 in
     --nodes) NODES=${2-}; shift 2 ;;
@@ -28,8 +30,9 @@ while (($#)); do
     --name) NAME=${2-}; shift 2 ;;
     --dir) export SLURM_LOCAL_DIR=${2-}; shift 2 ;;
     --no-accounting) ACCOUNTING=0; shift ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown option '$1' (allowed: --nodes --gpus --cpus --mem --port --name --dir --no-accounting)" ;;
+    --min-job-age) MIN_JOB_AGE=${2-}; shift 2 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1' (allowed: --nodes --gpus --cpus --mem --port --name --dir --no-accounting --min-job-age)" ;;
   esac
 done
 
@@ -42,6 +45,7 @@ positive "--nodes" "$NODES"
 positive "--cpus" "$CPUS"
 positive "--mem" "$MEM_MB"
 positive "--port" "$PORT"
+positive "--min-job-age" "$MIN_JOB_AGE"
 [[ $GPUS =~ ^[0-9]+$ ]] || die "--gpus must be a non-negative integer, got '$GPUS'"
 ((NODES <= 64)) || die "--nodes must be at most 64 on one machine, got $NODES"
 ((PORT >= 1024 && PORT + 20 + NODES <= 65535)) || die "--port must be in 1024..$((65535 - 20 - NODES)), got $PORT"
@@ -68,7 +72,7 @@ CONTROLLER=$(hostname -s)
 REAL_GPUS=$(compgen -G "/dev/nvidia[0-9]*" | wc -l || true)
 if ((REAL_GPUS > 0)); then GPUS=$REAL_GPUS; fi
 
-SETTINGS="name=$NAME nodes=$NODES gpus=$GPUS cpus=$CPUS mem=$MEM_MB port=$PORT accounting=$ACCOUNTING"
+SETTINGS="name=$NAME nodes=$NODES gpus=$GPUS cpus=$CPUS mem=$MEM_MB port=$PORT accounting=$ACCOUNTING min_job_age=$MIN_JOB_AGE"
 export SLURM_CONF=$SLURM_LOCAL_ETC/slurm.conf
 
 ready() {
@@ -166,7 +170,7 @@ write_configs() {
     echo "ReturnToService=2"
     echo "SlurmdTimeout=60"
     echo "KillWait=5"
-    echo "MinJobAge=300"
+    echo "MinJobAge=$MIN_JOB_AGE"
     echo "JobRequeue=1"
     echo "EnforcePartLimits=ALL"  # refuse, at submit time, jobs the partition can never run
     echo "JobAcctGatherType=jobacct_gather/none"

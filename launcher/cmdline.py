@@ -1,0 +1,79 @@
+"""What every status command shares: an argument parser whose mistakes are one-line errors, the run
+root option, run lookup by name or prefix, and human formatting of times."""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import NoReturn, Optional
+
+from launcher.errors import LaunchError
+from launcher.runs import RunRecord, default_root, find_run
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument raises LaunchError (one line, exit 2) instead of printing usage."""
+
+    def __init__(self, prog: str, description: str) -> None:
+        super().__init__(prog=f"launcher {prog}", description=description)
+        self.add_argument("--root", type=Path, default=None,
+                          help="run root (default: $LAUNCHER_RUN_ROOT or ~/.launcher/runs)")
+
+    def error(self, message: str) -> NoReturn:
+        raise LaunchError(f"{self.prog}: {message}; see --help")
+
+
+def root_of(args: argparse.Namespace) -> Path:
+    return args.root.expanduser() if args.root else default_root()
+
+
+def lookup(root: Path, name: str) -> RunRecord:
+    try:
+        return find_run(root, name)
+    except LookupError as err:
+        raise LaunchError(str(err)) from None
+
+
+def duration(seconds: Optional[float]) -> str:
+    """``45s``, ``12m03s``, ``3h07m``, ``2d04h``."""
+    if seconds is None:
+        return ""
+    s = int(max(0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def slurm_seconds(elapsed: str) -> Optional[float]:
+    """Slurm's ``[D-]HH:MM:SS`` / ``MM:SS`` as seconds."""
+    if not elapsed:
+        return None
+    days, _, clock = elapsed.rpartition("-")
+    try:
+        parts = [int(p) for p in clock.split(":")]
+    except ValueError:
+        return None
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return (int(days) if days else 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def clock(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
+
+
+def parse_since(text: str) -> float:
+    """``30m``, ``2h``, ``3d`` ago, or a date ``2026-11-29[ 14:00]``, as a timestamp."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    if text[:-1].isdigit() and text[-1:] in units:
+        return time.time() - int(text[:-1]) * units[text[-1]]
+    for fmt in ("%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M", "%Y-%m-%d"):
+        try:
+            return time.mktime(time.strptime(text, fmt))
+        except ValueError:
+            continue
+    raise LaunchError(f"--since {text!r}: use 30m, 2h, 3d, 1w or a date like 2026-11-29 or '2026-11-29 14:00'")

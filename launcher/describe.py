@@ -1,0 +1,112 @@
+"""``launcher describe RUN``: everything about one run, from its directory and from Slurm."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+from launcher.cmdline import Parser, lookup, root_of
+from launcher.runs import METRICS, RunRecord, read_events, read_jsonl
+from launcher.slurm import SlurmError, run, use_cluster
+from launcher.state import JobState, job_states
+
+
+def node_states(rec: RunRecord, nodelist: str) -> Dict[str, str]:
+    """Each node of the job with its current Slurm state."""
+    if not nodelist:
+        return {}
+    use_cluster(rec.cluster, rec.slurm_conf)
+    try:
+        hosts = run(["scontrol", "show", "hostnames", nodelist]).split()
+        states = dict(line.split("|") for line in run(["sinfo", "-h", "-N", "-n", ",".join(hosts),
+                                                        "-o", "%N|%T"]).splitlines())
+    except SlurmError as err:
+        return {nodelist: f"unknown ({err})"}
+    return {host: states.get(host, "unknown") for host in hosts}
+
+
+def checkpoints(run_dir: Path) -> List[Dict[str, Any]]:
+    """Complete checkpoints (in-progress saves end in .tmp and are not listed)."""
+    found = []
+    for path in sorted((run_dir / "checkpoints").glob("step_*")):
+        if path.suffix == ".tmp" or not path.is_dir():
+            continue
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        found.append({"step": int(path.name.split("_")[1]), "path": str(path), "bytes": size})
+    return found
+
+
+def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
+    run_dir = Path(rec.run_dir)
+    metrics = list(read_jsonl(run_dir / METRICS))
+    final = next((m for m in reversed(metrics) if m.get("final")), None)
+    latest = next((m for m in reversed(metrics) if not m.get("final")), None)
+    return {
+        "name": rec.name, "job_id": rec.job_id, "cluster": rec.cluster, "sweep": rec.sweep,
+        "state": state.state, "reason": state.reason, "state_source": state.source,
+        "exit_code": state.exit_code, "start": state.start, "end": state.end, "elapsed": state.elapsed,
+        "paths": {
+            "run_dir": str(run_dir), "config": str(run_dir / "config.yaml"), "plan": str(run_dir / "plan.json"),
+            "sbatch_script": str(run_dir / "sbatch.sh"), "logs": str(run_dir / "logs"),
+            "submitit": str(run_dir / "submitit"), "metrics": str(run_dir / METRICS),
+        },
+        "plan": json.loads((run_dir / "plan.json").read_text()),
+        "nodes": node_states(rec, state.nodes),
+        "events": read_events(run_dir),
+        "checkpoints": checkpoints(run_dir),
+        "latest_metrics": latest,
+        "final_metrics": final,
+        "config": (run_dir / "config.yaml").read_text(),
+    }
+
+
+def event_line(event: Dict[str, Any]) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.get("time", 0)))
+    details = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("time", "event"))
+    return f"  {when}  {event.get('event', '?'):<10} {details}"
+
+
+def render(info: Dict[str, Any]) -> str:
+    from tabulate import tabulate
+
+    state = info["state"] + (f" ({info['reason']})" if info["reason"] else "")
+    out = [
+        f"Run {info['name']}: Slurm job {info['job_id']} on cluster {info['cluster']}"
+        + (f", sweep {info['sweep']}" if info["sweep"] else ""),
+        f"Status: {state}  [from {info['state_source']}]"
+        + "".join(f"  {k} {info[k]}" for k in ("start", "end", "elapsed", "exit_code") if info[k]),
+        "",
+        "Paths:",
+        *(f"  {key:<14}{path}" for key, path in info["paths"].items()),
+        "",
+        "Plan:",
+        tabulate(info["plan"].items(), tablefmt="plain", disable_numparse=True),
+        "",
+        "Nodes:" if info["nodes"] else "Nodes: none yet",
+        *(f"  {node:<16}{node_state}" for node, node_state in info["nodes"].items()),
+        "",
+        "Events:",
+        *(event_line(e) for e in info["events"]),
+        "",
+        "Checkpoints:" if info["checkpoints"] else "Checkpoints: none",
+        *(f"  step {c['step']:>8}  {c['bytes'] / 1e6:9.1f} MB  {c['path']}" for c in info["checkpoints"]),
+    ]
+    for label in ("latest_metrics", "final_metrics"):
+        if info[label]:
+            out += ["", label.replace("_", " ").capitalize() + ":",
+                    "  " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                     for k, v in info[label].items() if v is not None and k != "final")]
+    out += ["", "Config:", *("  " + line for line in info["config"].rstrip().splitlines())]
+    return "\n".join(out)
+
+
+def main(argv: List[str]) -> int:
+    parser = Parser("describe", "Show a run's config, plan, paths, nodes, events, checkpoints and metrics.")
+    parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    args = parser.parse_args(argv)
+    rec = lookup(root_of(args), args.name)
+    info = gather(rec, job_states([rec])[rec.name])
+    print(json.dumps(info, indent=1) if args.json else render(info))
+    return 0

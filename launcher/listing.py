@@ -1,0 +1,149 @@
+"""``launcher runs``: one row per run, newest first, with its true Slurm state and its progress."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from launcher.cmdline import Parser, clock, duration, parse_since, root_of, slurm_seconds
+from launcher.errors import LaunchError
+from launcher.runs import RunRecord, last_metrics, list_records, load_record, record_paths
+from launcher.state import STATES, JobState, job_states
+
+
+@dataclass
+class RunRow:
+    """A run as listed: its record, state and latest metrics, flattened (this is ``--json``)."""
+
+    name: str
+    job_id: Optional[str]
+    model: str
+    gpus: int
+    nodes: int
+    gpus_per_node: int
+    status: str
+    reason: str
+    step: Optional[int]
+    steps: int
+    loss: Optional[float]
+    tokens_per_s: Optional[float]
+    mfu: Optional[float]
+    submitted_at: float
+    elapsed_s: Optional[float]
+    eta_s: Optional[float]
+    sweep: Optional[str]
+    run_dir: str
+    state_source: str
+
+
+def build_row(rec: RunRecord, state: JobState) -> RunRow:
+    metrics = last_metrics(Path(rec.run_dir)) or {}
+    step = metrics.get("step")
+    elapsed = slurm_seconds(state.elapsed)
+    eta = None
+    if state.state == "RUNNING" and step is not None and metrics.get("step_time"):
+        eta = max(0, rec.steps - step) * metrics["step_time"]
+    return RunRow(
+        name=rec.name, job_id=rec.job_id, model=rec.model, gpus=rec.gpus, nodes=rec.nodes,
+        gpus_per_node=rec.gpus_per_node, status=state.state, reason=state.reason, step=step, steps=rec.steps,
+        loss=metrics.get("loss"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
+        submitted_at=rec.submitted_at, elapsed_s=elapsed, eta_s=eta, sweep=rec.sweep, run_dir=rec.run_dir,
+        state_source=state.source,
+    )
+
+
+def rows_for(records: List[RunRecord]) -> List[RunRow]:
+    states = job_states(records)
+    return [build_row(rec, states[rec.name]) for rec in records]
+
+
+HEADERS = ["NAME", "JOB ID", "MODEL", "GPUS", "STATUS", "PROGRESS", "LOSS", "TOK/S", "MFU", "SUBMITTED",
+           "ELAPSED/ETA"]
+
+
+def table_row(row: RunRow) -> list:
+    status = row.status + (f" ({row.reason})" if row.reason and row.status in ("PENDING", "FAILED", "UNKNOWN",
+                                                                                 "REQUEUED") else "")
+    progress = f"{row.step}/{row.steps} ({100 * row.step // row.steps}%)" if row.step is not None else f"-/{row.steps}"
+    time_col = f"ETA {duration(row.eta_s)}" if row.eta_s is not None else duration(row.elapsed_s)
+    return [
+        row.name, row.job_id, row.model, f"{row.nodes}x{row.gpus_per_node}", status, progress,
+        f"{row.loss:.4f}" if row.loss is not None else "",
+        f"{row.tokens_per_s:,.0f}" if row.tokens_per_s is not None else "",
+        f"{100 * row.mfu:.1f}%" if row.mfu is not None else "",
+        clock(row.submitted_at), time_col,
+    ]
+
+
+def select(root: Path, args) -> List[RunRow]:
+    """The runs the filters choose, newest first, at most ``--limit`` unless ``--all``."""
+    limit = None if args.all else args.limit
+    record_filters = args.model or args.gpus or args.sweep
+    since = parse_since(args.since) if args.since else None
+    if not (record_filters or since or args.status):
+        return rows_for(list_records(root, limit))
+    records = []
+    for mtime, path in record_paths(root):
+        if since is not None and mtime < since:
+            break  # newest first: everything after this is older
+        rec = load_record(path)
+        if rec is None or (args.model and rec.model != args.model) or (args.gpus and rec.gpus != args.gpus) \
+                or (args.sweep and rec.sweep != args.sweep):
+            continue
+        records.append(rec)
+        if limit is not None and not args.status and len(records) >= limit:
+            break
+    rows = rows_for(records)
+    if args.status:
+        rows = [row for row in rows if row.status in args.status]
+    return rows if limit is None else rows[:limit]
+
+
+def statuses(text: str) -> set:
+    wanted = {s.strip().upper() for s in text.split(",") if s.strip()}
+    bad = wanted - set(STATES)
+    if bad:
+        raise LaunchError(f"--status {','.join(sorted(bad))}: allowed {', '.join(STATES)}")
+    return wanted
+
+
+def render(rows: List[RunRow], as_json: bool) -> str:
+    if as_json:
+        return json.dumps([asdict(row) for row in rows], indent=1)
+    if not rows:
+        return "No runs."
+    from tabulate import tabulate
+
+    return tabulate([table_row(row) for row in rows], headers=HEADERS, disable_numparse=True)
+
+
+def main(argv: List[str]) -> int:
+    parser = Parser("runs", "List runs, newest first, with their Slurm state and progress.")
+    parser.add_argument("--status", type=statuses, help=f"comma-separated states: {', '.join(STATES)}")
+    parser.add_argument("--model", help="only this model, e.g. gpt_1b")
+    parser.add_argument("--gpus", type=int, help="only runs with this many GPUs")
+    parser.add_argument("--since", help="submitted since: 30m, 2h, 3d, 1w, or a date")
+    parser.add_argument("--sweep", help="only the runs of this sweep id")
+    parser.add_argument("--limit", type=int, default=50, help="at most N runs (default 50)")
+    parser.add_argument("--all", action="store_true", help="every run, no limit")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between --watch refreshes")
+    args = parser.parse_args(argv)
+    if args.limit <= 0:
+        raise LaunchError(f"--limit must be positive, got {args.limit}")
+    root = root_of(args)
+    if not args.watch:
+        print(render(select(root, args), args.json))
+        return 0
+    try:
+        while True:
+            text = render(select(root, args), args.json)
+            sys.stdout.write("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + f"every {args.interval:g}s\n" + text + "\n")
+            sys.stdout.flush()
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0

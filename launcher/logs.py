@@ -1,0 +1,111 @@
+"""``launcher logs RUN``: a rank's output (rank 0 by default), optionally followed until the job ends."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+from launcher.cmdline import Parser, lookup, root_of
+from launcher.errors import LaunchError
+from launcher.runs import RunRecord
+from launcher.slurm import SlurmError, run, use_cluster
+from launcher.state import job_states
+
+
+def log_file(rec: RunRecord, rank: int, err: bool) -> Path:
+    """Rank ``rank``'s log: its own ``logs/rank_N.log``, or submitit's raw stdout/stderr of that task.
+
+    submitit's files also hold what a task printed before logging was set up (an import error, say), so
+    they stand in while the rank log does not exist yet.
+    """
+    run_dir = Path(rec.run_dir)
+    raw = run_dir / "submitit" / f"{rec.job_id}_{rank}_log.{'err' if err else 'out'}"
+    own = run_dir / "logs" / f"rank_{rank}.log"
+    return raw if err or not own.exists() else own
+
+
+def ranks_on_node(rec: RunRecord, node: str) -> List[int]:
+    """Ranks placed on ``node``: Slurm places tasks in blocks, ``tasks_per_node`` per node in order."""
+    plan = json.loads((Path(rec.run_dir) / "plan.json").read_text())
+    nodelist = job_states([rec])[rec.name].nodes
+    if not nodelist:
+        raise LaunchError(f"{rec.name} has no nodes yet (job {rec.job_id} has not started)")
+    use_cluster(rec.cluster, rec.slurm_conf)
+    try:
+        hosts = run(["scontrol", "show", "hostnames", nodelist]).split()
+    except SlurmError as err:
+        raise LaunchError(str(err)) from None
+    if node not in hosts:
+        raise LaunchError(f"{rec.name} did not run on node '{node}'; its nodes: {', '.join(hosts)}")
+    per = plan["tasks_per_node"]
+    first = hosts.index(node) * per
+    return list(range(first, first + per))
+
+
+def tail_lines(path: Path, count: int) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(deque(f, maxlen=count))
+
+
+Offsets = Dict[Tuple[int, str], int]  # (rank, file) -> bytes already printed
+
+
+def follow(rec: RunRecord, files: Dict[int, Path], offsets: Offsets, err: bool) -> None:
+    """Print what the files gain until the job is no longer active, then what is left."""
+    last_check, active = 0.0, True
+    while True:
+        for rank in files:
+            files[rank] = log_file(rec, rank, err)  # the rank log appears once the task starts logging
+            path = files[rank]
+            if not path.exists():
+                continue
+            with open(path, errors="replace") as f:
+                f.seek(offsets.get((rank, str(path)), 0))
+                chunk = f.read()
+                offsets[(rank, str(path))] = f.tell()
+            if chunk:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        if not active:
+            return
+        if time.time() - last_check > 2:
+            active = job_states([rec])[rec.name].active
+            last_check = time.time()
+        time.sleep(0.5)
+
+
+def main(argv: List[str]) -> int:
+    parser = Parser("logs", "Show a run's output: rank 0 by default.")
+    parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--rank", type=int, default=None, help="this global rank's output")
+    where.add_argument("--node", help="the output of every rank on this node")
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    parser.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines")
+    parser.add_argument("--err", action="store_true", help="stderr (tracebacks) instead of the log")
+    args = parser.parse_args(argv)
+    rec = lookup(root_of(args), args.name)
+    if args.rank is not None and not 0 <= args.rank < rec.gpus:  # one rank per GPU
+        raise LaunchError(f"--rank {args.rank}: {rec.name} has ranks 0..{rec.gpus - 1}")
+    ranks = ranks_on_node(rec, args.node) if args.node else [args.rank or 0]
+    files = {rank: log_file(rec, rank, args.err) for rank in ranks}
+    offsets: Offsets = {}
+    for rank, path in files.items():
+        if len(files) > 1:
+            print(f"==> rank {rank} <==")
+        if not path.exists():
+            state = job_states([rec])[rec.name]
+            print(f"(no output from rank {rank} yet; job {rec.job_id} is {state.state})", file=sys.stderr)
+            continue
+        text = tail_lines(path, args.tail) if args.tail is not None else path.read_text(errors="replace")
+        sys.stdout.write(text)
+        offsets[(rank, str(path))] = path.stat().st_size
+    if args.follow:
+        try:
+            follow(rec, files, offsets, args.err)
+        except KeyboardInterrupt:
+            pass
+    return 0

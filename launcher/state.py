@@ -1,0 +1,177 @@
+"""The state of a run's Slurm job, from the best source available, never guessed.
+
+1. ``sacct`` when the cluster has accounting: it remembers every job.
+2. ``squeue --states=all`` otherwise: it knows queued and running jobs, and finished ones for
+   ``MinJobAge`` (300 s by default).
+3. The run directory: a final metrics record, or a ``finished``/``failed``/``cancelled`` event.
+
+A job that none of these knows is UNKNOWN, with the reason, not RUNNING. Each source is asked once for
+all the jobs of a listing, directly (never through submitit's 600 s cache), with a timeout.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional
+
+from launcher.runs import RunRecord, read_events
+from launcher.slurm import SlurmError, run
+
+STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "REQUEUED", "UNKNOWN")
+ACTIVE = {"PENDING", "RUNNING", "REQUEUED"}
+
+# Slurm's many job states, folded into ours (with a reason where the fold loses information).
+_FOLD = {
+    "CONFIGURING": ("PENDING", "configuring nodes"),
+    "SUSPENDED": ("PENDING", "suspended"),
+    "REQUEUE_HOLD": ("REQUEUED", "held after requeue"),
+    "REQUEUE_FED": ("REQUEUED", ""),
+    "RESV_DEL_HOLD": ("PENDING", "reservation deleted"),
+    "COMPLETING": ("RUNNING", "completing"),
+    "STAGE_OUT": ("RUNNING", "staging out"),
+    "RESIZING": ("RUNNING", "resizing"),
+    "SIGNALING": ("RUNNING", "signaling"),
+    "STOPPED": ("RUNNING", "stopped"),
+    "NODE_FAIL": ("FAILED", "node failure"),
+    "BOOT_FAIL": ("FAILED", "node boot failure"),
+    "OUT_OF_MEMORY": ("FAILED", "out of memory"),
+    "DEADLINE": ("TIMEOUT", "deadline reached"),
+    "SPECIAL_EXIT": ("FAILED", "special exit"),
+    "REVOKED": ("CANCELLED", "revoked"),
+}
+
+
+@dataclass
+class JobState:
+    """What is known of one job: our state name, a reason, and where the answer came from."""
+
+    state: str
+    reason: str = ""
+    source: str = ""
+    nodes: str = ""
+    start: str = ""
+    end: str = ""
+    elapsed: str = ""
+    exit_code: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+
+def fold(slurm_state: str, reason: str = "") -> tuple[str, str]:
+    """Slurm's state (``CANCELLED by 0`` included) as one of STATES, plus a reason."""
+    word = slurm_state.split()[0].rstrip("+") if slurm_state.strip() else ""
+    if word in STATES:
+        return word, reason
+    if word in _FOLD:
+        state, why = _FOLD[word]
+        return state, ", ".join(r for r in (why, reason) if r)
+    return "UNKNOWN", f"Slurm state {slurm_state!r}"
+
+
+def _clean(reason: str) -> str:
+    return "" if reason in ("None", "(null)") else reason
+
+
+def from_sacct(job_ids: List[str]) -> Dict[str, JobState]:
+    """States from accounting; raises SlurmError where accounting is off or unreachable."""
+    out = run(["sacct", "-X", "-P", "-n", "-j", ",".join(job_ids),
+               "-o", "JobID,State,Reason,ExitCode,Start,End,Elapsed,NodeList"])
+    states: Dict[str, JobState] = {}
+    for line in out.splitlines():
+        job_id, slurm_state, reason, exit_code, start, end, elapsed, nodes = line.split("|")
+        state, why = fold(slurm_state, _clean(reason))
+        if state == "FAILED" and exit_code not in ("", "0:0"):
+            why = ", ".join(r for r in (why, f"exit code {exit_code}") if r)
+        states[job_id] = JobState(state, why, "sacct", nodes, start, _clean_time(end), elapsed, exit_code)
+    return states
+
+
+def from_squeue(job_ids: List[str]) -> Dict[str, JobState]:
+    """States of jobs still in the controller's memory (queued, running, or recently finished)."""
+    out = run(["squeue", "-h", "-a", "--states=all", "-o", "%i|%T|%r|%N|%S|%M"])
+    wanted = set(job_ids)
+    states: Dict[str, JobState] = {}
+    for line in out.splitlines():
+        job_id, slurm_state, reason, nodes, start, elapsed = line.split("|")
+        if job_id in wanted:
+            state, why = fold(slurm_state, _clean(reason))
+            states[job_id] = JobState(state, why, "squeue", nodes, _clean_time(start), "", elapsed)
+    return states
+
+
+def _clean_time(value: str) -> str:
+    return "" if value in ("Unknown", "N/A", "None") else value
+
+
+def from_run_dir(run_dir: Path) -> Optional[JobState]:
+    """What the run itself recorded when it ended (the newest ending event wins)."""
+    for event in reversed(read_events(run_dir)):
+        kind = event.get("event")
+        if kind == "finished":
+            return JobState("COMPLETED", "", "run directory")
+        if kind == "failed":
+            return JobState("FAILED", str(event.get("error", "")), "run directory")
+        if kind == "cancelled":
+            return JobState("CANCELLED", "stopped by the user", "run directory")
+        if kind in ("submitted", "started", "requeued", "resumed"):
+            return None
+    return None
+
+
+def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:
+    """The state of every record's job, keyed by run name, asking each cluster once per source."""
+    by_conf: Dict[Optional[str], List[RunRecord]] = {}
+    for rec in records:
+        by_conf.setdefault(rec.slurm_conf, []).append(rec)
+    result: Dict[str, JobState] = {}
+    for conf, recs in by_conf.items():
+        result.update(_states_on_cluster(conf, recs))
+    return result
+
+
+def _ask_slurm(job_ids: List[str]) -> tuple[Dict[str, JobState], List[str]]:
+    """Ask sacct and squeue at the same time (they are the slow part of a listing); sacct wins where both
+    know a job, squeue covers a job accounting has not seen yet or a cluster without accounting."""
+    answers: Dict[str, Dict[str, JobState]] = {}
+    failures: List[str] = []
+
+    def ask(source: Callable[[List[str]], Dict[str, JobState]]) -> None:
+        try:
+            answers[source.__name__] = source(job_ids)
+        except SlurmError as err:
+            failures.append(str(err))
+
+    if not job_ids:
+        return {}, []
+    threads = [threading.Thread(target=ask, args=(source,)) for source in (from_sacct, from_squeue)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {**answers.get("from_squeue", {}), **answers.get("from_sacct", {})}, failures
+
+
+def _states_on_cluster(conf: Optional[str], records: List[RunRecord]) -> Dict[str, JobState]:
+    saved = os.environ.get("SLURM_CONF")
+    if conf:
+        os.environ["SLURM_CONF"] = conf
+    try:
+        known, failures = _ask_slurm([rec.job_id for rec in records if rec.job_id])
+    finally:
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
+    states: Dict[str, JobState] = {}
+    for rec in records:
+        state = known.get(rec.job_id or "") or from_run_dir(Path(rec.run_dir))
+        if state is None:
+            why = f"Slurm no longer knows job {rec.job_id}"
+            why += f" ({'; '.join(failures)})" if failures else " (not in accounting or the queue)"
+            state = JobState("UNKNOWN", why + "; the run left no final record", "none")
+        states[rec.name] = state
+    return states

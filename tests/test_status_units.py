@@ -1,0 +1,101 @@
+"""Parsing and formatting behind the status commands (no Slurm needed)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from launcher import cli
+from launcher.cmdline import duration, parse_since, slurm_seconds
+from launcher.runs import RunRecord, find_run, last_metrics, list_records, save_record
+from launcher.slurm import gpus_in_gres
+from launcher.state import fold, from_run_dir
+from launcher.clusters import gpu_type
+
+
+@pytest.mark.parametrize(
+    "slurm_state, expected",
+    [
+        ("RUNNING", ("RUNNING", "")),
+        ("CANCELLED by 0", ("CANCELLED", "")),
+        ("NODE_FAIL", ("FAILED", "node failure")),
+        ("OUT_OF_MEMORY", ("FAILED", "out of memory")),
+        ("REQUEUED", ("REQUEUED", "")),
+        ("COMPLETING", ("RUNNING", "completing")),
+        ("PREEMPTED", ("PREEMPTED", "")),
+        ("WEIRD", ("UNKNOWN", "Slurm state 'WEIRD'")),
+    ],
+)
+def test_slurm_states_fold_into_ours(slurm_state, expected):
+    assert fold(slurm_state) == expected
+
+
+@pytest.mark.parametrize("gres, gpus, kind", [("gpu:8", 8, "gpu"), ("gpu:h100:4(S:0-1)", 4, "h100"),
+                                             ("(null)", 0, "-"), ("craynetwork:1,gpu:a100:2", 2, "a100")])
+def test_gres_strings(gres, gpus, kind):
+    assert (gpus_in_gres(gres), gpu_type(gres)) == (gpus, kind)
+
+
+def test_times_format_and_parse():
+    assert [duration(s) for s in (5, 125, 7500, 200000)] == ["5s", "2m05s", "2h05m", "2d07h"]
+    assert slurm_seconds("1-02:03:04") == 93784 and slurm_seconds("03:04") == 184 and slurm_seconds("") is None
+    assert abs(parse_since("2h") - (time.time() - 7200)) < 2
+    with pytest.raises(cli.LaunchError, match="--since 'soon'"):
+        parse_since("soon")
+
+
+def make_run(root, name, submitted, **fields):
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    rec = RunRecord(name=name, run_dir=str(run_dir), model=fields.get("model", "gpt_tiny"), gpus=2, nodes=1,
+                    gpus_per_node=2, steps=10, cluster="local", submitted_at=submitted, job_id=fields.get("job_id", "1"))
+    save_record(rec)
+    os.utime(run_dir / "run.json", (submitted, submitted))
+    return run_dir
+
+
+def test_records_are_listed_newest_first_and_found_by_prefix(tmp_path):
+    for i, name in enumerate(["alpha-1", "beta-2", "alpha-3"]):
+        make_run(tmp_path, name, 1000 + i)
+    (tmp_path / "not-a-run").mkdir()
+    assert [r.name for r in list_records(tmp_path)] == ["alpha-3", "beta-2", "alpha-1"]
+    assert [r.name for r in list_records(tmp_path, limit=1)] == ["alpha-3"]
+    assert find_run(tmp_path, "bet").name == "beta-2"
+    with pytest.raises(LookupError, match="ambiguous: alpha-1, alpha-3"):
+        find_run(tmp_path, "alpha")
+    with pytest.raises(LookupError, match="did you mean beta-2"):
+        find_run(tmp_path, "betta-2")
+
+
+def test_last_metrics_skips_a_torn_line_and_run_dir_marks_the_end(tmp_path):
+    run_dir = make_run(tmp_path, "r", 1.0)
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 5, "loss": 2.0}) + "\n" + '{"step": 6, "lo')
+    assert last_metrics(run_dir) == {"step": 5, "loss": 2.0}
+    assert from_run_dir(run_dir) is None
+    (run_dir / "events.jsonl").write_text('{"event": "started"}\n{"event": "failed", "error": "boom"}\n')
+    assert (from_run_dir(run_dir).state, from_run_dir(run_dir).reason) == ("FAILED", "boom")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["runs", "--status", "DONE"], "--status DONE: allowed PENDING"),
+        (["runs", "--limit", "0"], "--limit must be positive, got 0"),
+        (["runs", "--since", "yesterday"], "--since 'yesterday'"),
+        (["runs", "--bogus"], "launcher runs: unrecognized arguments: --bogus; see --help"),
+        (["describe", "nosuchrun"], "no run named 'nosuchrun'"),
+        (["logs", "nosuchrun"], "no run named 'nosuchrun'"),
+        (["stop"], "name at least one run, or --sweep ID"),
+        (["stop", "--sweep", "sweep-x"], "no runs of sweep 'sweep-x'"),
+        (["delete", "r"], "delete r: confirm with --yes"),
+    ],
+)
+def test_status_command_errors_are_one_line(tmp_path, capsys, monkeypatch, args, message):
+    make_run(tmp_path, "r", 1.0)
+    monkeypatch.setattr("sys.stdin", open(os.devnull))
+    assert cli.main([*args, "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert (tmp_path / "r" / "run.json").exists()  # nothing removed
