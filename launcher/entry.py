@@ -12,6 +12,7 @@ from typing import Any
 import submitit
 
 from launcher.runs import append_event
+from launcher.secrets import inject, secrets_dir
 
 
 class TrainTask(submitit.helpers.Checkpointable):
@@ -19,13 +20,35 @@ class TrainTask(submitit.helpers.Checkpointable):
 
     On preemption or an approaching time limit (USR2), submitit calls :meth:`checkpoint` on global rank 0
     and requeues the job; the requeued tasks resume from the run's newest complete checkpoint.
+
+    Before train/ is imported, the user's secrets (launcher/secrets.py) are injected into this process's
+    environment from the store whose path was fixed at submission; only the variables' names are printed.
     """
 
-    def __call__(self, run_dir: str) -> Any:
-        from train.task import run
+    def __init__(self, secrets_store: str | None = None) -> None:
+        # Resolved on the submitting host ($LAUNCHER_HOME there); a path, never a value.
+        self.secrets_store = secrets_store or str(secrets_dir())
 
-        return run(run_dir)
+    def __call__(self, run_dir: str) -> Any:
+        names: list[str] = []
+        try:
+            names = inject(Path(getattr(self, "secrets_store", None) or secrets_dir()))
+            if names:
+                print(f"launcher: injected secrets: {', '.join(names)}", flush=True)
+            from train.task import run
+
+            return run(run_dir)
+        except Exception as err:
+            # The run's own exit marker: status commands read it once Slurm has forgotten the job.
+            first_line = (str(err).strip().splitlines() or [""])[0][:300]
+            error = f"{type(err).__name__}: {first_line}"
+            for var in names:  # an error message must not carry a secret into the run directory
+                if os.environ.get(var):
+                    error = error.replace(os.environ[var], "***")
+            append_event(Path(run_dir), "failed", rank=os.environ.get("SLURM_PROCID"),
+                         job_id=os.environ.get("SLURM_JOB_ID"), error=error)
+            raise
 
     def checkpoint(self, run_dir: str) -> submitit.helpers.DelayedSubmission:  # type: ignore[override]
         append_event(Path(run_dir), "requeued", job_id=os.environ.get("SLURM_JOB_ID"))
-        return submitit.helpers.DelayedSubmission(TrainTask(), run_dir)
+        return submitit.helpers.DelayedSubmission(TrainTask(getattr(self, "secrets_store", None)), run_dir)

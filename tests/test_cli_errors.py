@@ -46,7 +46,7 @@ BAD_INPUTS = [
     (["gpus=8,16"], "'gpus=8,16' is a sweep; add -m (--multirun)"),
     (["-m", "gpus=8,12"], "error: [gpus=12 dry_run=json] gpus=12 cannot be laid out"),
     (["-m", "train.lr=interval(0,1)"], "cannot be enumerated"),
-    (["runs"], "unknown command 'runs'"),
+    (["statuss"], "unknown command 'statuss'"),
     (["--bogus"], "unknown option '--bogus'"),
     (["-m", "gpus=8,16", "dry_run=true,json"], "dry_run must be the same for every run of a sweep"),
 ]  # fmt: skip
