@@ -31,7 +31,9 @@ SUBCOMMANDS: Dict[str, str] = {
     "stop": "launcher.manage:stop",
     "delete": "launcher.manage:delete",
     "clusters": "launcher.clusters:main",
+    "compare": "launcher.compare:main",
     "secrets": "launcher.secrets:main",
+    "plan": "launcher.plan_cmd:main",
 }
 
 _WORD = re.compile(r"[a-z][a-z_-]*")
@@ -80,6 +82,12 @@ def launch_command(args: List[str]) -> int:
     if len(modes) > 1:
         raise LaunchError("dry_run must be the same for every run of a sweep")
     mode = modes.pop()
+    # Refuse (exit 2, before anything is submitted) a run that cannot fit its GPUs' memory, unless force=true;
+    # a dry run only warns. See launcher/planner.py and docs/planning.md.
+    from launcher.planner import check_launch
+
+    for warning in check_launch(runs, dry_run=mode is not False):
+        print(f"warning: {warning}", file=sys.stderr)
     if mode == "json":
         for run in runs:
             print(json.dumps({**run.plan.to_dict(), "name": _display_name(run), "overrides": run.overrides}))

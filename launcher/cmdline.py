@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import List, NoReturn, Optional
 
 from launcher.errors import LaunchError
-from launcher.runs import RunRecord, default_root, find_run
+from launcher.runs import RunRecord, default_root, find_run, list_records
 
 
 class Parser(argparse.ArgumentParser):
@@ -34,11 +34,25 @@ def lookup(root: Path, name: str) -> RunRecord:
         raise LaunchError(str(err)) from None
 
 
+def chosen_runs(root: Path, names: List[str], sweep: Optional[str]) -> List[RunRecord]:
+    """The runs named (by name or unique prefix), or every run of a sweep."""
+    if sweep:
+        records = [rec for rec in list_records(root) if rec.sweep == sweep]
+        if not records:
+            raise LaunchError(f"no runs of sweep '{sweep}' in {root}")
+        return records
+    if not names:
+        raise LaunchError("name at least one run, or --sweep ID")
+    return [lookup(root, name) for name in names]
+
+
 def duration(seconds: Optional[float]) -> str:
-    """``45s``, ``12m03s``, ``3h07m``, ``2d04h``."""
+    """``4.2s``, ``45s``, ``12m03s``, ``3h07m``, ``2d04h``."""
     if seconds is None:
         return ""
-    s = int(max(0, seconds))
+    if seconds < 10:
+        return f"{max(0.0, seconds):.1f}s"
+    s = int(seconds)
     if s < 60:
         return f"{s}s"
     if s < 3600:

@@ -6,23 +6,11 @@ import sys
 from pathlib import Path
 from typing import List
 
-from launcher.cmdline import Parser, lookup, root_of
+from launcher.cmdline import Parser, chosen_runs, root_of
 from launcher.errors import LaunchError
-from launcher.runs import RunRecord, append_event, list_records
+from launcher.runs import RunRecord, append_event
 from launcher.slurm import SlurmError, run, use_cluster
 from launcher.state import job_states
-
-
-def chosen_runs(root: Path, names: List[str], sweep: str | None) -> List[RunRecord]:
-    """The runs named (by name or unique prefix), or every run of a sweep."""
-    if sweep:
-        records = [rec for rec in list_records(root) if rec.sweep == sweep]
-        if not records:
-            raise LaunchError(f"no runs of sweep '{sweep}' in {root}")
-        return records
-    if not names:
-        raise LaunchError("name at least one run, or --sweep ID")
-    return [lookup(root, name) for name in names]
 
 
 def cancel(records: List[RunRecord]) -> List[RunRecord]:

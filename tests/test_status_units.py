@@ -39,7 +39,7 @@ def test_gres_strings(gres, gpus, kind):
 
 
 def test_times_format_and_parse():
-    assert [duration(s) for s in (5, 125, 7500, 200000)] == ["5s", "2m05s", "2h05m", "2d07h"]
+    assert [duration(s) for s in (4.25, 45, 125, 7500, 200000)] == ["4.2s", "45s", "2m05s", "2h05m", "2d07h"]
     assert slurm_seconds("1-02:03:04") == 93784 and slurm_seconds("03:04") == 184 and slurm_seconds("") is None
     assert abs(parse_since("2h") - (time.time() - 7200)) < 2
     with pytest.raises(cli.LaunchError, match="--since 'soon'"):
