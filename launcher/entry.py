@@ -11,8 +11,16 @@ from typing import Any
 
 import submitit
 
-from launcher.runs import append_event
+from launcher.runs import append_event, read_events
 from launcher.secrets import inject, secrets_dir
+
+
+def being_requeued(run_dir: Path) -> bool:
+    """True when rank 0 has requeued this job: the other ranks then die of their lost peer, which is
+    part of the preemption, not a failure of the run."""
+    events = read_events(run_dir)
+    return bool(events) and events[-1].get("event") == "requeued" \
+        and events[-1].get("job_id") == os.environ.get("SLURM_JOB_ID")
 
 
 class TrainTask(submitit.helpers.Checkpointable):
@@ -45,8 +53,9 @@ class TrainTask(submitit.helpers.Checkpointable):
             for var in names:  # an error message must not carry a secret into the run directory
                 if os.environ.get(var):
                     error = error.replace(os.environ[var], "***")
-            append_event(Path(run_dir), "failed", rank=os.environ.get("SLURM_PROCID"),
-                         job_id=os.environ.get("SLURM_JOB_ID"), error=error)
+            if not being_requeued(Path(run_dir)):
+                append_event(Path(run_dir), "failed", rank=os.environ.get("SLURM_PROCID"),
+                             job_id=os.environ.get("SLURM_JOB_ID"), error=error)
             raise
 
     def checkpoint(self, run_dir: str) -> submitit.helpers.DelayedSubmission:  # type: ignore[override]

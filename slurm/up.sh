@@ -152,7 +152,8 @@ write_configs() {
     echo "SlurmdUser=root"
     echo "AuthType=auth/munge"
     echo "CredType=cred/munge"
-    echo "AuthInfo=socket=$MUNGE_SOCKET"
+    # cred_expire also delays a requeued job's restart (default 120 s): short, so preemption tests are quick.
+    echo "AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10"
     echo "StateSaveLocation=$SLURM_LOCAL_DIR/ctld"
     echo "SlurmdSpoolDir=$SLURM_LOCAL_DIR/spool/%n"
     echo "SlurmctldPidFile=$SLURM_LOCAL_RUN/slurmctld.daemon.pid"
