@@ -1,0 +1,400 @@
+"""The planner (launcher/planner.py) and ``launcher plan``: memory by hand, fit decisions, suggestions,
+the CLI, the refusal at launch, and the memory model against a real (CPU, gloo) FSDP2 run."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import cli
+from launcher.compose import compose_runs
+from launcher.config import ModelConfig, ParallelConfig, RunConfig, TrainConfig
+from launcher.plan import Plan, parameter_counts
+from launcher.planner import (GIB, Assumptions, Hardware, activation_components, estimate, hardware_for, memory,
+                              local_param_numel, memory_for_type, shard_numel)
+
+REPO = Path(__file__).resolve().parents[1]
+H100 = Hardware(gpu_type="h100", memory_gib=80, memory_source="test", enforce=True, peak_flops=989e12,
+                peak_source="test")
+
+
+def plan_of(overrides):
+    (run,) = compose_runs(list(overrides))
+    return estimate(run.config, run.plan, hardware_for(run.config.cluster), overrides=run.overrides)
+
+
+# --------------------------------------------------------------------------------------------
+# Memory by hand
+
+
+def test_memory_of_a_small_model_by_hand():
+    cfg = RunConfig(model=ModelConfig(name="hand", d_model=64, n_heads=2, n_layers=2, seq_len=64, vocab_size=256),
+                    train=TrainConfig(batch_per_gpu=2, micro_batch=2))
+    cfg.layout.gpus = 4
+    plan = Plan.from_config(cfg)
+    assert (plan.world_size, plan.micro_batch, plan.grad_accum) == (4, 2, 1)
+    # Parameters. Block: ln1 64 + qkv 192*64 + proj 64*64 + ln2 64 + fc 256*64 + proj 64*256
+    #   = 12*64^2 + 2*64 = 49,280. Root: tok_emb 256*64 + pos_emb 64*64 + ln_f 64 = 20,544.
+    #   P = 20,544 + 2*49,280 = 119,104 (the contract's formula). 3 + 2*6 = 15 tensors.
+    block, root, total = 49_280, 20_544, 119_104
+    assert parameter_counts(cfg.model)[1] == total
+    # Full sharding over 4: every dim 0 (256, 64, 192, ...) divides by 4, so each rank holds P/4 = 29,776.
+    local = total // 4
+    assert local_param_numel(cfg.model, 4) == local == 29_776
+    mem = memory(cfg, plan, H100, Assumptions())
+    assert mem.params == 4 * local == 119_104  # fp32 shards
+    assert mem.grads == 4 * local == 119_104  # fp32 shards
+    assert mem.optimizer == 8 * local + 4 * 15 == 238_268  # exp_avg + exp_avg_sq, fp32, + a 4-byte step each
+    # precision auto = bf16 on a GPU: the root and two blocks gathered in bf16.
+    assert mem.gathered == 2 * (root + 2 * block) == 238_208
+    # The root's bf16 gradient through backward + one block's bf16 gradient and its fp32 reduce-scatter input.
+    assert mem.grad_buffers == 2 * root + (2 + 4) * block == 336_768
+    assert mem.accumulated_grads == 0  # grad_accum 1
+    # Activations, micro-batch b=2, s=64, h=64, a=2, r=4, V=256, bf16 (2 B), no checkpointing:
+    #   per layer s*b*h*(8 + 2r)*2 + 4*a*s*b + 16*s*b = 128*64*16*2 + 4*2*128 + 16*128 = 265,216
+    #   two layers 530,432; final norm 2*s*b*h*2 + 8*s*b = 33,792; loss 12*s*b*V = 393,216.
+    parts = activation_components(cfg.model, 2, "none", "bf16")
+    assert parts == {"layers": 530_432, "recompute": 0, "final_norm": 33_792, "loss_saved": 131_072,
+                     "loss_transient": 262_144}
+    assert mem.activations == 957_440
+    need = 2 * 119_104 + 238_268 + 238_208 + 336_768 + 957_440
+    assert need == 2_008_892
+    assert mem.margin == int(0.10 * need + GIB)  # 10% + 1 GiB
+    assert mem.total == need + mem.margin and mem.capacity == 80 * GIB and mem.fits
+
+
+def test_full_checkpointing_keeps_block_inputs_and_rebuilds_one_block():
+    model = ModelConfig(name="m", d_model=64, n_heads=2, n_layers=4, seq_len=64, vocab_size=256)
+    none, full = (activation_components(model, 2, level, "bf16") for level in ("none", "full"))
+    layer = none["layers"] // 4
+    assert full["layers"] == 4 * 64 * 2 * 64 * 2  # L * s*b*h * 2 B
+    assert full["recompute"] == layer
+    selective = activation_components(model, 2, "selective", "bf16")
+    assert selective["layers"] == 2 * layer + 2 * 64 * 2 * 64 * 2  # blocks 0 and 2 checkpointed
+
+
+def test_uneven_shards_follow_torch_chunk():
+    assert [shard_numel((40, 3), 3, i) for i in range(3)] == [14 * 3, 14 * 3, 12 * 3]
+    assert [shard_numel((5,), 4, i) for i in range(4)] == [2, 2, 1, 0]
+    assert [shard_numel((2,), 4, i) for i in range(4)] == [1, 1, 0, 0]
+
+
+def test_gpu_memory_table_and_sources():
+    assert memory_for_type("h100") == 80 and memory_for_type("nvidia_h100_nvl") == 94
+    assert memory_for_type("h200") == 141 and memory_for_type("a100-80gb") == 80 and memory_for_type("a100") == 40
+    assert memory_for_type("tpu") is None
+    (local,) = compose_runs([])
+    hw = hardware_for(local.config.cluster)
+    assert (hw.memory_gib, hw.enforce) == (80, True) and "local" in hw.memory_source
+    (site,) = compose_runs(["cluster=slurm"])
+    assert hardware_for(site.config.cluster).memory_source == "cluster.gpu_memory_gb"
+    (typed,) = compose_runs(["cluster=slurm", "cluster.gpu_memory_gb=null", "cluster.gpu_type=h200"])
+    hw = hardware_for(typed.config.cluster)
+    assert (hw.memory_gib, hw.peak_flops, hw.enforce) == (141, 989e12, True)
+    (unknown,) = compose_runs(["cluster=slurm", "cluster.gpu_memory_gb=null"])
+    assert hardware_for(unknown.config.cluster).enforce is False
+
+
+# --------------------------------------------------------------------------------------------
+# Fit decisions and suggestions (8 GPUs per node, 80 GiB)
+
+
+def test_gpt_1b_on_8_gpus_fits():
+    est = plan_of(["model=gpt_1b", "gpus=8"])
+    assert est.fits and est.memory.total < 80 * GIB
+    assert est.max_micro_batch >= est.plan.micro_batch and not est.suggestions
+
+
+def test_gpt_70b_full_sharding_on_8_gpus_does_not_fit_and_says_what_would():
+    est = plan_of(["model=gpt_70b", "gpus=8"])
+    assert est.cfg.parallel.sharding == "full" and not est.fits
+    # 64.85e9 params x (4 + 4 + 8) B / 8 = 120.8 GiB of training state alone, over 80.
+    assert est.memory.states / GIB == pytest.approx(64_854_695_936 * 16 / 8 / GIB, rel=1e-6)
+    assert est.max_micro_batch == 0 and est.suggestions
+    for suggestion in est.suggestions:  # every suggestion, applied through Hydra, fits
+        fixed = plan_of(["model=gpt_70b", "gpus=8", *suggestion.overrides])
+        assert fixed.fits, suggestion
+        assert fixed.memory.total / GIB == pytest.approx(suggestion.total_gib)
+    assert any(o.startswith("gpus=") for s in est.suggestions for o in s.overrides)
+
+
+def test_gpt_70b_on_128_gpus_full_sharding_fits_only_without_accumulated_gradients():
+    # Full sharding + full checkpointing: the state is 7.6 GiB per GPU, but the preset's micro-batch 1 x
+    # grad_accum 4 makes FSDP2 hold the whole model's fp32 unsharded gradient between micro-batches
+    # (set_requires_gradient_sync(False) in train/loop.py): 4 B x 64.9e9 = 241.6 GiB. It does not fit.
+    base = ["model=gpt_70b", "gpus=128", "parallel.sharding=full", "parallel.activation_checkpointing=full"]
+    accumulating = plan_of(base)
+    assert accumulating.plan.grad_accum == 4 and not accumulating.fits
+    assert accumulating.memory.accumulated_grads / GIB == pytest.approx(241.6, abs=0.1)
+    assert [s.overrides for s in accumulating.suggestions][0] == ["train.micro_batch=4"]
+    # The whole per-GPU batch as one micro-batch (grad_accum 1) fits.
+    est = plan_of([*base, "train.micro_batch=4"])
+    assert est.plan.grad_accum == 1 and est.fits
+    assert 30 < est.memory.total / GIB < 45
+    # The 128-GPU preset's hybrid sharding keeps a node's share (1/8) of the state: no fit.
+    assert not plan_of(["model=gpt_70b", "gpus=128", "train.micro_batch=4"]).fits
+
+
+def test_checkpointing_and_sharding_suggestions():
+    est = plan_of(["model=gpt_3b", "gpus=8", "parallel.activation_checkpointing=none", "train.micro_batch=16"])
+    assert not est.fits
+    suggested = [" ".join(s.overrides) for s in est.suggestions]
+    assert suggested[:2] == ["train.micro_batch=8", "parallel.activation_checkpointing=selective"]
+    for suggestion in est.suggestions:
+        assert plan_of(["model=gpt_3b", "gpus=8", "parallel.activation_checkpointing=none", "train.micro_batch=16",
+                        *suggestion.overrides]).fits
+    hybrid = plan_of(["model=gpt_30b", "gpus=16", "train.micro_batch=4"])
+    assert hybrid.cfg.parallel.sharding == "hybrid" and not hybrid.fits
+    assert ["parallel.sharding=full"] in [s.overrides for s in hybrid.suggestions]
+
+
+def test_micro_batch_auto_fits_where_its_halving_reaches():
+    est = plan_of(["model=gpt_1b", "train.micro_batch=auto", "train.batch_per_gpu=64"])
+    assert est.plan.micro_batch == 8 and est.fits
+
+
+def test_flops_time_and_communication():
+    est = plan_of(["model=gpt_1b", "gpus=8"])
+    t, p = est.timing, est.plan
+    assert t.model_flops == p.flops_per_token * p.tokens_per_step
+    # Selective checkpointing runs the forward of 12 of 24 blocks again: 1/3 x half of the blocks' FLOPs.
+    assert 1.1 < t.hardware_flops / t.model_flops < 1.2
+    full = plan_of(["model=gpt_1b", "gpus=8", "parallel.activation_checkpointing=full"]).timing
+    assert full.hardware_flops / full.model_flops == pytest.approx(4 / 3, rel=0.01)
+    assert t.compute_s == pytest.approx(t.hardware_flops / 8 / (0.45 * 989e12))
+    # Full sharding over 8: all-gather twice per micro-batch in bf16, reduce-scatter once in fp32.
+    assert t.allgather_bytes == pytest.approx(p.grad_accum * 2 * 2 * p.params * 7 / 8)
+    assert t.reduce_scatter_bytes == pytest.approx(4 * p.params * 7 / 8) and t.allreduce_bytes == 0
+    assert t.step_s >= t.compute_s and t.tokens_per_s_per_gpu == pytest.approx(p.tokens_per_step / 8 / t.step_s)
+    hybrid = plan_of(["model=gpt_1b", "gpus=16"]).timing
+    assert hybrid.allreduce_bytes == pytest.approx(2 * 4 * p.params / 8 * 1 / 2)
+
+
+# --------------------------------------------------------------------------------------------
+# launcher plan
+
+
+def test_plan_multirun_prints_one_row_per_combination(capsys):
+    assert cli.main(["plan", "-m", "gpus=8,16,128", "model=gpt_1b,gpt_70b"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("gpt_")]
+    assert len(rows) == 6
+    assert "scaling eff." in out and "does not fit; to fit: " in out
+    assert out.count("NO") == 3  # gpt_70b with the presets' micro-batch 1 x grad_accum 4
+
+
+def test_plan_json_keys(capsys):
+    assert cli.main(["plan", "--json", "-m", "gpus=8,16", "model=gpt_1b", "--mfu", "0.4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    objects = [json.loads(line) for line in lines]
+    for obj in objects:
+        assert {"model", "gpus", "sharding", "activation_checkpointing", "precision", "micro_batch", "grad_accum",
+                "gpu", "memory_bytes", "activations_gib", "mem_per_gpu_gib", "capacity_gib", "fits", "max_micro_batch",
+                "model_flops_per_step", "hardware_flops_per_step", "step_time_s", "tokens_per_s_per_gpu", "comm",
+                "scaling_efficiency", "suggestions", "assumptions"} <= obj.keys()
+        assert set(obj["activations_gib"]) == {"none", "selective", "full"}
+        assert obj["assumptions"]["mfu"] == 0.4
+    assert objects[0]["scaling_efficiency"] == 1.0 and 0.5 < objects[1]["scaling_efficiency"] <= 1.0
+
+
+def test_plan_single_run_table(capsys):
+    assert cli.main(["plan", "model=gpt_70b", "gpus=8"]) == 0
+    out = capsys.readouterr().out
+    for text in ("parameters", "gradients", "optimizer (AdamW)", "gathered params", "activations (full)", "margin",
+                 "total", "GPU memory", "largest micro-batch", "model FLOPs / step", "hardware FLOPs / step",
+                 "all-gather / GPU", "reduce-scatter / GPU", "step time", "tokens/s/GPU", "DOES NOT FIT", "gpus="):
+        assert text in out, text
+
+
+def test_plan_help_and_bad_options(capsys):
+    assert cli.main(["plan", "--help"]) == 0
+    assert "--inter-gbps" in capsys.readouterr().out
+    assert cli.main(["plan", "--mfu", "2"]) == 2
+    assert "--mfu must be in (0, 1]" in capsys.readouterr().err
+    assert cli.main(["plan", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: launcher plan: unrecognized arguments: --bogus") and err.count("\n") == 1
+
+
+# --------------------------------------------------------------------------------------------
+# The refusal at launch
+
+
+@pytest.fixture
+def submissions(monkeypatch):
+    """launcher.submit.launch replaced by a recorder: nothing can reach Slurm."""
+    calls = []
+    import launcher.submit
+
+    monkeypatch.setattr(launcher.submit, "launch", lambda runs, sweep: calls.append(runs) or 0)
+    return calls
+
+
+def test_launch_refuses_a_run_that_cannot_fit(submissions, capsys):
+    assert cli.main(["model=gpt_70b", "gpus=8"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: gpt_70b on 8 GPUs") and err.count("\n") == 1
+    assert "needs 414" in err and "but the GPU has 80 GiB" in err
+    assert "to fit: gpus=24 parallel.sharding=full train.micro_batch=4" in err and "force=true" in err
+    assert submissions == []
+
+
+def test_launch_refuses_before_any_run_of_a_sweep_is_submitted(submissions, capsys):
+    assert cli.main(["-m", "model=gpt_tiny,gpt_70b", "gpus=8"]) == 2
+    assert "(1 of 2 runs do not fit; nothing was submitted)" in capsys.readouterr().err
+    assert submissions == []
+
+
+def test_force_true_launches_anyway(submissions, capsys):
+    assert cli.main(["model=gpt_70b", "gpus=8", "force=true"]) == 0
+    assert len(submissions) == 1
+    assert "force=true: launching anyway" in capsys.readouterr().err
+
+
+def test_small_models_and_unknown_gpus_are_not_refused(submissions, capsys):
+    assert cli.main(["model=gpt_tiny"]) == 0
+    assert cli.main(["model=gpt_1b", "gpus=8"]) == 0
+    # GPU memory unknown (no gpu_memory_gb, no type, no Slurm to ask): no refusal.
+    assert cli.main(["model=gpt_70b", "cluster=slurm", "cluster.gpu_memory_gb=null"]) == 0
+    assert len(submissions) == 3 and capsys.readouterr().err == ""
+
+
+def test_dry_runs_warn_instead(capsys):
+    assert cli.main(["model=gpt_70b", "gpus=8", "dry_run=json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["model"] == "gpt_70b"
+    assert err.startswith("warning: gpt_70b on 8 GPUs") and "a launch would be refused" in err
+    assert cli.main(["model=gpt_70b", "gpus=8", "dry_run=json", "force=true"]) == 0
+    assert "force=true: a launch would go ahead" in capsys.readouterr().err
+
+
+def test_python_m_launcher_refuses_without_submitting(tmp_path):
+    env = {**os.environ, "LAUNCHER_RUN_ROOT": str(tmp_path / "runs"),
+           "SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}  # a submission could not reach any cluster
+    result = subprocess.run([sys.executable, "-m", "launcher", "model=gpt_70b", "gpus=8"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: gpt_70b on 8 GPUs") and "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Against a real run: FSDP2 on CPU (gloo), train/'s own model, sharding and optimizer
+
+
+TINY = {"name": "measure", "d_model": 40, "n_heads": 2, "n_layers": 2, "seq_len": 20, "vocab_size": 70}
+
+
+def _measure_states(parallel: dict, micro_batch: int, grad_accum: int, out_dir: Path) -> None:
+    """One optimizer step; writes this rank's bytes of parameter, gradient and optimizer-state shards and of
+    the unsharded gradients FSDP2 holds between micro-batches."""
+    import inspect
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    from train.dist import init_distributed
+    from train.loop import build_model, build_optimizer
+
+    def nbytes(t) -> int:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
+    env = init_distributed(timeout_s=60)
+    cfg = RunConfig(model=ModelConfig(**TINY), parallel=ParallelConfig(**parallel))
+    model = build_model(cfg, env)
+    extra = (env.device,) if len(inspect.signature(build_optimizer).parameters) > 2 else ()
+    optimizer, _ = build_optimizer(model, cfg.train, *extra)
+    generator = torch.Generator().manual_seed(env.rank)
+    accumulated = 0
+    for i in range(grad_accum):
+        x, y = (torch.randint(0, TINY["vocab_size"], (micro_batch, TINY["seq_len"]), generator=generator)
+                for _ in range(2))
+        model.set_requires_gradient_sync(i == grad_accum - 1)
+        (model(x, y) / grad_accum).backward()
+        if i == 0 and grad_accum > 1:
+            for module in model.modules():
+                group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+                for param in group.fsdp_params if group else ():
+                    grad = param.unsharded_accumulated_grad
+                    if grad is None:
+                        grad = param._unsharded_param.grad
+                    accumulated += nbytes(grad) if grad is not None else 0
+    params = sum(nbytes(p) for p in model.parameters())
+    grads = sum(nbytes(p.grad) for p in model.parameters() if p.grad is not None)
+    optimizer.step()
+    states = sum(nbytes(v) for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
+    result = {"params": params, "grads": grads, "optimizer": states, "accumulated": accumulated}
+    (out_dir / f"rank{env.rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("sharding, world, per_node", [("full", 3, 3), ("hybrid", 4, 2)])
+def test_state_memory_matches_a_real_fsdp2_run(tmp_path, sharding, world, per_node):
+    from train_harness import launch_forked
+
+    micro_batch, grad_accum = 2, 2
+    launch_forked(_measure_states, ({"sharding": sharding}, micro_batch, grad_accum, tmp_path), world, per_node)
+    cfg = RunConfig(model=ModelConfig(**TINY), parallel=ParallelConfig(sharding=sharding),
+                    train=TrainConfig(batch_per_gpu=micro_batch * grad_accum, micro_batch=micro_batch))
+    cfg.layout.gpus, cfg.layout.nodes, cfg.cluster.gpus_per_node = world, world // per_node, per_node
+    plan = Plan.from_config(cfg)
+    assert (plan.nodes, plan.tasks_per_node, plan.grad_accum) == (world // per_node, per_node, grad_accum)
+    predicted = memory(cfg, plan, H100, Assumptions())
+    shards = per_node if sharding == "hybrid" else world
+    tensors = 3 + 6 * TINY["n_layers"]
+    total_params = parameter_counts(ModelConfig(**TINY))[1]
+    for rank in range(world):
+        measured = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        local = local_param_numel(cfg.model, shards, rank % shards)  # the mesh puts rank r at shard r % per_node
+        assert measured == {"params": 4 * local, "grads": 4 * local, "optimizer": 8 * local + 4 * tensors,
+                            "accumulated": 4 * total_params}, rank
+        if rank == 0:  # the planner's figure is rank 0's, the largest shard
+            assert (predicted.params, predicted.grads, predicted.optimizer, predicted.accumulated_grads) == (
+                measured["params"], measured["grads"], measured["optimizer"], measured["accumulated"])
+
+
+def test_saved_activations_match_the_formula():
+    """What autograd keeps for backward after the forward of train/model.py's GPT (parameters excluded),
+    against the planner's kept part (layers + final norm + fp32 log-probs), in fp32 on CPU: exact."""
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from train.model import GPT
+
+    cfg = ModelConfig(name="t", d_model=64, n_heads=4, n_layers=4, seq_len=128, vocab_size=512)
+    for level in ("none", "selective", "full"):
+        model = GPT(cfg)
+        for i, block in enumerate(model.blocks):
+            if level == "full" or (level == "selective" and i % 2 == 0):
+                model.blocks[i] = checkpoint_wrapper(block)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        kept = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if t.is_floating_point() and storage.data_ptr() not in params:
+                kept[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        idx, targets = (torch.randint(0, cfg.vocab_size, (3, cfg.seq_len)) for _ in range(2))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(idx, targets)
+        parts = activation_components(cfg, 3, level, "fp32")
+        # + 4 B: the loss's scalar total weight
+        assert sum(kept.values()) == parts["layers"] + parts["final_norm"] + parts["loss_saved"] + 4, level
+
+
+def test_plan_does_not_import_torch():
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "plan", "-m", "gpus=8,16",
+                             "model=gpt_1b"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "launcher.planner" in imported and "launcher.compose" in imported
+    assert not {name for name in imported if name == "torch" or name.startswith("torch.")}
