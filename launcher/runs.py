@@ -59,11 +59,19 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line with a single write on an O_APPEND descriptor, so lines from different
+    processes (the launcher, rank 0 of successive requeues) never interleave within a line."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 def append_event(run_dir: Path, event: str, **fields: Any) -> None:
-    """Append one line to the run's event log (single small appends are atomic on POSIX)."""
-    line = json.dumps({"time": time.time(), "event": event, **fields}, sort_keys=True)
-    with open(run_dir / EVENTS, "a") as f:
-        f.write(line + "\n")
+    """Append ``{"time": ..., "event": event, ...}`` to the run's event log (docs/design-contract.md)."""
+    append_jsonl(Path(run_dir) / EVENTS, {"time": time.time(), "event": event, **fields})
 
 
 def read_events(run_dir: Path) -> list[dict]:

@@ -1,0 +1,160 @@
+#!/usr/bin/env python
+"""How much does train/ cost over plain PyTorch, and how well do ranks scale? (CPU)
+
+(a) overhead: tokens/s of our loop (``python -m train``: FSDP2 on one rank,
+    metrics, sampler) divided by tokens/s of a plain single-process loop with the
+    same model, batch, AdamW and clipping. Goal >= 0.95.
+(b) scaling: per-rank tokens/s with 2 ranks divided by per-rank tokens/s with 1
+    rank, one thread per rank and the same batch per rank (weak scaling), so the
+    difference is what sharding costs: all-gathers and reduce-scatters over gloo.
+    Goal >= 0.85.
+
+    For scale, it also prints the machine's own ceiling: two plain loops at once
+    vs one alone (cores, memory bandwidth and turbo shared; no communication).
+
+Throughput leaves out the first log interval (warm-up) in every loop; each
+measurement is the best of ``--repeats`` runs, alternating the two sides, to
+shed noise from other processes. Needs 2+ cores for (b) to mean anything; run
+on an otherwise idle machine.
+
+    python scripts/bench_train.py [--steps 30] [--repeats 2] [--d-model 256] [--layers 4] [--seq-len 256] [--batch 8]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from launcher.config import DataConfig, ModelConfig, TrainConfig  # noqa: E402
+from train.data import StepSampler, TokenData, token_file  # noqa: E402
+from train.loop import build_optimizer  # noqa: E402
+from train.model import GPT  # noqa: E402
+
+LOG_EVERY = 5
+
+
+def model_config(args) -> ModelConfig:
+    return ModelConfig(name="bench", d_model=args.d_model, n_heads=args.d_model // 64, n_layers=args.layers,
+                       seq_len=args.seq_len, vocab_size=256)
+
+
+def train_config(args, global_batch: int) -> TrainConfig:
+    return TrainConfig(steps=args.steps, global_batch=global_batch, micro_batch=args.batch, log_every=LOG_EVERY,
+                       eval_every=0, checkpoint_every=0, keep_checkpoints=1)
+
+
+def ours(args, world_size: int, threads: int | None) -> float:
+    """Per-rank tokens/s of ``python -m train`` on ``world_size`` local ranks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp)
+        global_batch = args.batch * world_size
+        config = {"model": OmegaConf.structured(model_config(args)),
+                  "train": OmegaConf.structured(train_config(args, global_batch))}
+        OmegaConf.save(OmegaConf.create(config), run_dir / "config.yaml")
+        plan = {"world_size": world_size, "micro_batch": args.batch, "grad_accum": 1, "global_batch": global_batch}
+        (run_dir / "plan.json").write_text(json.dumps(plan))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = []
+        for rank in range(world_size):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                   "PYTHONPATH": str(ROOT)}
+            if threads is not None:
+                env["OMP_NUM_THREADS"] = str(threads)
+            procs.append(subprocess.Popen([sys.executable, "-m", "train", str(run_dir)], cwd=ROOT, env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        for proc in procs:
+            _, err = proc.communicate()
+            if proc.returncode:
+                raise SystemExit(f"python -m train failed:\n{err[-3000:]}")
+        final = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+        return final["tokens_per_s_per_gpu"]
+
+
+def plain(args) -> float:
+    """Tokens/s of a plain single-process loop: no FSDP, no process group."""
+    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    mcfg, tcfg = model_config(args), train_config(args, args.batch)
+    model = GPT(mcfg)
+    optimizer, scheduler = build_optimizer(model, tcfg)
+    dcfg = DataConfig()
+    data = TokenData(token_file(dcfg), dcfg.dtype, mcfg.seq_len, dcfg.val_fraction)
+    sampler = StepSampler(data.num_samples("train"), args.batch, tcfg.seed)
+    start = None
+    for step in range(args.steps):
+        if step == LOG_EVERY:  # the same warm-up that our loop's summary leaves out
+            start = time.perf_counter()
+        x, y = (torch.from_numpy(a) for a in data.batch("train", sampler.step_indices(step)))
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss.item()
+    return (args.steps - LOG_EVERY) * args.batch * mcfg.seq_len / (time.perf_counter() - start)
+
+
+def plain_processes(count: int) -> float:
+    """Tokens/s per process of ``count`` plain loops (one thread each) running at the same time."""
+    cmd = [sys.executable, __file__, "--plain-only", "--threads", "1", *sys.argv[1:]]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+    results = [float(proc.communicate()[0]) for proc in procs]
+    return sum(results) / count
+
+
+def best_of(repeats: int, *measures):
+    """Each measure's best over ``repeats`` rounds, the measures alternating within a round."""
+    rounds = [[measure() for measure in measures] for _ in range(repeats)]
+    return [max(values) for values in zip(*rounds)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)  # one plain loop, for (b)
+    parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    args = parser.parse_args()
+    if args.steps <= 2 * LOG_EVERY:
+        parser.error(f"--steps must be more than {2 * LOG_EVERY}")
+    if args.plain_only:
+        print(plain(args))
+        return
+    print(f"model d={args.d_model} L={args.layers} T={args.seq_len}, {args.batch} sequences per rank per step, "
+          f"{args.steps} steps, best of {args.repeats}, {os.cpu_count()} CPUs")
+
+    plain_tps, ours_tps = best_of(args.repeats, lambda: plain(args), lambda: ours(args, 1, threads=None))
+    print(f"(a) overhead: ours {ours_tps:,.0f} tok/s / plain {plain_tps:,.0f} tok/s = {ours_tps / plain_tps:.3f} "
+          f"(goal >= 0.95)")
+
+    one, two = best_of(args.repeats, lambda: ours(args, 1, threads=1), lambda: ours(args, 2, threads=1))
+    print(f"(b) scaling: 2 ranks {two:,.0f} tok/s/rank / 1 rank {one:,.0f} tok/s/rank = {two / one:.3f} "
+          f"(goal >= 0.85)")
+    alone, together = best_of(args.repeats, lambda: plain_processes(1), lambda: plain_processes(2))
+    print(f"    machine ceiling: 2 plain loops at once {together:,.0f} tok/s each / 1 alone {alone:,.0f} tok/s "
+          f"= {together / alone:.3f}")
+
+
+if __name__ == "__main__":
+    main()

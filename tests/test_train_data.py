@@ -1,0 +1,139 @@
+"""Token data: ranks never share a sample in a step, sampling is a pure function of (seed, step),
+the default corpus is built once even under concurrency, and prepare_data writes what it reads."""
+import importlib.util
+import multiprocessing
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from launcher.config import DataConfig
+from train.data import StepSampler, TokenData, stdlib_sources, token_file, val_indices, write_tokens
+from train_harness import ROOT
+
+
+@pytest.mark.parametrize("world_size,micro_batch", [(1, 4), (2, 2), (4, 1), (8, 2)])
+def test_ranks_never_share_a_sample_in_a_step(world_size, micro_batch):
+    sampler = StepSampler(num_samples=1000, global_batch=16 if world_size == 8 else 8, seed=3)
+    for step in range(300):  # several epochs
+        per_rank = [np.concatenate(sampler.micro_batches(step, r, world_size, micro_batch)) for r in range(world_size)]
+        together = np.concatenate(per_rank)
+        assert len(np.unique(together)) == len(together) == sampler.global_batch
+        assert np.array_equal(together, sampler.step_indices(step))
+        assert together.min() >= 0 and together.max() < 1000
+
+
+def test_each_epoch_sees_every_sample_once():
+    sampler = StepSampler(num_samples=64, global_batch=8, seed=1)
+    epoch0 = np.concatenate([sampler.step_indices(s) for s in range(8)])
+    epoch1 = np.concatenate([sampler.step_indices(s) for s in range(8, 16)])
+    assert sorted(epoch0) == sorted(epoch1) == list(range(64))
+    assert not np.array_equal(epoch0, epoch1)  # reshuffled
+
+
+def test_sampling_is_deterministic_and_resumable():
+    a = StepSampler(num_samples=500, global_batch=12, seed=42)
+    b = StepSampler(num_samples=500, global_batch=12, seed=42)
+    run = [a.micro_batches(s, 1, 2, 3) for s in range(100)]
+    # A sampler created at step 77 (a resumed run) reads what the uninterrupted one read.
+    for s in (77, 41, 99, 0):
+        assert all(np.array_equal(x, y) for x, y in zip(b.micro_batches(s, 1, 2, 3), run[s]))
+    other_seed = StepSampler(num_samples=500, global_batch=12, seed=43)
+    assert not np.array_equal(other_seed.step_indices(0), a.step_indices(0))
+
+
+def test_micro_batch_size_does_not_change_a_ranks_samples():
+    sampler = StepSampler(num_samples=500, global_batch=16, seed=0)
+    shares = [np.concatenate(sampler.micro_batches(5, 1, 2, m)) for m in (8, 4, 2, 1)]
+    assert all(np.array_equal(shares[0], s) for s in shares)
+
+
+def test_sampler_rejects_impossible_batches():
+    with pytest.raises(ValueError, match="fewer than the global batch"):
+        StepSampler(num_samples=4, global_batch=8, seed=0)
+    with pytest.raises(ValueError, match="not divisible by micro batch"):
+        StepSampler(num_samples=100, global_batch=8, seed=0).micro_batches(0, 0, 2, 3)
+
+
+def test_token_data_split_and_shift(tmp_path):
+    path = tmp_path / "t.bin"
+    write_tokens(path, [np.arange(1000) % 60000], "uint32")
+    data = TokenData(path, "uint32", seq_len=10, val_fraction=0.1)
+    assert len(data.splits["train"]) == 900 and len(data.splits["val"]) == 100
+    assert data.splits["val"][0] == 900  # the last 10% of the tokens
+    x, y = data.batch("train", np.array([0, 5]))
+    assert x.dtype == np.int64 and x.shape == (2, 10)
+    assert np.array_equal(x[1], np.arange(50, 60)) and np.array_equal(y[1], np.arange(51, 61))
+    assert data.num_samples("train") == 89 and data.num_samples("val") == 9
+    idx = val_indices(batch=1, rank=1, world_size=2, micro_batch=3, num_samples=9)
+    assert list(idx) == [0, 1, 2]  # (1*2 + 1)*3 = 9, wrapped around the 9 val samples
+
+
+def _build_default_corpus(cache_dir, out):
+    out.put(str(token_file(DataConfig(cache_dir=str(cache_dir)))))
+
+
+def test_default_corpus_is_built_once_under_concurrency(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_build_default_corpus, args=(tmp_path / "cache", out)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    paths = {out.get(timeout=5) for _ in procs}
+    assert len(paths) == 1
+    path = paths.pop()
+    assert path.endswith("-uint16.bin")
+    sources = stdlib_sources()
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    assert len(tokens) == sum(f.stat().st_size for f in sources)
+    first = sources[0].read_bytes()
+    assert bytes(tokens[: len(first)].astype(np.uint8)) == first
+    leftovers = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert [n for n in leftovers if ".tmp." in n] == []
+
+
+def test_data_path_must_exist(tmp_path):
+    with pytest.raises(FileNotFoundError, match="prepare_data"):
+        token_file(DataConfig(path=str(tmp_path / "missing.bin")))
+
+
+def test_prepare_data_byte_level(tmp_path):
+    texts = tmp_path / "texts"
+    (texts / "sub").mkdir(parents=True)
+    (texts / "b.txt").write_text("second")
+    (texts / "a.txt").write_text("first é")
+    (texts / "sub" / "c.txt").write_text("third")
+    (texts / "skip.md").write_text("not a .txt")
+    out = tmp_path / "corpus.bin"
+    result = subprocess.run([sys.executable, "scripts/prepare_data.py", str(out), str(texts)], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "data.dtype=uint16" in result.stdout
+    tokens = np.fromfile(out, dtype=np.uint16)
+    assert bytes(tokens.astype(np.uint8)) == "first é".encode() + b"second" + b"third"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tokenizers") is not None, reason="tokenizers is installed")
+def test_prepare_data_tokenizer_needs_the_package(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    result = subprocess.run([sys.executable, "scripts/prepare_data.py", str(tmp_path / "o.bin"),
+                             str(tmp_path / "a.txt"), "--tokenizer", str(tmp_path / "tok.json")],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "--tokenizer needs the 'tokenizers' package: pip install tokenizers" in result.stderr
+    assert not (tmp_path / "o.bin").exists()
+
+
+def test_val_split_may_be_empty_but_not_the_train_split(tmp_path):
+    path = tmp_path / "t.bin"
+    write_tokens(path, [np.arange(100)], "uint16")
+    data = TokenData(path, "uint16", seq_len=10, val_fraction=0.0)
+    assert data.num_samples("val") == 0
+    with pytest.raises(ValueError, match="the val split of .* has 0 tokens"):
+        data.require("val")
+    with pytest.raises(ValueError, match="the train split of .* has 100 tokens, fewer than one sample of seq_len"):
+        TokenData(path, "uint16", seq_len=100, val_fraction=0.0)

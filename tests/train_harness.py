@@ -1,0 +1,132 @@
+"""Shared helpers of the test_train_* tests: tiny run directories and real multi-process launches.
+
+Ranks are separate processes given torchrun-style variables (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and one thread each, on
+gloo: what train/dist.py reads without Slurm. :func:`launch` starts fresh
+interpreters (``python -m train``, the real entry); :func:`launch_forked` forks
+them from the test process, which has already imported torch, so a 4-rank run
+costs no 4 x 4 s of imports on a 2-core machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from train.data import encode_bytes, stdlib_sources, write_tokens
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+
+def tiny_config(token_path: Path, **train) -> dict:
+    """A config small enough that a step takes milliseconds on one CPU thread."""
+    return {
+        "model": {"name": "test_tiny", "d_model": 32, "n_heads": 2, "n_layers": 2, "seq_len": 32, "vocab_size": 256},
+        "train": {"steps": 4, "global_batch": 8, "micro_batch": 2, "lr": 1e-3, "warmup_steps": 2, "log_every": 1,
+                  "eval_every": 0, "checkpoint_every": 0, **train},
+        "data": {"path": str(token_path), "dtype": "uint16"},
+    }
+
+
+def make_tokens(path: Path, files: int = 20) -> Path:
+    """Byte-level tokens of a few standard-library sources: real text, written in well under a second."""
+    write_tokens(path, (encode_bytes(f.read_bytes(), "uint16") for f in stdlib_sources()[:files]), "uint16")
+    return path
+
+
+def make_run_dir(run_dir: Path, config: dict, world_size: int, micro_batch: int) -> Path:
+    """config.yaml and the plan.json keys that train/ reads, as the launcher would write them."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(config), run_dir / "config.yaml")
+    global_batch = config["train"]["global_batch"]
+    plan = {"world_size": world_size, "micro_batch": micro_batch,
+            "grad_accum": global_batch // (world_size * micro_batch), "global_batch": global_batch}
+    (run_dir / "plan.json").write_text(json.dumps(plan))
+    return run_dir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_environ(rank: int, world_size: int, local_world_size: int, port: int) -> dict[str, str]:
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % local_world_size),
+            "LOCAL_WORLD_SIZE": str(local_world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1"}
+
+
+def launch_forked(target, args: tuple, world_size: int, local_world_size: int | None = None,
+                  timeout: float = 120) -> None:
+    """Run ``target(*args)`` in ``world_size`` forked rank processes; raises with a failing rank's traceback."""
+    port = free_port()
+    ctx = mp.start_processes(_forked_rank, (target, args, world_size, local_world_size or world_size, port),
+                             nprocs=world_size, join=False, start_method="fork")
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(max(0.0, deadline - time.monotonic())):  # raises if a rank failed
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"ranks still running after {timeout} s: {target.__name__}")
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def _forked_rank(rank: int, target, args: tuple, world_size: int, local_world_size: int, port: int) -> None:
+    for var in [v for v in os.environ if v.startswith("SLURM_")]:
+        del os.environ[var]
+    os.environ.update(rank_environ(rank, world_size, local_world_size, port))
+    torch.set_num_threads(1)
+    target(*args)
+
+
+def launch(argv: list[str], world_size: int, local_world_size: int | None = None,
+           timeout: float = 120) -> list[subprocess.CompletedProcess]:
+    """Run ``python argv...`` as ``world_size`` ranks on this machine; returns each rank's result."""
+    local_world_size = local_world_size or world_size
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        env = {**os.environ, **rank_environ(rank, world_size, local_world_size, port),
+               "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        for var in [v for v in env if v.startswith("SLURM_")]:
+            del env[var]
+        procs.append(subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    results = []
+    try:
+        for rank, proc in enumerate(procs):
+            out, _ = proc.communicate(timeout=timeout)
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+def check_ok(results: list[subprocess.CompletedProcess]) -> None:
+    failed = [(rank, r) for rank, r in enumerate(results) if r.returncode != 0]
+    assert not failed, "\n".join(f"--- rank {rank} exit {r.returncode}\n{r.stdout[-4000:]}" for rank, r in failed)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def step_losses(run_dir: Path) -> dict[int, float]:
+    """Per-step loss from metrics.jsonl (log_every 1); a later record of a step (after a resume) wins."""
+    return {r["step"]: r["loss"] for r in metrics(run_dir) if not r.get("final")}

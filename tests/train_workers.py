@@ -1,0 +1,85 @@
+"""Rank bodies for the tests, run in forked processes by train_harness.launch_forked."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from launcher.config import DataConfig, ModelConfig, ParallelConfig, RunConfig, TrainConfig
+from train import checkpoint, task
+from train.data import StepSampler, TokenData
+from train.dist import check_allreduce, init_distributed
+from train.loop import build_model, build_optimizer, forward_backward, global_mean, optimizer_step
+
+
+def run_config(raw: dict) -> RunConfig:
+    return RunConfig(model=ModelConfig(**raw["model"]), train=TrainConfig(**raw["train"]),
+                     data=DataConfig(**raw["data"]), parallel=ParallelConfig(**raw.get("parallel", {})))
+
+
+def parity(raw: dict, micro_batch: int, out_dir: Path) -> None:
+    """A few optimizer steps through train/'s own pieces; rank 0 saves, per step, the global
+    loss, the gradient norm and every full (unsharded) gradient, plus the all-reduce check."""
+    cfg = run_config(raw)
+    task.setup_logging(out_dir, int(os.environ["RANK"]))
+    env = init_distributed(timeout_s=60)
+    allreduce = check_allreduce(env)
+    data = TokenData(cfg.data.path, cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction)
+    sampler = StepSampler(data.num_samples("train"), cfg.train.global_batch, cfg.train.seed)
+    model = build_model(cfg, env)
+    optimizer, scheduler = build_optimizer(model, cfg.train)
+    steps = []
+    for step in range(cfg.train.steps):
+        batches = [tuple(torch.from_numpy(a) for a in data.batch("train", idx))
+                   for idx in sampler.micro_batches(step, env.rank, env.world_size, micro_batch)]
+        loss = forward_backward(model, batches)
+        # clone: with one rank full_tensor() is the gradient itself, which clipping scales in place.
+        grads = {name.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor().clone()
+                 for name, p in model.named_parameters()}
+        grad_norm = optimizer_step(model, optimizer, scheduler, cfg.train.grad_clip)
+        steps.append({"loss": global_mean(loss, env), "grad_norm": grad_norm.item(), "grads": grads})
+    if env.rank == 0:
+        torch.save({"steps": steps, "allreduce": allreduce, "nodes": env.nodes}, out_dir / "parity.pt")
+    dist.destroy_process_group()
+
+
+def train_run(run_dir: Path) -> None:
+    """``python -m train RUN_DIR`` in this (forked) process."""
+    task.run(run_dir)
+
+
+def train_run_killed_in_save(run_dir: Path, crash_step: int) -> None:
+    """Like :func:`train_run`, but the save of ``crash_step`` dies after a partial write.
+
+    Every rank finishes its DCP shard write, cuts its shard file in half and
+    exits at once (like a SIGKILL): no RNG files, no meta.json, no rename.
+    """
+    real_save = checkpoint.dcp.save
+
+    def save_then_die(state, *, checkpoint_id):
+        real_save(state, checkpoint_id=checkpoint_id)
+        if Path(checkpoint_id).name == f"step_{crash_step:08d}.tmp":
+            shard = next(Path(checkpoint_id).glob(f"__{int(os.environ['RANK'])}_*.distcp"))
+            shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+            os._exit(9)
+
+    checkpoint.dcp.save = save_then_die
+    task.run(run_dir)
+
+
+def train_run_oom_above(run_dir: Path, max_rows: int) -> None:
+    """Like :func:`train_run`, but every block raises out-of-memory on micro-batches above ``max_rows``,
+    after FSDP has gathered its parameters, as a real one would."""
+    from train.model import Block
+
+    real_forward = Block.forward
+
+    def forward(self, x):
+        if x.shape[0] > max_rows:
+            raise torch.OutOfMemoryError(f"fake: {x.shape[0]} rows")
+        return real_forward(self, x)
+
+    Block.forward = forward
+    task.run(run_dir)

@@ -1,0 +1,1 @@
+"""The training side: what runs on every GPU of a job (see docs/design-contract.md)."""

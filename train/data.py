@@ -1,0 +1,166 @@
+"""Token data: a flat token file, a train/val split, and deterministic sampling.
+
+The file is nanoGPT's ``train.bin`` layout: token ids back to back as uint16 or
+uint32, read through ``np.memmap`` so a corpus larger than memory costs nothing
+to open. A sample is the ``i``-th window of ``seq_len + 1`` tokens (inputs and
+targets shifted by one).
+
+Which samples a rank reads at a step depends only on (seed, step, rank): the
+samples of a step are a slice of a per-epoch permutation, so no sample appears
+twice in a step, every sample is seen once per epoch, and a run resumed at step
+``s`` reads exactly what an uninterrupted run reads at ``s``. This module stays
+free of torch so that ``scripts/prepare_data.py`` starts quickly.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from launcher.config import DataConfig
+
+TOKEN_DTYPES = ("uint16", "uint32")
+
+
+def token_file(cfg: DataConfig) -> Path:
+    """The token file to train on: ``cfg.path``, or the cached standard-library corpus."""
+    if cfg.dtype not in TOKEN_DTYPES:
+        raise ValueError(f"data.dtype must be one of {', '.join(TOKEN_DTYPES)}, not {cfg.dtype!r}")
+    if cfg.path is not None:
+        path = Path(cfg.path).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"data.path {path} does not exist (make one with scripts/prepare_data.py)")
+        return path
+    version = f"{sys.version_info.major}{sys.version_info.minor}"
+    path = Path(cfg.cache_dir).expanduser() / f"stdlib-py{version}-bytes-{cfg.dtype}.bin"
+    _build_once(path, lambda tmp: write_tokens(tmp, (encode_bytes(f.read_bytes(), cfg.dtype)
+                                                     for f in stdlib_sources()), cfg.dtype))
+    return path
+
+
+def stdlib_sources() -> list[Path]:
+    """The standard library's .py files (installed packages excluded), sorted for determinism."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(f for f in root.rglob("*.py") if "site-packages" not in f.relative_to(root).parts)
+
+
+def encode_bytes(data: bytes, dtype: str) -> np.ndarray:
+    """Byte-level tokens: each byte is its own id (vocabulary of 256)."""
+    return np.frombuffer(data, dtype=np.uint8).astype(dtype)
+
+
+def write_tokens(path: Path, chunks: Iterable[np.ndarray], dtype: str) -> int:
+    """Write token chunks to ``path`` atomically (a temporary file, then rename).
+
+    A reader never sees a half-written file, whoever else is writing. Returns
+    the number of tokens written.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    count = 0
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(np.ascontiguousarray(chunk, dtype=dtype).tobytes())
+                count += len(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return count
+
+
+def _build_once(path: Path, build: Callable[[Path], object]) -> None:
+    """Make ``path`` with ``build`` unless it exists; with many ranks or jobs, one builds and the rest wait.
+
+    An exclusive ``flock`` on a side file elects the builder; the kernel drops it
+    if the builder dies, so a crashed build never leaves the others stuck.
+    """
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            build(path)
+
+
+class TokenData:
+    """A token file as train and val windows of ``seq_len + 1`` tokens.
+
+    The val split is the last ``val_fraction`` of the tokens, so it never
+    overlaps the train split; it may be empty when there is no evaluation.
+    """
+
+    def __init__(self, path: Path, dtype: str, seq_len: int, val_fraction: float):
+        tokens = np.memmap(path, dtype=dtype, mode="r")
+        n_val = int(len(tokens) * val_fraction)
+        self.seq_len = seq_len
+        self.splits = {"train": tokens[: len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}
+        self.path = path
+        self.require("train")
+
+    def require(self, split: str) -> None:
+        """Raise unless ``split`` holds at least one sample."""
+        if self.num_samples(split) < 1:
+            raise ValueError(f"the {split} split of {self.path} has {len(self.splits[split])} tokens, "
+                             f"fewer than one sample of seq_len + 1 = {self.seq_len + 1}")
+
+    def num_samples(self, split: str) -> int:
+        return max(0, (len(self.splits[split]) - 1) // self.seq_len)
+
+    def batch(self, split: str, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Inputs and targets (int64, shape (len(indices), seq_len)) for the given samples."""
+        data, t = self.splits[split], self.seq_len
+        rows = np.stack([data[i * t: i * t + t + 1] for i in indices]).astype(np.int64)
+        return rows[:, :-1], rows[:, 1:]
+
+
+class StepSampler:
+    """Which train samples each rank reads at each step and micro-step.
+
+    Step ``s`` takes the next ``global_batch`` entries of the permutation of its
+    epoch (epoch = s // steps_per_epoch, permutation seeded by (seed, epoch));
+    rank ``r`` owns the ``r``-th contiguous share of them and splits it into
+    micro-batches. A rank's share does not depend on its micro-batch size, so
+    halving the micro-batch after an out-of-memory error changes nothing about
+    which samples are used.
+    """
+
+    def __init__(self, num_samples: int, global_batch: int, seed: int):
+        if global_batch > num_samples:
+            raise ValueError(f"the train split has {num_samples} samples, fewer than the global batch {global_batch}")
+        self.num_samples = num_samples
+        self.global_batch = global_batch
+        self.seed = seed
+        self.steps_per_epoch = num_samples // global_batch
+        self._epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+
+    def step_indices(self, step: int) -> np.ndarray:
+        """The ``global_batch`` distinct samples of a step."""
+        epoch, pos = divmod(step, self.steps_per_epoch)
+        if epoch != self._epoch:
+            self._epoch, self._perm = epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+        return self._perm[pos * self.global_batch: (pos + 1) * self.global_batch]
+
+    def micro_batches(self, step: int, rank: int, world_size: int, micro_batch: int) -> list[np.ndarray]:
+        """Rank ``rank``'s samples at ``step``, in micro-batches of ``micro_batch``."""
+        if self.global_batch % world_size:
+            raise ValueError(f"global batch {self.global_batch} is not divisible by world size {world_size}")
+        per_rank = self.global_batch // world_size
+        if per_rank % micro_batch:
+            raise ValueError(f"per-rank batch {per_rank} is not divisible by micro batch {micro_batch}")
+        mine = self.step_indices(step)[rank * per_rank: (rank + 1) * per_rank]
+        return [mine[i: i + micro_batch] for i in range(0, per_rank, micro_batch)]
+
+
+def val_indices(batch: int, rank: int, world_size: int, micro_batch: int, num_samples: int) -> np.ndarray:
+    """The val samples of eval batch ``batch`` on ``rank``: the same ones at every evaluation."""
+    start = (batch * world_size + rank) * micro_batch
+    return (start + np.arange(micro_batch)) % num_samples

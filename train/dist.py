@@ -1,0 +1,164 @@
+"""Distributed bring-up from the environment, and a check that the group works.
+
+Every rank is started by Slurm (through submitit) or by torchrun / a test; both
+describe the process in environment variables, and this module turns them into a
+process group and a :class:`DistEnv`. A job whose ranks cannot talk to each other
+should fail in the first seconds with a message naming the node and port, not
+hang in the first all-gather, hence :func:`check_allreduce`.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    nodes: int
+    node: str
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """What the launcher told this process, before any process group exists."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    nodes: int
+    node: str
+    master_host: str  # a host name or address, resolved at rendezvous
+    master_port: int
+
+
+def global_rank_from_environ() -> int:
+    """This process's global rank, readable before bring-up (e.g. to name its log file)."""
+    if _torchrun_vars_set():
+        return int(os.environ["RANK"])
+    return int(os.environ.get("SLURM_PROCID", 0))
+
+
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:
+    """Join the job's process group (NCCL on CUDA, gloo on CPU) and pick this rank's device.
+
+    Explicit torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    MASTER_PORT) win over Slurm's, because ``torchrun`` inside an sbatch script
+    inherits SLURM_PROCID=0 in every process it starts. Without either, the
+    process is a world of one (rank 0 on a free local port).
+    """
+    launch = _launch_from_environ()
+    if torch.cuda.is_available():
+        # Slurm's GPU binding may leave each task a single visible GPU.
+        device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    address = _resolve(launch.master_host)
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://{address}:{launch.master_port}",
+                                rank=launch.rank, world_size=launch.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+    except Exception as e:
+        raise RuntimeError(
+            f"rank {launch.rank}/{launch.world_size} on {launch.node}: rendezvous with rank 0 at "
+            f"{launch.master_host} ({address}) port {launch.master_port} failed after at most {timeout_s:.0f} s: {e}"
+        ) from e
+    return DistEnv(rank=launch.rank, local_rank=launch.local_rank, world_size=launch.world_size,
+                   nodes=launch.nodes, node=launch.node, device=device)
+
+
+def check_allreduce(env: DistEnv) -> int:
+    """All-reduce rank+1 over the world and insist on the known sum, world*(world+1)/2.
+
+    Logs one line per rank (rank, local rank, node, device, result) so that a
+    misbehaving node is named in the logs. Returns the sum.
+    """
+    value = torch.tensor([env.rank + 1], dtype=torch.int64, device=env.device)
+    dist.all_reduce(value)
+    got, expected = int(value.item()), env.world_size * (env.world_size + 1) // 2
+    status = "ok" if got == expected else f"WRONG (expected {expected})"
+    log.info("rank %d/%d local %d node %s device %s allreduce %d %s",
+             env.rank, env.world_size, env.local_rank, env.node, env.device, got, status)
+    if got != expected:
+        raise RuntimeError(f"all-reduce check failed on rank {env.rank} ({env.node}): got {got}, expected {expected}")
+    return got
+
+
+def _torchrun_vars_set() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _launch_from_environ() -> _Launch:
+    env = os.environ
+    node = env.get("SLURMD_NODENAME") or socket.gethostname()
+    if _torchrun_vars_set():
+        world = int(env["WORLD_SIZE"])
+        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        return _Launch(rank=int(env["RANK"]), local_rank=int(env.get("LOCAL_RANK", 0)), world_size=world,
+                       nodes=max(1, world // local_world), node=node,
+                       master_host=env.get("MASTER_ADDR", "127.0.0.1"),
+                       master_port=int(env.get("MASTER_PORT", 29500)))
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        # The step's node list when there is one: rank 0 runs on the step's first node.
+        nodelist = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
+        nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES", "1")
+        port = int(env["MASTER_PORT"]) if "MASTER_PORT" in env else _port_for_job(int(env["SLURM_JOB_ID"]))
+        return _Launch(rank=int(env["SLURM_PROCID"]), local_rank=int(env.get("SLURM_LOCALID", 0)),
+                       world_size=int(env["SLURM_NTASKS"]), nodes=int(nodes), node=node,
+                       master_host=_first_host(nodelist), master_port=port)
+    return _Launch(rank=0, local_rank=0, world_size=1, nodes=1, node=node, master_host="127.0.0.1",
+                   master_port=_free_port())
+
+
+def _port_for_job(job_id: int) -> int:
+    """A port in 20000-39999 that two jobs sharing a node are unlikely to both pick."""
+    return 20000 + job_id % 20000
+
+
+def _first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list such as ``node[1-4,7]`` (via ``scontrol show hostnames``)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             check=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError) as e:
+        raise RuntimeError(f"cannot expand the Slurm node list {nodelist!r} with scontrol: {e}") from e
+    if not out:
+        raise RuntimeError(f"scontrol expanded the Slurm node list {nodelist!r} to nothing")
+    return out[0]
+
+
+def _resolve(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError as e:
+        raise RuntimeError(f"cannot resolve the rendezvous host {host!r} (rank 0's node): {e}") from e
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,299 @@
+"""The training loop: AdamW, warmup + cosine LR, clipping, accumulation, eval, checkpoints.
+
+One optimizer step consumes ``global_batch`` sequences: each rank takes its share
+in ``grad_accum`` micro-batches of ``micro_batch`` (values from plan.json). Each
+micro-batch loss is divided by ``grad_accum`` and FSDP averages gradients over
+ranks, so the update equals that of one big batch (the parity tests check it).
+Everything that decides the numbers — init, data order, LR — is a function of the
+seed and the step, so a resumed run repeats an uninterrupted one exactly.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from launcher.config import RunConfig, TrainConfig
+from launcher.plan import flops_per_token
+from train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from train.data import StepSampler, TokenData, token_file, val_indices
+from train.dist import DistEnv
+from train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
+from train.model import GPT
+from train.parallel import parallelize
+from train.progress import job_comment
+from launcher.runs import append_event
+
+log = logging.getLogger(__name__)
+
+# With micro_batch "auto", the first steps after a (re)start are where memory
+# peaks first: activations in step 1, activations on top of optimizer state in 2.
+AUTO_PROBE_STEPS = 2
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class Batching:
+    """How the global batch is split: ``global_batch = world_size * micro_batch * grad_accum``."""
+
+    global_batch: int
+    micro_batch: int
+    grad_accum: int
+    auto: bool  # halve micro_batch on out-of-memory
+
+    @classmethod
+    def from_plan(cls, plan: dict[str, Any], cfg: TrainConfig, world_size: int) -> "Batching":
+        if plan["world_size"] != world_size:
+            raise RuntimeError(f"plan.json was made for {plan['world_size']} ranks but the job has {world_size}")
+        batching = cls(plan["global_batch"], plan["micro_batch"], plan["grad_accum"], cfg.micro_batch == "auto")
+        if batching.micro_batch * batching.grad_accum * world_size != batching.global_batch:
+            raise ValueError(f"plan.json: micro_batch {batching.micro_batch} x grad_accum {batching.grad_accum} "
+                             f"x world_size {world_size} != global_batch {batching.global_batch}")
+        return batching
+
+    def halve(self) -> None:
+        """The largest micro-batch at most half the current one that still divides the rank's share."""
+        per_rank = self.micro_batch * self.grad_accum
+        self.micro_batch = max(m for m in range(1, self.micro_batch // 2 + 1) if per_rank % m == 0)
+        self.grad_accum = per_rank // self.micro_batch
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """LR multiplier for optimizer step ``step`` (0-based): linear warmup, then cosine down to ``min_lr_ratio``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: nn.Module,
+                    cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW (fused: one kernel per step, on CPU as on CUDA) with weight decay on matrices only
+    (not LayerNorm weights), and its LR schedule."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+    return optimizer, scheduler
+
+
+def forward_backward(model: nn.Module, micro_batches: list[Batch]) -> torch.Tensor:
+    """Accumulate gradients of this rank's mean loss over ``micro_batches``; returns that loss (detached).
+
+    Gradients are reduced across ranks only on the last micro-batch: one
+    reduce-scatter per step instead of one per micro-batch, at the cost of
+    holding this rank's unreduced gradients in between.
+    """
+    total = torch.zeros((), device=micro_batches[0][0].device)
+    for i, (x, y) in enumerate(micro_batches):
+        model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+        loss = model(x, y) / len(micro_batches)
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler, grad_clip: float) -> torch.Tensor:
+    """Clip, step, advance the LR, clear gradients; returns the gradient norm before clipping."""
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
+
+
+def global_mean(value: torch.Tensor, env: DistEnv) -> float:
+    """The mean of a scalar over all ranks (gloo has no AVG, hence SUM / world)."""
+    total = value.detach().clone().reshape(1)
+    dist.all_reduce(total)
+    return total.item() / env.world_size
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: TokenData, env: DistEnv, micro_batch: int, batches: int) -> float:
+    """Mean loss over ``batches`` fixed val micro-batches per rank (the same ones at every evaluation)."""
+    model.eval()
+    total = torch.zeros((), device=env.device)
+    for b in range(batches):
+        indices = val_indices(b, env.rank, env.world_size, micro_batch, data.num_samples("val"))
+        total += model(*_to_device(data.batch("val", indices), env.device))
+    model.train()
+    return global_mean(total / batches, env)
+
+
+def build_model(cfg: RunConfig, env: DistEnv) -> nn.Module:
+    """The GPT of ``cfg.model``, built on the meta device and materialised sharded."""
+    with torch.device("meta"):
+        model = GPT(cfg.model)
+    return parallelize(model, cfg.parallel, env, seed=cfg.train.seed)
+
+
+def train(cfg: RunConfig, plan: dict[str, Any], run_dir: Path, env: DistEnv) -> dict[str, Any]:
+    """Train to ``cfg.train.steps``, resuming from the newest complete checkpoint; returns the final record."""
+    tc = cfg.train
+    torch.manual_seed(tc.seed)
+    np.random.seed(tc.seed)
+    random.seed(tc.seed)
+    batching = Batching.from_plan(plan, tc, env.world_size)
+    data = TokenData(token_file(cfg.data), cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction)
+    if tc.eval_every > 0:
+        data.require("val")
+    sampler = StepSampler(data.num_samples("train"), batching.global_batch, tc.seed)
+    model = build_model(cfg, env)
+    optimizer, scheduler = build_optimizer(model, tc)
+
+    start = 0
+    resume_from = latest_checkpoint(run_dir)
+    if resume_from is not None:
+        start = load_checkpoint(resume_from, model, optimizer, scheduler, env)
+        log.info("resumed at step %d from %s", start, resume_from)
+        if env.is_main:
+            append_event(run_dir, "resumed", step=start, checkpoint=str(resume_from))
+    if start >= tc.steps:
+        log.info("nothing to do: step %d of %d already reached", start, tc.steps)
+        return {"final": True, "step": start, "steps_run": 0}
+
+    metrics = MetricsLog(Path(run_dir) / "metrics.jsonl" if env.is_main else None)
+    comment = job_comment(env.is_main)
+    fpt, peak = flops_per_token(cfg.model), peak_flops(env.device)
+    tokens_per_step = batching.global_batch * cfg.model.seq_len
+    intervals: list[dict[str, Any]] = []
+    record: dict[str, Any] = {}
+    timer = _IntervalTimer(env.device)
+    try:
+        for step in range(start, tc.steps):
+            batches = functools.partial(_rank_batches, data, sampler, env, step)
+            lr = scheduler.get_last_lr()[0]
+            if batching.auto and step < start + AUTO_PROBE_STEPS:
+                loss, grad_norm = _step_fitting_memory(model, optimizer, scheduler, batches, batching, tc, env)
+            else:
+                loss = forward_backward(model, batches(batching.micro_batch))
+                grad_norm = optimizer_step(model, optimizer, scheduler, tc.grad_clip)
+            done, last = step + 1, step + 1 == tc.steps
+            timer.steps += 1
+
+            eval_loss = None
+            if tc.eval_every > 0 and (done % tc.eval_every == 0 or last):
+                with timer.paused():
+                    eval_loss = evaluate(model, data, env, batching.micro_batch, tc.eval_batches)
+
+            if last or eval_loss is not None or (tc.log_every > 0 and done % tc.log_every == 0):
+                steps, seconds = timer.steps, timer.seconds()
+                record = {"step": done, "loss": global_mean(loss, env), "eval_loss": eval_loss, "lr": lr,
+                          "grad_norm": grad_norm.item(), "step_time": seconds / steps,
+                          **throughput(tokens_per_step * steps, seconds, env.world_size, fpt, peak),
+                          "peak_mem_gb": peak_memory_gb(env.device)}
+                metrics.write(record)
+                intervals.append({"steps": steps, "seconds": seconds})
+                comment.update(f"step {done}/{tc.steps} loss {record['loss']:.3f} tok/s {record['tokens_per_s']:.0f}")
+                timer.reset()
+
+            if last or (tc.checkpoint_every > 0 and done % tc.checkpoint_every == 0):
+                with timer.paused():
+                    save_checkpoint(run_dir, done, model, optimizer, scheduler, env, tc.keep_checkpoints)
+
+        final = {"final": True, **record, **_overall(intervals, tokens_per_step, env, fpt, peak),
+                 "steps_run": tc.steps - start, "resumed_from": start if resume_from is not None else None,
+                 "micro_batch": batching.micro_batch, "grad_accum": batching.grad_accum}
+        metrics.write(final)
+        comment.update(f"done {tc.steps}/{tc.steps} loss {record['loss']:.3f}")
+        return final
+    finally:
+        comment.close()
+
+
+def _step_fitting_memory(model: nn.Module, optimizer: torch.optim.Optimizer,
+                         scheduler: torch.optim.lr_scheduler.LRScheduler, batches: Callable[[int], list[Batch]],
+                         batching: Batching,
+                         tc: TrainConfig, env: DistEnv) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step, halving the micro-batch until every rank fits it in memory.
+
+    All ranks vote after each attempt (an all-reduced flag), so they halve
+    together and keep running the same collectives. This relies on ranks running
+    out of memory alike, which they do since they run the same shapes; a lone
+    out-of-memory in the middle of FSDP's collectives would hang the job instead.
+    """
+    while True:
+        result, failed = None, torch.zeros(1, device=env.device)
+        try:
+            loss = forward_backward(model, batches(batching.micro_batch))
+            result = loss, optimizer_step(model, optimizer, scheduler, tc.grad_clip)
+        except torch.OutOfMemoryError:
+            failed += 1
+            optimizer.zero_grad(set_to_none=True)
+            if env.device.type == "cuda":
+                torch.cuda.empty_cache()
+        dist.all_reduce(failed)
+        if not failed.item():
+            log.info("micro_batch auto: %d (grad_accum %d) fits", batching.micro_batch, batching.grad_accum)
+            return result
+        if batching.micro_batch == 1:
+            raise RuntimeError(f"out of memory on {int(failed.item())} rank(s) even at micro_batch 1: "
+                               "use a smaller model or seq_len, more GPUs, or activation checkpointing")
+        batching.halve()
+        log.warning("out of memory on %d rank(s): micro_batch now %d, grad_accum %d",
+                    int(failed.item()), batching.micro_batch, batching.grad_accum)
+
+
+def _overall(intervals: list[dict[str, Any]], tokens_per_step: int, env: DistEnv, fpt: int,
+             peak: float | None) -> dict[str, Any]:
+    """Throughput of the whole run, leaving out the first interval (warm-up, compilation) when there are others."""
+    steady = intervals[1:] or intervals
+    steps, seconds = sum(i["steps"] for i in steady), sum(i["seconds"] for i in steady)
+    return {**throughput(tokens_per_step * steps, seconds, env.world_size, fpt, peak),
+            "step_time": seconds / steps, "train_seconds": sum(i["seconds"] for i in intervals),
+            "peak_mem_gb": peak_memory_gb(env.device)}
+
+
+def _rank_batches(data: TokenData, sampler: StepSampler, env: DistEnv, step: int, micro_batch: int) -> list[Batch]:
+    """This rank's micro-batches of ``step``, on its device."""
+    return [_to_device(data.batch("train", idx), env.device)
+            for idx in sampler.micro_batches(step, env.rank, env.world_size, micro_batch)]
+
+
+def _to_device(batch: tuple[np.ndarray, np.ndarray], device: torch.device) -> Batch:
+    x, y = batch
+    return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+
+
+class _IntervalTimer:
+    """Training time and steps since the last metrics record, evaluation and checkpointing left out."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self.start, self.excluded, self.steps = time.perf_counter(), 0.0, 0
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        start = _synced_time(self.device)
+        yield
+        self.excluded += time.perf_counter() - start
+
+    def seconds(self) -> float:
+        return _synced_time(self.device) - self.start - self.excluded
+
+
+def _synced_time(device: torch.device) -> float:
+    """Wall time once queued GPU work is done, so intervals measure work, not launches."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

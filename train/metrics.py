@@ -1,0 +1,75 @@
+"""Model FLOPs utilisation and the metrics records of a run.
+
+MFU follows the convention of the public reference numbers (llm-foundry,
+Megatron, torchtitan): FLOPs per token = 6N + 12*L*d*T with N the non-embedding
+parameters (``launcher.plan.flops_per_token``, the one formula the planner uses
+too), against the GPU's dense bf16 peak, so our numbers can be set beside
+theirs. It is reported only where the peak is known (not on CPU).
+"""
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from launcher.runs import append_jsonl
+
+log = logging.getLogger(__name__)
+
+# Dense bf16 peak FLOP/s by a substring of torch.cuda.get_device_name().
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's dense bf16 peak in FLOP/s, or None if unknown (any CPU, other GPUs)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak GPU memory allocated by this process, or on CPU its peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / 1e9 if sys.platform == "darwin" else rss * 1024 / 1e9
+
+
+def throughput(tokens: int, seconds: float, world_size: int, flops_per_tok: int,
+               peak: float | None) -> dict[str, float | None]:
+    """Tokens/s overall and per GPU, and MFU (None without a known peak)."""
+    per_s = tokens / seconds
+    per_gpu = per_s / world_size
+    return {"tokens_per_s": per_s, "tokens_per_s_per_gpu": per_gpu,
+            "mfu": per_gpu * flops_per_tok / peak if peak else None}
+
+
+class MetricsLog:
+    """Writes records to ``metrics.jsonl`` and as one line to the log; a no-op where ``path`` is None.
+
+    Only rank 0 gets a path: every rank holds the same all-reduced values.
+    """
+
+    def __init__(self, path: Path | None):
+        self.path = path
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        append_jsonl(self.path, record)
+        log.info("%s", format_record(record))
+
+
+def format_record(record: dict[str, Any]) -> str:
+    """One human line: ``step 40 | loss 3.2100 | ... | mfu 41.2%``; absent values are left out."""
+    fmt = {"loss": "loss {:.4f}", "eval_loss": "eval {:.4f}", "lr": "lr {:.2e}", "grad_norm": "grad {:.3f}",
+           "step_time": "{:.3f} s/step", "tokens_per_s": "{:,.0f} tok/s", "tokens_per_s_per_gpu": "{:,.0f} tok/s/gpu",
+           "mfu": "mfu {:.1%}", "peak_mem_gb": "mem {:.2f} GB"}
+    head = "final" if record.get("final") else "step"
+    parts = [f"{head} {record['step']}"] + [f.format(record[k]) for k, f in fmt.items() if record.get(k) is not None]
+    return " | ".join(parts)

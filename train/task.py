@@ -1,0 +1,62 @@
+"""What every Slurm task runs: :func:`run` (called by ``launcher.entry.TrainTask``, or ``python -m train``).
+
+When Slurm signals an approaching time limit or preemption, submitit calls
+``TrainTask.checkpoint`` on rank 0 to requeue the job. The training state itself
+is not saved at that moment (that needs every rank); the requeued job resumes
+from the newest periodic checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from launcher.config import load_run_config
+from launcher.runs import append_event
+from train.dist import check_allreduce, global_rank_from_environ, init_distributed
+from train.loop import train
+
+log = logging.getLogger(__name__)
+
+
+def run(run_dir: str | Path) -> dict[str, Any]:
+    """Bring up the process group, check it, train, and record the outcome; returns the final metrics."""
+    run_dir = Path(run_dir)
+    rank = global_rank_from_environ()
+    setup_logging(run_dir, rank)
+    cfg = load_run_config(run_dir / "config.yaml")
+    plan = json.loads((run_dir / "plan.json").read_text())
+    try:
+        env = init_distributed()
+        check_allreduce(env)
+        if env.is_main:
+            append_event(run_dir, "started", job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
+                      nodes=env.nodes)
+        final = train(cfg, plan, run_dir, env)
+        if env.is_main:
+            append_event(run_dir, "finished", step=final["step"], loss=final.get("loss"))
+        return final
+    except Exception:
+        log.exception("rank %d failed", rank)
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def setup_logging(run_dir: Path, rank: int) -> None:
+    """Log to ``logs/rank_<N>.log`` and to stdout, each line stamped with the rank."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    formatter = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in (logging.FileHandler(run_dir / "logs" / f"rank_{rank}.log"), logging.StreamHandler(sys.stdout)):
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
