@@ -183,15 +183,13 @@ def detail(est: Estimate) -> str:
         ["optimizer (AdamW)", f"8 B x P {shard} (m, v fp32) + 4 B per tensor", _gib(m.optimizer)],
         ["gathered params", gathered, _gib(m.gathered)],
         ["gradient buffers", f"{cb} B x root + ({cb} + 4) B x block", _gib(m.grad_buffers)],
-        ["accumulated grads", "4 B x P unsharded (grad_accum > 1, no sync)" if m.accumulated_grads
-         else "none (grad_accum 1)", _gib(m.accumulated_grads)],
         [f"activations ({level})", f"micro-batch {plan.micro_batch}, see below", _gib(m.activations)],
         ["margin", f"{100 * a.margin:g}% + {a.overhead_gib:g} GiB", _gib(m.margin)],
         ["total", "", _gib(m.total)],
         ["GPU memory", hw.memory_source, _gib(m.capacity)],
         ["fits", _fits(est) + f" ({100 * m.total / m.capacity:.0f}% of the GPU)", ""],
         ["largest micro-batch", f"{est.max_micro_batch or 'none'} (dividing {per_rank}); memory allows "
-         f"{est.micro_batch_limit} at grad_accum 1", ""],
+         f"{est.micro_batch_limit} whatever the batch", ""],
     ]
     s, h, r, b = model.seq_len, model.d_model, model.mlp_ratio, plan.micro_batch
     act_rows = []
@@ -214,8 +212,9 @@ def detail(est: Estimate) -> str:
         ["compute / step", _time(t.compute_s), f"hardware FLOPs / GPUs / ({a.mfu:g} x peak)"],
         ["all-gather / GPU", f"{t.allgather_bytes / 1e9:,.2f} GB",
          f"{plan.grad_accum} x {1 if sharding == 'grad_op' else 2} x {cb} B x P x (n-1)/n"],
-        ["reduce-scatter / GPU", f"{t.reduce_scatter_bytes / 1e9:,.2f} GB", "4 B x P x (n-1)/n"],
-        ["all-reduce / GPU", f"{t.allreduce_bytes / 1e9:,.2f} GB", "hybrid: 2 x 4 B x P/n x (m-1)/m across nodes"],
+        ["reduce-scatter / GPU", f"{t.reduce_scatter_bytes / 1e9:,.2f} GB", f"{plan.grad_accum} x 4 B x P x (n-1)/n"],
+        ["all-reduce / GPU", f"{t.allreduce_bytes / 1e9:,.2f} GB",
+         f"hybrid: {plan.grad_accum} x 2 x 4 B x P/n x (m-1)/m across nodes"],
         ["communication / step", _time(t.comm_s), f"NVLink {a.intra_gbps:g} GB/s/GPU, network {a.inter_gbps:g} GB/s/node"],
         ["step time", _time(t.step_s), f"{_time(t.exposed_comm_s)} exposed + max(compute, rest of comm)"],
         ["tokens/s/GPU", f"{t.tokens_per_s_per_gpu:,.0f}", f"predicted MFU {100 * t.mfu:.1f}%"],

@@ -249,8 +249,7 @@ class Memory:
     grads: int  # fp32 gradient shards
     optimizer: int  # AdamW exp_avg + exp_avg_sq (fp32 shards) + one fp32 step count per tensor
     gathered: int  # all-gathered units in the compute dtype (transient)
-    grad_buffers: int  # unsharded gradients before their reduce-scatter (transient)
-    accumulated_grads: int  # fp32 unsharded gradients held between micro-batches (grad_accum > 1)
+    grad_buffers: int  # unsharded gradients before their reduce-scatter (transient, within one micro-batch)
     activations: int
     margin: int
     total: int
@@ -265,12 +264,13 @@ class Memory:
         return self.total <= self.capacity
 
 
-def memory(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions,
-           micro_batch: Optional[int] = None, grad_accum: Optional[int] = None) -> Memory:
-    """Peak memory per GPU of ``cfg`` laid out as ``plan`` (optionally at another micro-batch)."""
+def memory(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions, micro_batch: Optional[int] = None) -> Memory:
+    """Peak memory per GPU of ``cfg`` laid out as ``plan`` (optionally at another micro-batch).
+
+    grad_accum does not enter: every micro-batch's gradients are reduce-scattered into the
+    sharded fp32 gradients (train/loop.py), so nothing unsharded outlives a micro-batch."""
     model, sharding = cfg.model, cfg.parallel.sharding
     micro_batch = micro_batch or plan.micro_batch
-    grad_accum = grad_accum or plan.grad_accum
     precision = precision_of(cfg)
     compute_bytes = 2 if precision == "bf16" else 4
     root, block = param_shapes(model)
@@ -285,12 +285,11 @@ def memory(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions,
     # The root's gradient (tied embedding, produced first in backward by the head) lives through backward;
     # a block's unsharded gradient and its fp32 reduce-scatter input exist while it is reduced.
     grad_buffers = compute_bytes * root_numel + (compute_bytes + 4) * block_numel
-    accumulated = 4 * total_numel if grad_accum > 1 else 0
     activations = activation_bytes(model, micro_batch, cfg.parallel.activation_checkpointing, precision)
-    need = 4 * local + 4 * local + 8 * local + 4 * tensors + gathered + grad_buffers + accumulated + activations
+    need = 4 * local + 4 * local + 8 * local + 4 * tensors + gathered + grad_buffers + activations
     margin = int(opts.margin * need + opts.overhead_gib * GIB)
     return Memory(params=4 * local, grads=4 * local, optimizer=8 * local + 4 * tensors, gathered=gathered,
-                  grad_buffers=grad_buffers, accumulated_grads=accumulated, activations=activations, margin=margin,
+                  grad_buffers=grad_buffers, activations=activations, margin=margin,
                   total=need + margin, capacity=int(hw.memory_gib * GIB))
 
 
@@ -303,19 +302,15 @@ def divisors(n: int) -> List[int]:
 
 
 def max_micro_batch(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions) -> int:
-    """The largest micro-batch dividing the per-GPU batch that fits; 0 if none does.
-
-    Not monotonic: a micro-batch equal to the per-GPU batch (grad_accum 1) holds no accumulated
-    gradients, so it can fit where a smaller one does not.
-    """
-    per_rank = per_rank_batch(plan)
-    fitting = [m for m in divisors(per_rank) if memory(cfg, plan, hw, opts, m, per_rank // m).fits]
+    """The largest micro-batch dividing the per-GPU batch that fits; 0 if none does (memory grows
+    with the micro-batch and not with grad_accum, so if micro-batch 1 does not fit, nothing does)."""
+    fitting = [m for m in divisors(per_rank_batch(plan)) if memory(cfg, plan, hw, opts, m).fits]
     return max(fitting, default=0)
 
 
 def micro_batch_limit(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions) -> int:
-    """The largest micro-batch memory allows with grad_accum 1, whatever the batch size (0: none)."""
-    one = memory(cfg, plan, hw, opts, 1, 1)
+    """The largest micro-batch memory allows, whatever the batch size (0: none)."""
+    one = memory(cfg, plan, hw, opts, 1)
     per_sample = activation_bytes(cfg.model, 1, cfg.parallel.activation_checkpointing, precision_of(cfg))
     fixed = one.total - one.margin - per_sample
     usable = (one.capacity - opts.overhead_gib * GIB) / (1 + opts.margin)
@@ -375,22 +370,25 @@ def timing(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions) -> Timin
     n = shard_group(plan, sharding)
     nodes_in_group = 1 if sharding == "hybrid" else plan.nodes
     gathers = 1 if sharding == "grad_op" else 2  # per micro-batch: forward, and again in backward
+    # Per step: grad_accum micro-batches, each gathering every unit `gathers` times in the compute dtype
+    # and reduce-scattering every gradient in fp32 (reduce_dtype) into the shards (train/loop.py).
     ag_size = plan.grad_accum * gathers * compute_bytes * total_numel
-    rs_size = 4.0 * total_numel  # reduce_dtype fp32, once per step (no sync between micro-batches)
+    rs_size = plan.grad_accum * 4.0 * total_numel
     frac = (n - 1) / n
     allgather_bytes, reduce_scatter_bytes = ag_size * frac, rs_size * frac
     ag_s = _collective_s(ag_size, n, nodes_in_group, opts)
     rs_s = _collective_s(rs_size, n, nodes_in_group, opts)
     allreduce_bytes, ar_s = 0.0, 0.0
-    if sharding == "hybrid" and plan.nodes > 1:
+    if sharding == "hybrid" and plan.nodes > 1:  # HSDP all-reduces each micro-batch's reduced shard too
         m = plan.nodes
         allreduce_bytes = 2 * rs_size / n * (m - 1) / m  # ring all-reduce of this GPU's shard across nodes
         ar_s = 2 * rs_size * (m - 1) / m / (opts.inter_gbps * GB)  # the node's GPUs share its links
     comm_s = ag_s + rs_s + ar_s
-    # Not overlapped: each micro-batch's first all-gather (root and first block) and the last unit's
-    # (the root's) gradient reduction after the last backward compute.
+    # Not overlapped, in every micro-batch: its first all-gather (root and first block), and the last
+    # unit's (the root's) gradient reduction, which follows the last of that micro-batch's backward
+    # compute. Every other unit's reduction overlaps the backward of the units after it.
     first = (root_numel + block_numel) / total_numel / gathers  # of all the all-gather time
-    last = root_numel / total_numel
+    last = root_numel / total_numel  # of all the reduce-scatter and all-reduce time
     exposed = min(comm_s, first * ag_s + last * (rs_s + ar_s))
     step_s = exposed + max(compute_s, comm_s - exposed)
     per_gpu = tokens / plan.world_size / step_s
@@ -477,9 +475,8 @@ def suggestions(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions) -> 
     per_rank = per_rank_batch(plan)
     best = max_micro_batch(cfg, plan, hw, opts)
     if best and best != plan.micro_batch:
-        mem = memory(cfg, plan, hw, opts, best, per_rank // best)
-        note = "grad_accum 1: no accumulated gradients" if best == per_rank else f"grad_accum {per_rank // best}"
-        out.append(Suggestion([f"train.micro_batch={best}"], gib(mem), note))
+        mem = memory(cfg, plan, hw, opts, best)
+        out.append(Suggestion([f"train.micro_batch={best}"], gib(mem), f"grad_accum {per_rank // best}"))
     level = cfg.parallel.activation_checkpointing
     for higher in CHECKPOINT_LEVELS[CHECKPOINT_LEVELS.index(level) + 1:]:
         hit = _fits(_with(cfg, parallel__activation_checkpointing=higher), hw, opts)
@@ -526,7 +523,7 @@ def _combined(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions, count
                     continue
                 per_rank = per_rank_batch(trial_plan)
                 for micro in sorted(divisors(per_rank), reverse=True):
-                    mem = memory(trial, trial_plan, hw, opts, micro, per_rank // micro)
+                    mem = memory(trial, trial_plan, hw, opts, micro)
                     if mem.fits:
                         yield trial, micro, mem
 
@@ -576,7 +573,7 @@ class Estimate:
         per_rank, micro = per_rank_batch(self.plan), self.plan.micro_batch
         while micro > 1:  # train/loop.py Batching.halve: the largest divisor at most half as large
             micro = max(m for m in range(1, micro // 2 + 1) if per_rank % m == 0)
-            if memory(self.cfg, self.plan, self.hardware, self.assumptions, micro, per_rank // micro).fits:
+            if memory(self.cfg, self.plan, self.hardware, self.assumptions, micro).fits:
                 return True
         return False
 
@@ -585,8 +582,7 @@ class Estimate:
         return (f"{self.plan.model} on {self.plan.gpus} GPUs ({self.cfg.parallel.sharding} sharding, "
                 f"{self.cfg.parallel.activation_checkpointing} checkpointing, micro-batch {self.plan.micro_batch}) "
                 f"needs {m.total / GIB:.1f} GiB per GPU (states {m.states / GIB:.1f}, "
-                + (f"accumulated gradients {m.accumulated_grads / GIB:.1f}, " if m.accumulated_grads else "")
-                + f"activations {m.activations / GIB:.1f}) but the GPU has {self.hardware.memory_gib:g} GiB "
+                f"activations {m.activations / GIB:.1f}) but the GPU has {self.hardware.memory_gib:g} GiB "
                 f"({self.hardware.memory_source})")
 
     def to_dict(self) -> Dict[str, Any]:
@@ -602,9 +598,8 @@ class Estimate:
             "gpu": {"type": hw.gpu_type, "memory_gib": hw.memory_gib, "memory_source": hw.memory_source,
                     "enforced_at_launch": hw.enforce, "peak_flops": hw.peak_flops, "peak_source": hw.peak_source},
             "memory_bytes": {"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "gathered": m.gathered,
-                             "grad_buffers": m.grad_buffers, "accumulated_grads": m.accumulated_grads,
-                             "activations": m.activations, "margin": m.margin, "total": m.total,
-                             "capacity": m.capacity},
+                             "grad_buffers": m.grad_buffers, "activations": m.activations, "margin": m.margin,
+                             "total": m.total, "capacity": m.capacity},
             "activations_gib": {level: b / GIB for level, b in self.activations_by_level.items()},
             "mem_per_gpu_gib": m.total / GIB, "capacity_gib": hw.memory_gib, "fits": self.fits,
             "max_micro_batch": self.max_micro_batch, "micro_batch_limit": self.micro_batch_limit,

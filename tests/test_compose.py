@@ -39,6 +39,8 @@ def test_every_model_on_every_preset(grid, model, gpus):
     assert isinstance(cfg, RunConfig)
     assert cfg.model.name == model
     nodes, sharding = LAYOUT[gpus]
+    if model == "gpt_70b":
+        sharding = "full"  # its size file overrides the preset: only full sharding fits its state
     assert (plan.nodes, plan.tasks_per_node, plan.gpus_per_node) == (nodes, gpus // nodes, gpus // nodes)
     assert plan.world_size == gpus
     assert plan.sharding == cfg.parallel.sharding == sharding

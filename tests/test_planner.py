@@ -2,6 +2,7 @@
 the CLI, the refusal at launch, and the memory model against a real (CPU, gloo) FSDP2 run."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ from launcher.compose import compose_runs
 from launcher.config import ModelConfig, ParallelConfig, RunConfig, TrainConfig
 from launcher.plan import Plan, parameter_counts
 from launcher.planner import (GIB, Assumptions, Hardware, activation_components, estimate, hardware_for, memory,
-                              local_param_numel, memory_for_type, shard_numel)
+                              local_param_numel, memory_for_type, shard_numel, timing)
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = Hardware(gpu_type="h100", memory_gib=80, memory_source="test", enforce=True, peak_flops=989e12,
@@ -53,7 +54,6 @@ def test_memory_of_a_small_model_by_hand():
     assert mem.gathered == 2 * (root + 2 * block) == 238_208
     # The root's bf16 gradient through backward + one block's bf16 gradient and its fp32 reduce-scatter input.
     assert mem.grad_buffers == 2 * root + (2 + 4) * block == 336_768
-    assert mem.accumulated_grads == 0  # grad_accum 1
     # Activations, micro-batch b=2, s=64, h=64, a=2, r=4, V=256, bf16 (2 B), no checkpointing:
     #   per layer s*b*h*(8 + 2r)*2 + 4*a*s*b + 16*s*b = 128*64*16*2 + 4*2*128 + 16*128 = 265,216
     #   two layers 530,432; final norm 2*s*b*h*2 + 8*s*b = 33,792; loss 12*s*b*V = 393,216.
@@ -65,6 +65,13 @@ def test_memory_of_a_small_model_by_hand():
     assert need == 2_008_892
     assert mem.margin == int(0.10 * need + GIB)  # 10% + 1 GiB
     assert mem.total == need + mem.margin and mem.capacity == 80 * GIB and mem.fits
+    # Gradient accumulation adds nothing: the same micro-batch with grad_accum 4 needs exactly the same
+    # (train/loop.py reduce-scatters every micro-batch into the gradient shards; nothing unsharded survives).
+    accumulating = dataclasses.replace(cfg, train=TrainConfig(batch_per_gpu=8, micro_batch=2))
+    accumulating.layout.gpus = 4
+    plan4 = Plan.from_config(accumulating)
+    assert (plan4.micro_batch, plan4.grad_accum) == (2, 4)
+    assert memory(accumulating, plan4, H100, Assumptions()) == mem
 
 
 def test_full_checkpointing_keeps_block_inputs_and_rebuilds_one_block():
@@ -112,9 +119,12 @@ def test_gpt_1b_on_8_gpus_fits():
 def test_gpt_70b_full_sharding_on_8_gpus_does_not_fit_and_says_what_would():
     est = plan_of(["model=gpt_70b", "gpus=8"])
     assert est.cfg.parallel.sharding == "full" and not est.fits
-    # 64.85e9 params x (4 + 4 + 8) B / 8 = 120.8 GiB of training state alone, over 80.
+    # 64.85e9 params x (4 + 4 + 8) B / 8 = 120.8 GiB of training state alone, over 80; 162.4 GiB in all.
     assert est.memory.states / GIB == pytest.approx(64_854_695_936 * 16 / 8 / GIB, rel=1e-6)
+    assert est.memory.total / GIB == pytest.approx(162.4, abs=0.05)
     assert est.max_micro_batch == 0 and est.suggestions
+    # No micro-batch, checkpointing or sharding change is enough; the fewest GPUs are 24 (3 nodes), as is.
+    assert [str(s) for s in est.suggestions] == ["gpus=24 parallel.sharding=full (73.9 GiB)"]
     for suggestion in est.suggestions:  # every suggestion, applied through Hydra, fits
         fixed = plan_of(["model=gpt_70b", "gpus=8", *suggestion.overrides])
         assert fixed.fits, suggestion
@@ -122,21 +132,62 @@ def test_gpt_70b_full_sharding_on_8_gpus_does_not_fit_and_says_what_would():
     assert any(o.startswith("gpus=") for s in est.suggestions for o in s.overrides)
 
 
-def test_gpt_70b_on_128_gpus_full_sharding_fits_only_without_accumulated_gradients():
-    # Full sharding + full checkpointing: the state is 7.6 GiB per GPU, but the preset's micro-batch 1 x
-    # grad_accum 4 makes FSDP2 hold the whole model's fp32 unsharded gradient between micro-batches
-    # (set_requires_gradient_sync(False) in train/loop.py): 4 B x 64.9e9 = 241.6 GiB. It does not fit.
-    base = ["model=gpt_70b", "gpus=128", "parallel.sharding=full", "parallel.activation_checkpointing=full"]
-    accumulating = plan_of(base)
-    assert accumulating.plan.grad_accum == 4 and not accumulating.fits
-    assert accumulating.memory.accumulated_grads / GIB == pytest.approx(241.6, abs=0.1)
-    assert [s.overrides for s in accumulating.suggestions][0] == ["train.micro_batch=4"]
-    # The whole per-GPU batch as one micro-batch (grad_accum 1) fits.
-    est = plan_of([*base, "train.micro_batch=4"])
-    assert est.plan.grad_accum == 1 and est.fits
-    assert 30 < est.memory.total / GIB < 45
-    # The 128-GPU preset's hybrid sharding keeps a node's share (1/8) of the state: no fit.
-    assert not plan_of(["model=gpt_70b", "gpus=128", "train.micro_batch=4"]).fits
+def test_gpt_70b_on_128_gpus_fits_at_its_preset():
+    # The preset: full sharding (over the gpus preset's hybrid), full checkpointing, the whole per-GPU
+    # batch as one micro-batch. The state is 7.6 GiB per GPU.
+    base = ["model=gpt_70b", "gpus=128"]
+    whole = plan_of(base)
+    assert (whole.cfg.parallel.sharding, whole.cfg.parallel.activation_checkpointing) == ("full", "full")
+    assert (whole.plan.micro_batch, whole.plan.grad_accum) == (4, 1) and whole.fits and not whole.suggestions
+    assert whole.memory.states / GIB == pytest.approx(64_854_695_936 * 16 / 128 / GIB, rel=1e-3)
+    assert whole.memory.total / GIB == pytest.approx(37.9, abs=0.05)
+    # Micro-batch 1 x grad_accum 4 needs less memory (no unsharded gradients are held: each micro-batch
+    # is reduce-scattered) but communicates four times as much per step.
+    est = plan_of([*base, "train.micro_batch=1"])
+    assert est.plan.grad_accum == 4 and est.fits and est.memory.total / GIB == pytest.approx(23.9, abs=0.05)
+    assert est.timing.reduce_scatter_bytes == pytest.approx(4 * whole.timing.reduce_scatter_bytes)
+    assert est.timing.allgather_bytes == pytest.approx(4 * whole.timing.allgather_bytes)
+    # Hybrid sharding keeps a node's share (1/8) of the state: no fit, and full sharding is the fix.
+    hybrid = plan_of([*base, "parallel.sharding=hybrid"])
+    assert not hybrid.fits
+    assert [str(s) for s in hybrid.suggestions] == ["parallel.sharding=full (37.9 GiB)"]
+
+
+# Every model preset at the gpus presets (8 GPUs per node, 80 GiB): does it fit as shipped? gpus=1 and
+# gpus=8 shard fully, gpus=16 and gpus=128 shard hybrid (one copy of the state per node of 8).
+PRESET_FITS = {  # model: (fits on gpus=1, 8, 16, 128)
+    "gpt_tiny": (True, True, True, True),
+    "gpt_small": (True, True, True, True),
+    "gpt_125m": (True, True, True, True),
+    "gpt_350m": (True, True, True, True),
+    "gpt_760m": (True, True, True, True),
+    "gpt_1b": (True, True, True, True),
+    "gpt_3b": (True, True, True, True),
+    "gpt_7b": (False, True, True, True),
+    "gpt_13b": (False, True, True, True),
+    "gpt_30b": (False, True, True, True),
+    "gpt_70b": (False, False, False, True),  # full sharding: 120.8 GiB of state on 8; fits from gpus=24
+}
+
+
+@pytest.mark.parametrize("model", sorted(PRESET_FITS))
+def test_model_presets_fit_at_the_gpus_presets(model):
+    for gpus, fits in zip((1, 8, 16, 128), PRESET_FITS[model]):
+        est = plan_of([f"model={model}", f"gpus={gpus}"])
+        assert est.fits == fits, (model, gpus, est.memory.total / GIB)
+        if fits:
+            assert est.max_micro_batch >= est.plan.micro_batch
+        else:
+            assert est.suggestions and all(plan_of([f"model={model}", f"gpus={gpus}", *s.overrides]).fits
+                                           for s in est.suggestions)
+
+
+@pytest.mark.parametrize("model, gpus", [("gpt_7b", 2), ("gpt_13b", 4), ("gpt_30b", 8), ("gpt_70b", 24)])
+def test_fewest_gpus_for_the_large_presets(model, gpus):
+    # As shipped (micro-batch and checkpointing), with full sharding: the fewest GPUs that fit.
+    est = plan_of([f"model={model}", "gpus=1"])
+    assert f"gpus={gpus} parallel.sharding=full" in [" ".join(s.overrides) for s in est.suggestions]
+    assert plan_of([f"model={model}", f"gpus={gpus}", "parallel.sharding=full"]).fits
 
 
 def test_checkpointing_and_sharding_suggestions():
@@ -166,12 +217,25 @@ def test_flops_time_and_communication():
     full = plan_of(["model=gpt_1b", "gpus=8", "parallel.activation_checkpointing=full"]).timing
     assert full.hardware_flops / full.model_flops == pytest.approx(4 / 3, rel=0.01)
     assert t.compute_s == pytest.approx(t.hardware_flops / 8 / (0.45 * 989e12))
-    # Full sharding over 8: all-gather twice per micro-batch in bf16, reduce-scatter once in fp32.
+    # Full sharding over 8, per micro-batch (grad_accum 4): all-gather twice in bf16, reduce-scatter once in fp32.
+    assert p.grad_accum == 4
     assert t.allgather_bytes == pytest.approx(p.grad_accum * 2 * 2 * p.params * 7 / 8)
-    assert t.reduce_scatter_bytes == pytest.approx(4 * p.params * 7 / 8) and t.allreduce_bytes == 0
+    assert t.reduce_scatter_bytes == pytest.approx(p.grad_accum * 4 * p.params * 7 / 8) and t.allreduce_bytes == 0
+    # Each at 300 GB/s over NVLink; exposed: each micro-batch's first all-gather (root + first block, out of
+    # two gathers of P) and the root's reduce-scatter after its backward.
+    ag_s, rs_s = t.allgather_bytes / 300e9, t.reduce_scatter_bytes / 300e9
+    root, block = 107_218_944, 50_335_744
+    assert t.comm_s == pytest.approx(ag_s + rs_s)
+    assert t.exposed_comm_s == pytest.approx((root + block) / p.params / 2 * ag_s + root / p.params * rs_s)
+    assert t.step_s == pytest.approx(t.exposed_comm_s + t.compute_s)  # compute-bound
     assert t.step_s >= t.compute_s and t.tokens_per_s_per_gpu == pytest.approx(p.tokens_per_step / 8 / t.step_s)
+    # One micro-batch of 32 (grad_accum 1): the same all-gathers and reduce-scatters, once per step.
+    once = plan_of(["model=gpt_1b", "gpus=8", "train.micro_batch=32"]).timing
+    assert once.reduce_scatter_bytes == pytest.approx(t.reduce_scatter_bytes / 4)
+    assert once.allgather_bytes == pytest.approx(t.allgather_bytes / 4)
+    # Hybrid over 2 nodes of 8: each micro-batch's shard is also all-reduced across the nodes.
     hybrid = plan_of(["model=gpt_1b", "gpus=16"]).timing
-    assert hybrid.allreduce_bytes == pytest.approx(2 * 4 * p.params / 8 * 1 / 2)
+    assert hybrid.allreduce_bytes == pytest.approx(p.grad_accum * 2 * 4 * p.params / 8 * 1 / 2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,7 +248,7 @@ def test_plan_multirun_prints_one_row_per_combination(capsys):
     rows = [line for line in out.splitlines() if line.startswith("gpt_")]
     assert len(rows) == 6
     assert "scaling eff." in out and "does not fit; to fit: " in out
-    assert out.count("NO") == 3  # gpt_70b with the presets' micro-batch 1 x grad_accum 4
+    assert out.count("NO") == 2  # gpt_70b on 8 and 16 GPUs: 120.8 and 60.4 GiB of state per GPU
 
 
 def test_plan_json_keys(capsys):
@@ -239,8 +303,8 @@ def test_launch_refuses_a_run_that_cannot_fit(submissions, capsys):
     assert cli.main(["model=gpt_70b", "gpus=8"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("error: gpt_70b on 8 GPUs") and err.count("\n") == 1
-    assert "needs 414" in err and "but the GPU has 80 GiB" in err
-    assert "to fit: gpus=24 parallel.sharding=full train.micro_batch=4" in err and "force=true" in err
+    assert "needs 162.4 GiB per GPU (states 120.8, activations 16.9)" in err and "but the GPU has 80 GiB" in err
+    assert "to fit: gpus=24 parallel.sharding=full (73.9 GiB)" in err and "force=true" in err
     assert submissions == []
 
 
@@ -291,8 +355,10 @@ TINY = {"name": "measure", "d_model": 40, "n_heads": 2, "n_layers": 2, "seq_len"
 
 
 def _measure_states(parallel: dict, micro_batch: int, grad_accum: int, out_dir: Path) -> None:
-    """One optimizer step; writes this rank's bytes of parameter, gradient and optimizer-state shards and of
-    the unsharded gradients FSDP2 holds between micro-batches."""
+    """One optimizer step through train/loop.py's forward_backward; writes this rank's bytes of parameter,
+    gradient and optimizer-state shards, what is held between micro-batches (just before the second
+    micro-batch's forward: unsharded gradients, gradient shards), and the gradient collectives FSDP2 ran
+    (calls and input bytes of reduce-scatters and all-reduces, in all and by then)."""
     import inspect
 
     import torch
@@ -301,7 +367,7 @@ def _measure_states(parallel: dict, micro_batch: int, grad_accum: int, out_dir: 
     from torch.distributed.tensor import DTensor
 
     from train.dist import init_distributed
-    from train.loop import build_model, build_optimizer
+    from train.loop import build_model, build_optimizer, forward_backward
 
     def nbytes(t) -> int:
         t = t.to_local() if isinstance(t, DTensor) else t
@@ -313,31 +379,61 @@ def _measure_states(parallel: dict, micro_batch: int, grad_accum: int, out_dir: 
     extra = (env.device,) if len(inspect.signature(build_optimizer).parameters) > 2 else ()
     optimizer, _ = build_optimizer(model, cfg.train, *extra)
     generator = torch.Generator().manual_seed(env.rank)
-    accumulated = 0
-    for i in range(grad_accum):
-        x, y = (torch.randint(0, TINY["vocab_size"], (micro_batch, TINY["seq_len"]), generator=generator)
-                for _ in range(2))
-        model.set_requires_gradient_sync(i == grad_accum - 1)
-        (model(x, y) / grad_accum).backward()
-        if i == 0 and grad_accum > 1:
-            for module in model.modules():
-                group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
-                for param in group.fsdp_params if group else ():
-                    grad = param.unsharded_accumulated_grad
-                    if grad is None:
-                        grad = param._unsharded_param.grad
-                    accumulated += nbytes(grad) if grad is not None else 0
+    micro_batches = [tuple(torch.randint(0, TINY["vocab_size"], (micro_batch, TINY["seq_len"]), generator=generator)
+                           for _ in range(2)) for _ in range(grad_accum)]
+
+    # Every gradient collective FSDP2 issues (it calls them through torch.distributed at run time).
+    comms = {"reduce_scatter": [0, 0], "all_reduce": [0, 0]}
+
+    def counted(name, real):
+        def call(*args, **kwargs):
+            tensor = kwargs.get("input", args[1] if len(args) > 1 else None) if name == "reduce_scatter" \
+                else kwargs.get("tensor", args[0] if args else None)
+            comms[name][0] += 1
+            comms[name][1] += nbytes(tensor)
+            return real(*args, **kwargs)
+        return call
+
+    real_rs, real_ar = dist.reduce_scatter_single, dist.all_reduce
+    dist.reduce_scatter_single, dist.all_reduce = counted("reduce_scatter", real_rs), counted("all_reduce", real_ar)
+
+    between = {}
+    forwards = []
+
+    def before_forward(module, args):  # runs before FSDP2's own pre-forward (all-gather)
+        forwards.append(len(forwards))
+        if len(forwards) != 2:
+            return
+        unsharded = 0
+        for sub in model.modules():
+            group = sub._get_fsdp_state()._fsdp_param_group if isinstance(sub, FSDPModule) else None
+            for param in group.fsdp_params if group else ():
+                for grad in (param.unsharded_accumulated_grad,
+                             getattr(getattr(param, "_unsharded_param", None), "grad", None)):
+                    unsharded += nbytes(grad) if grad is not None else 0
+        between.update(unsharded_grads=unsharded,
+                       grad_shards=sum(nbytes(p.grad) for p in model.parameters() if p.grad is not None),
+                       reduce_scatters=comms["reduce_scatter"][0], all_reduces=comms["all_reduce"][0])
+
+    hook = model.register_forward_pre_hook(before_forward, prepend=True)
+    forward_backward(model, micro_batches)
+    hook.remove()
+    dist.reduce_scatter_single, dist.all_reduce = real_rs, real_ar
     params = sum(nbytes(p) for p in model.parameters())
     grads = sum(nbytes(p.grad) for p in model.parameters() if p.grad is not None)
     optimizer.step()
     states = sum(nbytes(v) for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
-    result = {"params": params, "grads": grads, "optimizer": states, "accumulated": accumulated}
+    result = {"params": params, "grads": grads, "optimizer": states, "between": between,
+              "reduce_scatter": comms["reduce_scatter"], "all_reduce": comms["all_reduce"]}
     (out_dir / f"rank{env.rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("sharding, world, per_node", [("full", 3, 3), ("hybrid", 4, 2)])
 def test_state_memory_matches_a_real_fsdp2_run(tmp_path, sharding, world, per_node):
+    """The training state, byte for byte, and gradient accumulation: between micro-batches FSDP2 holds no
+    unsharded gradient (train/loop.py reduce-scatters every micro-batch into the gradient shards), and
+    each FSDP unit reduce-scatters (and, hybrid, all-reduces across nodes) once per micro-batch."""
     from train_harness import launch_forked
 
     micro_batch, grad_accum = 2, 2
@@ -348,17 +444,35 @@ def test_state_memory_matches_a_real_fsdp2_run(tmp_path, sharding, world, per_no
     plan = Plan.from_config(cfg)
     assert (plan.nodes, plan.tasks_per_node, plan.grad_accum) == (world // per_node, per_node, grad_accum)
     predicted = memory(cfg, plan, H100, Assumptions())
+    predicted_comm = timing(cfg, plan, H100, Assumptions())
     shards = per_node if sharding == "hybrid" else world
+    units = 1 + TINY["n_layers"]  # the root and one per block
     tensors = 3 + 6 * TINY["n_layers"]
     total_params = parameter_counts(ModelConfig(**TINY))[1]
+    # FSDP2 pads every tensor to ceil(rows/n) rows per rank: the reduce-scatter input is n x rank 0's shard.
+    padded = shards * local_param_numel(cfg.model, shards, 0)
+    assert total_params <= padded  # equal over 2 shards; over 3, rows of 40 and 70 are padded
     for rank in range(world):
         measured = json.loads((tmp_path / f"rank{rank}.json").read_text())
         local = local_param_numel(cfg.model, shards, rank % shards)  # the mesh puts rank r at shard r % per_node
-        assert measured == {"params": 4 * local, "grads": 4 * local, "optimizer": 8 * local + 4 * tensors,
-                            "accumulated": 4 * total_params}, rank
+        assert {k: measured[k] for k in ("params", "grads", "optimizer")} == {
+            "params": 4 * local, "grads": 4 * local, "optimizer": 8 * local + 4 * tensors}, rank
+        # Between the micro-batches: only the (already accumulating) gradient shards, nothing unsharded.
+        assert measured["between"] == {"unsharded_grads": 0, "grad_shards": 4 * local, "reduce_scatters": units,
+                                       "all_reduces": units if sharding == "hybrid" else 0}, rank
+        # Per step: grad_accum reduce-scatters of every unit's padded fp32 gradient, and for hybrid as many
+        # all-reduces of this rank's fp32 shard across the nodes.
+        assert measured["reduce_scatter"] == [grad_accum * units, grad_accum * 4 * padded], rank
+        assert measured["all_reduce"] == ([grad_accum * units, grad_accum * 4 * padded // shards]
+                                          if sharding == "hybrid" else [0, 0]), rank
         if rank == 0:  # the planner's figure is rank 0's, the largest shard
-            assert (predicted.params, predicted.grads, predicted.optimizer, predicted.accumulated_grads) == (
-                measured["params"], measured["grads"], measured["optimizer"], measured["accumulated"])
+            assert (predicted.params, predicted.grads, predicted.optimizer) == (
+                measured["params"], measured["grads"], measured["optimizer"])
+    # The planner's volumes: grad_accum x 4 B x P x (n-1)/n received per GPU (unpadded P).
+    assert predicted_comm.reduce_scatter_bytes == pytest.approx(grad_accum * 4 * total_params * (shards - 1) / shards)
+    if sharding == "hybrid":
+        m = world // per_node
+        assert predicted_comm.allreduce_bytes == pytest.approx(grad_accum * 2 * 4 * total_params / shards * (m - 1) / m)
 
 
 def test_saved_activations_match_the_formula():

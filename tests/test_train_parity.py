@@ -1,8 +1,11 @@
 """Sharding must not change the maths: 1 rank vs 2 and 4 ranks, full and hybrid sharding.
 
 Same model, data and global batch (8 sequences): one rank accumulates 4
-micro-batches, two ranks 2 each, four ranks 1 each. Activation checkpointing
-and grad_op sharding must not change the numbers either. Losses, gradient norms and
+micro-batches of 2, two ranks 2 each, four ranks 1 each (or 2 of 1 each, hybrid).
+Every micro-batch's gradients are reduce-scattered into the sharded ones
+(train/loop.py), so accumulation across ranks is checked as well as the
+reduction. Activation checkpointing and grad_op sharding must not change the
+numbers either. Losses, gradient norms and
 every full gradient must agree to 1e-5 (relative) for several steps. This is
 the test that catches FSDP reducing gradients wrongly (torch 2.7-2.8 on gloo).
 """
@@ -21,10 +24,10 @@ def tokens(tmp_path_factory):
     return make_tokens(tmp_path_factory.mktemp("data") / "tokens.bin")
 
 
-def run_parity(out_dir, tokens, world_size, local_world_size=None, **parallel):
+def run_parity(out_dir, tokens, world_size, local_world_size=None, micro_batch=2, **parallel):
     config = tiny_config(tokens, steps=STEPS)
     config["parallel"] = parallel
-    launch_forked(train_workers.parity, (config, 2, out_dir), world_size, local_world_size)
+    launch_forked(train_workers.parity, (config, micro_batch, out_dir), world_size, local_world_size)
     return torch.load(out_dir / "parity.pt")
 
 
@@ -59,8 +62,11 @@ def test_full_sharding_matches_one_rank(reference, tokens, tmp_path, world_size)
         assert f"device cpu allreduce {result['allreduce']} ok" in log
 
 
-def test_hybrid_sharding_two_nodes_of_two_matches_one_rank(reference, tokens, tmp_path):
-    result = run_parity(tmp_path, tokens, 4, local_world_size=2, sharding="hybrid")
+@pytest.mark.parametrize("micro_batch", [2, 1], ids=["grad_accum_1", "grad_accum_2"])
+def test_hybrid_sharding_two_nodes_of_two_matches_one_rank(reference, tokens, tmp_path, micro_batch):
+    # 8 sequences over 4 ranks: micro-batch 2 x grad_accum 1, or 1 x 2 (reduce-scatter and the
+    # cross-node all-reduce on each micro-batch, summed into the gradient shards).
+    result = run_parity(tmp_path, tokens, 4, local_world_size=2, micro_batch=micro_batch, sharding="hybrid")
     assert result["nodes"] == 2
     assert "sharding hybrid mesh (2, 2)" in (tmp_path / "logs" / "rank_0.log").read_text()
     assert "rank 3/4 local 1 node " in (tmp_path / "logs" / "rank_3.log").read_text()

@@ -4,6 +4,8 @@ One optimizer step consumes ``global_batch`` sequences: each rank takes its shar
 in ``grad_accum`` micro-batches of ``micro_batch`` (values from plan.json). Each
 micro-batch loss is divided by ``grad_accum`` and FSDP averages gradients over
 ranks, so the update equals that of one big batch (the parity tests check it).
+FSDP reduce-scatters every micro-batch's gradients and adds them into the sharded
+gradients (as torchtitan does), so no unsharded gradient outlives its micro-batch.
 Everything that decides the numbers — init, data order, LR — is a function of the
 seed and the step, so a resumed run repeats an uninterrupted one exactly.
 """
@@ -95,13 +97,16 @@ def build_optimizer(model: nn.Module,
 def forward_backward(model: nn.Module, micro_batches: list[Batch]) -> torch.Tensor:
     """Accumulate gradients of this rank's mean loss over ``micro_batches``; returns that loss (detached).
 
-    Gradients are reduced across ranks only on the last micro-batch: one
-    reduce-scatter per step instead of one per micro-batch, at the cost of
-    holding this rank's unreduced gradients in between.
+    Every micro-batch's backward reduce-scatters its gradients across ranks (and,
+    with hybrid sharding, all-reduces them across nodes), and FSDP adds the result
+    into the sharded fp32 gradients: between micro-batches a rank holds only its
+    gradient shard, never a whole unsharded gradient. The price is one
+    reduce-scatter per micro-batch instead of one per step, each overlapped with
+    that micro-batch's backward. Each loss is divided by the number of
+    micro-batches, so the sum is the gradient of the mean over all of them.
     """
     total = torch.zeros((), device=micro_batches[0][0].device)
-    for i, (x, y) in enumerate(micro_batches):
-        model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+    for x, y in micro_batches:
         loss = model(x, y) / len(micro_batches)
         loss.backward()
         total += loss.detach()
