@@ -10,17 +10,21 @@ all the jobs of a listing, directly (never through submitit's 600 s cache), with
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional
 
-from launcher.runs import RunRecord, read_events
+from launcher.runs import RunRecord, read_events, write_json_atomic
 from launcher.slurm import SlurmError, run
 
 STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "REQUEUED", "UNKNOWN")
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED"}
+# Final for good: TIMEOUT and PREEMPTED are not, since submitit requeues such jobs.
+SETTLED = {"COMPLETED", "FAILED", "CANCELLED"}
+SETTLED_FILE = "slurm_state.json"
 
 # Slurm's many job states, folded into ours (with a reason where the fold loses information).
 _FOLD = {
@@ -123,14 +127,42 @@ def from_run_dir(run_dir: Path) -> Optional[JobState]:
 
 
 def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:
-    """The state of every record's job, keyed by run name, asking each cluster once per source."""
+    """The state of every record's job, keyed by run name, asking each cluster once per source.
+
+    A job Slurm has reported COMPLETED, FAILED or CANCELLED cannot change any more, so that answer is
+    kept in the run directory (``slurm_state.json``) and the job is not asked about again: listings
+    stay fast and ``runs --watch`` does not poll accounting for history.
+    """
+    result: Dict[str, JobState] = {}
     by_conf: Dict[Optional[str], List[RunRecord]] = {}
     for rec in records:
-        by_conf.setdefault(rec.slurm_conf, []).append(rec)
-    result: Dict[str, JobState] = {}
+        settled = settled_state(rec)
+        if settled is not None:
+            result[rec.name] = settled
+        else:
+            by_conf.setdefault(rec.slurm_conf, []).append(rec)
     for conf, recs in by_conf.items():
-        result.update(_states_on_cluster(conf, recs))
+        states = _states_on_cluster(conf, recs)
+        for rec in recs:
+            if states[rec.name].state in SETTLED and states[rec.name].source in ("sacct", "squeue"):
+                try:
+                    write_json_atomic(Path(rec.run_dir) / SETTLED_FILE,
+                                      {"job_id": rec.job_id, **asdict(states[rec.name])})
+                except OSError:  # someone else's run directory, or removed meanwhile: just not cached
+                    pass
+        result.update(states)
     return result
+
+
+def settled_state(rec: RunRecord) -> Optional[JobState]:
+    """The final state Slurm reported for this run's job earlier, if any."""
+    try:
+        data = json.loads((Path(rec.run_dir) / SETTLED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if data.pop("job_id", None) != rec.job_id:
+        return None
+    return JobState(**{k: v for k, v in data.items() if k in JobState.__dataclass_fields__})
 
 
 def _ask_slurm(job_ids: List[str]) -> tuple[Dict[str, JobState], List[str]]:

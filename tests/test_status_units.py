@@ -11,7 +11,7 @@ from launcher import cli
 from launcher.cmdline import duration, parse_since, slurm_seconds
 from launcher.runs import RunRecord, find_run, last_metrics, list_records, save_record
 from launcher.slurm import gpus_in_gres
-from launcher.state import fold, from_run_dir
+from launcher.state import fold, from_run_dir, job_states, settled_state
 from launcher.clusters import gpu_type
 
 
@@ -99,3 +99,15 @@ def test_status_command_errors_are_one_line(tmp_path, capsys, monkeypatch, args,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert (tmp_path / "r" / "run.json").exists()  # nothing removed
+
+
+def test_a_settled_slurm_state_is_kept_and_slurm_not_asked_again(tmp_path, monkeypatch):
+    run_dir = make_run(tmp_path, "done", 1.0, job_id="42")
+    (run_dir / "slurm_state.json").write_text(json.dumps(
+        {"job_id": "42", "state": "COMPLETED", "source": "sacct", "elapsed": "00:01:10", "exit_code": "0:0"}))
+    rec = list_records(tmp_path)[0]
+    monkeypatch.setattr("launcher.state.run", lambda *a, **k: pytest.fail("Slurm was asked"))
+    state = job_states([rec])["done"]
+    assert (state.state, state.source, state.elapsed) == ("COMPLETED", "sacct", "00:01:10")
+    rec.job_id = "43"  # a cached answer about another job is ignored
+    assert settled_state(rec) is None
