@@ -49,7 +49,9 @@ def parallelize(model: GPT, cfg: ParallelConfig, env: DistEnv, seed: int) -> nn.
         log.warning("precision bf16 asked for on %s: training in fp32", env.device.type)
     mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
-    reshard_after_forward = cfg.sharding != "grad_op"
+    # Resharding after forward frees a block's gathered parameters until backward gathers them again;
+    # with one rank per shard group there is nothing to free, only copies to make.
+    reshard_after_forward = cfg.sharding != "grad_op" and mesh.shape[-1] > 1
 
     for i, block in enumerate(model.blocks):
         if cfg.activation_checkpointing == "full" or (cfg.activation_checkpointing == "selective" and i % 2 == 0):
@@ -58,7 +60,9 @@ def parallelize(model: GPT, cfg: ParallelConfig, env: DistEnv, seed: int) -> nn.
             block.compile()
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
         model.blocks[i] = block
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+    # The root (embeddings, final norm, tied head) is the first unit backward needs: keep it gathered
+    # (as torchtitan does) rather than reshard and gather it again at once.
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
 
     model.to_empty(device=env.device)
     model.init_weights(seed)
