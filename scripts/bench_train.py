@@ -5,19 +5,19 @@
     metrics, sampler) divided by tokens/s of a plain single-process loop with the
     same model, batch, AdamW and clipping. Goal >= 0.95.
 (b) scaling: per-rank tokens/s with 2 ranks divided by per-rank tokens/s with 1
-    rank, one thread per rank and the same batch per rank (weak scaling), so the
-    difference is what sharding costs: all-gathers and reduce-scatters over gloo.
-    Goal >= 0.85.
+    rank, the same batch per rank (weak scaling), so the difference is what
+    sharding costs: all-gathers and reduce-scatters over gloo. Goal >= 0.85.
+    For scale, also the machine's own ceiling: two plain loops at once vs one
+    alone (cores, caches and memory bandwidth shared; no communication).
 
-    For scale, it also prints the machine's own ceiling: two plain loops at once
-    vs one alone (cores, memory bandwidth and turbo shared; no communication).
-
+Every process runs one thread: on a small machine shared with other work, a
+multi-threaded process slows to its slowest thread and measures the neighbours.
 Throughput leaves out the first log interval (warm-up) in every loop; each
-measurement is the best of ``--repeats`` runs, alternating the two sides, to
-shed noise from other processes. Needs 2+ cores for (b) to mean anything; run
-on an otherwise idle machine.
+number is the best of ``--repeats`` rounds, the four measurements interleaved
+in each round, to shed noise from other processes. Run on an idle machine with
+at least 2 cores.
 
-    python scripts/bench_train.py [--steps 30] [--repeats 2] [--d-model 256] [--layers 4] [--seq-len 256] [--batch 8]
+    python scripts/bench_train.py [--steps 30] [--repeats 3] [--d-model 256] [--layers 4] [--seq-len 256] [--batch 8]
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def train_config(args, global_batch: int) -> TrainConfig:
                        eval_every=0, checkpoint_every=0, keep_checkpoints=1)
 
 
-def ours(args, world_size: int, threads: int | None) -> float:
+def ours(args, world_size: int) -> float:
     """Per-rank tokens/s of ``python -m train`` on ``world_size`` local ranks."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp)
@@ -71,10 +71,8 @@ def ours(args, world_size: int, threads: int | None) -> float:
         procs = []
         for rank in range(world_size):
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                    "PYTHONPATH": str(ROOT)}
-            if threads is not None:
-                env["OMP_NUM_THREADS"] = str(threads)
             procs.append(subprocess.Popen([sys.executable, "-m", "train", str(run_dir)], cwd=ROOT, env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         for proc in procs:
@@ -86,10 +84,9 @@ def ours(args, world_size: int, threads: int | None) -> float:
 
 
 def plain(args) -> float:
-    """Tokens/s of a plain single-process loop: no FSDP, no process group."""
+    """Tokens/s of a plain single-process loop on one thread: no FSDP, no process group."""
     torch.manual_seed(0)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(1)
     mcfg, tcfg = model_config(args), train_config(args, args.batch)
     model = GPT(mcfg)
     optimizer, scheduler = build_optimizer(model, tcfg)
@@ -113,7 +110,7 @@ def plain(args) -> float:
 
 def plain_processes(count: int) -> float:
     """Tokens/s per process of ``count`` plain loops (one thread each) running at the same time."""
-    cmd = [sys.executable, __file__, "--plain-only", "--threads", "1", *sys.argv[1:]]
+    cmd = [sys.executable, __file__, "--plain-only", *sys.argv[1:]]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(count)]
     results = [float(proc.communicate()[0]) for proc in procs]
     return sum(results) / count
@@ -128,9 +125,8 @@ def best_of(repeats: int, *measures):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)  # one plain loop, for (b)
-    parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)  # one plain loop
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=256)
@@ -144,16 +140,15 @@ def main() -> None:
     print(f"model d={args.d_model} L={args.layers} T={args.seq_len}, {args.batch} sequences per rank per step, "
           f"{args.steps} steps, best of {args.repeats}, {os.cpu_count()} CPUs")
 
-    plain_tps, ours_tps = best_of(args.repeats, lambda: plain(args), lambda: ours(args, 1, threads=None))
-    print(f"(a) overhead: ours {ours_tps:,.0f} tok/s / plain {plain_tps:,.0f} tok/s = {ours_tps / plain_tps:.3f} "
+    plain_one, plain_two, ours_one, ours_two = best_of(
+        args.repeats, lambda: plain_processes(1), lambda: plain_processes(2), lambda: ours(args, 1),
+        lambda: ours(args, 2))
+    print(f"(a) overhead: ours {ours_one:,.0f} tok/s / plain {plain_one:,.0f} tok/s = {ours_one / plain_one:.3f} "
           f"(goal >= 0.95)")
-
-    one, two = best_of(args.repeats, lambda: ours(args, 1, threads=1), lambda: ours(args, 2, threads=1))
-    print(f"(b) scaling: 2 ranks {two:,.0f} tok/s/rank / 1 rank {one:,.0f} tok/s/rank = {two / one:.3f} "
-          f"(goal >= 0.85)")
-    alone, together = best_of(args.repeats, lambda: plain_processes(1), lambda: plain_processes(2))
-    print(f"    machine ceiling: 2 plain loops at once {together:,.0f} tok/s each / 1 alone {alone:,.0f} tok/s "
-          f"= {together / alone:.3f}")
+    print(f"(b) scaling: 2 ranks {ours_two:,.0f} tok/s/rank / 1 rank {ours_one:,.0f} tok/s/rank = "
+          f"{ours_two / ours_one:.3f} (goal >= 0.85)")
+    print(f"    machine ceiling: 2 plain loops at once {plain_two:,.0f} tok/s each / 1 alone {plain_one:,.0f} tok/s "
+          f"= {plain_two / plain_one:.3f}")
 
 
 if __name__ == "__main__":
