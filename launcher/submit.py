@@ -11,7 +11,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from omegaconf import OmegaConf
 
@@ -37,12 +37,18 @@ def launch(runs: List[ComposedRun], sweep: bool) -> int:
 
 
 def check_cluster(runs: List[ComposedRun]) -> None:
-    """Slurm answers, and each run fits its partition as it could ever be (not as it is now)."""
+    """Slurm answers, and each run fits its partition as it could ever be (not as it is now).
+
+    Each cluster is asked once per partition, however many runs of a sweep go there."""
+    partitions: Dict[tuple, Partition] = {}
     for run in runs:
         cluster = run.config.cluster
-        use_cluster(cluster.name, cluster.slurm_conf)
-        ping()
-        check_fits(run.plan, find_partition(cluster.partition))
+        key = (cluster.name, cluster.slurm_conf, cluster.partition)
+        if key not in partitions:
+            use_cluster(cluster.name, cluster.slurm_conf)
+            ping()
+            partitions[key] = find_partition(cluster.partition)
+        check_fits(run.plan, partitions[key])
 
 
 def check_fits(plan: Plan, part: Partition) -> None:
