@@ -75,7 +75,7 @@ HEADERS = ["PARTITION", "GPU", "GPUS/NODE", "NODES IDLE/ALLOC/DOWN", "GPUS FREE/
 
 
 def main(argv: List[str]) -> int:
-    parser = Parser("clusters", "Show each partition's GPUs, free and total, from sinfo.")
+    parser = Parser("clusters", "Show each partition's GPUs, free and total, from sinfo.", about_runs=False)
     parser.add_argument("--cluster-conf", metavar="SLURM_CONF",
                         help="slurm.conf of the cluster to show (default: $SLURM_CONF, else the local cluster)")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")

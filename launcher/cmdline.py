@@ -14,10 +14,11 @@ from launcher.runs import RunRecord, default_root, find_run, list_records
 class Parser(argparse.ArgumentParser):
     """argparse, but a bad argument raises LaunchError (one line, exit 2) instead of printing usage."""
 
-    def __init__(self, prog: str, description: str) -> None:
+    def __init__(self, prog: str, description: str, about_runs: bool = True) -> None:
         super().__init__(prog=f"launcher {prog}", description=description)
-        self.add_argument("--root", type=Path, default=None,
-                          help="run root (default: $LAUNCHER_RUN_ROOT or ~/.launcher/runs)")
+        if about_runs:
+            self.add_argument("--root", type=Path, default=None,
+                              help="run root (default: $LAUNCHER_RUN_ROOT or ~/.launcher/runs)")
 
     def error(self, message: str) -> NoReturn:
         raise LaunchError(f"{self.prog}: {message}; see --help")
