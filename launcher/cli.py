@@ -25,15 +25,15 @@ if TYPE_CHECKING:
 # Subcommand name -> "module:function". Each function takes the remaining
 # arguments and returns an exit status; its module is imported only when used.
 SUBCOMMANDS: Dict[str, str] = {
-    "runs": "launcher.listing:main",
-    "describe": "launcher.describe:main",
-    "logs": "launcher.logs:main",
-    "stop": "launcher.manage:stop",
-    "delete": "launcher.manage:delete",
-    "clusters": "launcher.clusters:main",
-    "compare": "launcher.compare:main",
-    "secrets": "launcher.secrets:main",
-    "plan": "launcher.plan_cmd:main",
+    "runs": "launcher.commands.runs:main",
+    "describe": "launcher.commands.describe:main",
+    "logs": "launcher.commands.logs:main",
+    "stop": "launcher.commands.stop:main",
+    "delete": "launcher.commands.delete:main",
+    "clusters": "launcher.commands.clusters:main",
+    "compare": "launcher.commands.compare:main",
+    "secrets": "launcher.commands.secrets:main",
+    "plan": "launcher.commands.plan:main",
 }
 
 _WORD = re.compile(r"[a-z][a-z_-]*")
@@ -83,8 +83,8 @@ def launch_command(args: List[str]) -> int:
         raise LaunchError("dry_run must be the same for every run of a sweep")
     mode = modes.pop()
     # Refuse (exit 2, before anything is submitted) a run that cannot fit its GPUs' memory, unless force=true;
-    # a dry run only warns. See launcher/planner.py and docs/planning.md.
-    from launcher.planner import check_launch
+    # a dry run only warns. See launcher/planning/gate.py and docs/planning.md.
+    from launcher.planning.gate import check_launch
 
     for warning in check_launch(runs, dry_run=mode is not False):
         print(f"warning: {warning}", file=sys.stderr)
@@ -114,7 +114,7 @@ config groups (key=option):
 {groups}
   gpus also takes any other count: gpus=3 is one node, gpus=24 three nodes of 8.
 
-overrides: any key of launcher/config.py, e.g. train.steps=200 cluster.partition=gpu
+overrides: any key of launcher/core/config.py, e.g. train.steps=200 cluster.partition=gpu
   +cluster.sbatch_flags.mail-type=END  adds an extra #SBATCH option
   dry_run=true   print the plan and the sbatch script; submit nothing
   dry_run=json   print the plan as JSON (one object per line for a sweep)
@@ -137,7 +137,7 @@ def _subcommand(name: str) -> Callable[[List[str]], int]:
 
 def _display_name(run: ComposedRun) -> str:
     """The run's name, or its stem where the launch would add a random suffix."""
-    from launcher.runs import base_name
+    from launcher.core.rundir import base_name
 
     return run.config.name or base_name(run.plan.model, run.plan.gpus)
 

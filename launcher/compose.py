@@ -23,9 +23,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from launcher import overrides as ov
 from launcher.catalog import CONF_DIR
-from launcher.config import RunConfig
+from launcher.core.config import RunConfig
 from launcher.errors import LaunchError
-from launcher.plan import Plan
+from launcher.core.plan import Plan
 from launcher.sbatch import request_params
 from launcher.validate import validate
 

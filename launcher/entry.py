@@ -11,8 +11,8 @@ from typing import Any
 
 import submitit
 
-from launcher.runs import append_event, read_events
-from launcher.secrets import inject, secrets_dir
+from launcher.core.rundir import append_event, read_events
+from launcher.core.secrets import inject, secrets_dir
 
 
 def being_requeued(run_dir: Path) -> bool:
@@ -29,7 +29,7 @@ class TrainTask(submitit.helpers.Checkpointable):
     On preemption or an approaching time limit (USR2), submitit calls :meth:`checkpoint` on global rank 0
     and requeues the job; the requeued tasks resume from the run's newest complete checkpoint.
 
-    Before train/ is imported, the user's secrets (launcher/secrets.py) are injected into this process's
+    Before train/ is imported, the user's secrets (launcher/core/secrets.py) are injected into this process's
     environment from the store whose path was fixed at submission; only the variables' names are printed.
     """
 

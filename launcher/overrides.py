@@ -26,7 +26,7 @@ from hydra.core.override_parser.types import Override
 from hydra.errors import OverrideParseException
 
 from launcher.catalog import CUSTOM_GPUS, GROUPS, gpu_presets, options
-from launcher.config import RunConfig
+from launcher.core.config import RunConfig
 from launcher.errors import LaunchError, did_you_mean
 
 

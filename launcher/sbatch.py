@@ -16,11 +16,11 @@ import shlex
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, List
+from typing import Any, Dict
 
-from launcher.config import RunConfig
+from launcher.core.config import RunConfig
 from launcher.errors import LaunchError
-from launcher.plan import Plan
+from launcher.core.plan import Plan
 from launcher.validate import check_run_name
 
 # Characters a Slurm option value needs (constraints use & | [ ] *, images : / #).

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional
 
-from launcher.runs import RunRecord, read_events, write_json_atomic
+from launcher.core.rundir import RunRecord, read_events, write_json_atomic
 from launcher.slurm import SlurmError, run
 
 STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "REQUEUED", "UNKNOWN")

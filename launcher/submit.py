@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 
 from launcher.compose import ComposedRun
 from launcher.errors import LaunchError
-from launcher.plan import Plan
-from launcher.runs import (RunRecord, append_event, base_name, create_run_dir, ensure_root, save_record,
+from launcher.core.plan import Plan
+from launcher.core.rundir import (RunRecord, append_event, base_name, create_run_dir, ensure_root, save_record,
                            write_json_atomic)
 from launcher.slurm import Partition, SlurmError, find_partition, ping, slurm_conf_for, use_cluster
 

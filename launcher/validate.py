@@ -1,6 +1,6 @@
 """Value checks the typed schema cannot express.
 
-The dataclasses in launcher/config.py catch wrong types; this module catches
+The dataclasses in launcher/core/config.py catch wrong types; this module catches
 wrong values (an unknown sharding mode, a zero batch, a run name that is not
 safe as a directory and job name) with a one-line message naming the key.
 """
@@ -9,17 +9,11 @@ from __future__ import annotations
 import re
 from operator import attrgetter
 
-from launcher.config import RunConfig
+from launcher.core.config import CHOICES, RunConfig
 from launcher.errors import LaunchError, did_you_mean
 
 # Run names become directory names, Slurm job names and #SBATCH values.
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-CHOICES = {
-    "parallel.sharding": ("full", "hybrid", "grad_op"),
-    "parallel.activation_checkpointing": ("none", "selective", "full"),
-    "parallel.precision": ("auto", "bf16", "fp32"),
-}
 
 POSITIVE = (
     "model.d_model", "model.n_heads", "model.n_layers", "model.seq_len", "model.vocab_size", "model.mlp_ratio",

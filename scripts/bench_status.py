@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launcher.runs import RunRecord, save_record  # noqa: E402
+from launcher.core.rundir import RunRecord, save_record  # noqa: E402
 from launcher.slurm import slurm_conf_for  # noqa: E402
 from launcher.state import SETTLED_FILE  # noqa: E402
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from launcher.config import DataConfig, ModelConfig, TrainConfig  # noqa: E402
+from launcher.core.config import DataConfig, ModelConfig, TrainConfig  # noqa: E402
 from train.data import StepSampler, TokenData, token_file  # noqa: E402
 from train.loop import build_optimizer  # noqa: E402
 from train.model import GPT  # noqa: E402

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from launcher import cli
-from launcher.runs import RunRecord, save_record
+from launcher.core.rundir import RunRecord, save_record
 
 
 def fake_run(root, name, model, gpus, intervals, final=True, sweep="sweep-t"):

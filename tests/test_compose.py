@@ -4,7 +4,7 @@ from omegaconf import OmegaConf
 
 from launcher.catalog import CONF_DIR, gpu_presets, options
 from launcher.compose import compose_runs
-from launcher.config import RunConfig, load_run_config
+from launcher.core.config import RunConfig, load_run_config
 
 MODELS = options("model")
 PRESETS = gpu_presets()

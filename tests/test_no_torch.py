@@ -13,7 +13,7 @@ def run_python(*args):
 def test_launcher_modules_do_not_import_torch():
     run_python(
         "-c",
-        "import launcher.cli, launcher.compose, launcher.plan, launcher.sbatch, launcher.config, sys; "
+        "import launcher.cli, launcher.compose, launcher.core.plan, launcher.sbatch, launcher.core.config, sys; "
         "assert 'torch' not in sys.modules",
     )
 

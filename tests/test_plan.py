@@ -3,9 +3,9 @@ import re
 
 import pytest
 
-from launcher.config import ModelConfig, RunConfig
+from launcher.core.config import ModelConfig, RunConfig
 from launcher.errors import LaunchError
-from launcher.plan import Plan, flops_per_token, layout, parameter_counts
+from launcher.core.plan import Plan, flops_per_token, layout, parameter_counts
 
 
 def tiny_run(**train) -> RunConfig:

@@ -1,4 +1,4 @@
-"""The planner (launcher/planner.py) and ``launcher plan``: memory by hand, fit decisions, suggestions,
+"""The planner (launcher/planning/) and ``launcher plan``: memory by hand, fit decisions, suggestions,
 the CLI, the refusal at launch, and the memory model against a real (CPU, gloo) FSDP2 run."""
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ import pytest
 
 from launcher import cli
 from launcher.compose import compose_runs
-from launcher.config import ModelConfig, ParallelConfig, RunConfig, TrainConfig
-from launcher.plan import Plan, parameter_counts
-from launcher.planner import (GIB, Assumptions, Hardware, activation_components, estimate, hardware_for, memory,
-                              local_param_numel, memory_for_type, shard_numel, timing)
+from launcher.core.config import ModelConfig, ParallelConfig, RunConfig, TrainConfig
+from launcher.core.plan import Plan, parameter_counts
+from launcher.core.hardware import memory_gib as memory_for_type
+from launcher.planning.estimate import estimate
+from launcher.planning.hardware import GIB, Assumptions, Hardware, hardware_for
+from launcher.planning.memory import activation_components, local_param_numel, memory, shard_numel
+from launcher.planning.timing import timing
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = Hardware(gpu_type="h100", memory_gib=80, memory_source="test", enforce=True, peak_flops=989e12,
@@ -510,5 +513,5 @@ def test_plan_does_not_import_torch():
     result = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "plan", "-m", "gpus=8,16",
                              "model=gpt_1b"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
-    assert "launcher.planner" in imported and "launcher.compose" in imported
+    assert "launcher.planning.estimate" in imported and "launcher.compose" in imported
     assert not {name for name in imported if name == "torch" or name.startswith("torch.")}

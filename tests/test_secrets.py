@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from launcher import cli
-from launcher import secrets as sec
+from launcher.core import secrets as sec
 from launcher.entry import TrainTask
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,7 +152,7 @@ def test_real_stdin_pipe_and_exit_status(tmp_path):
         assert res.returncode == 0 and res.stdout.startswith(b"usage: launcher secrets"), args
     assert b"SSH_KEY_PATH" in launcher("create", "--help").stdout
     assert b"0600" in launcher("--help").stdout
-    res = subprocess.run([sys.executable, "-c", "import launcher.secrets, launcher.entry, sys; "
+    res = subprocess.run([sys.executable, "-c", "import launcher.core.secrets, launcher.entry, sys; "
                           "assert 'torch' not in sys.modules and 'tabulate' not in sys.modules"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr

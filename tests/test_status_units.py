@@ -8,11 +8,11 @@ import time
 import pytest
 
 from launcher import cli
-from launcher.cmdline import duration, parse_since, slurm_seconds
-from launcher.runs import RunRecord, find_run, last_metrics, list_records, save_record
+from launcher.commands.common import duration, parse_since, slurm_seconds
+from launcher.core.rundir import RunRecord, find_run, last_metrics, list_records, save_record
 from launcher.slurm import gpus_in_gres
 from launcher.state import fold, from_run_dir, job_states, settled_state
-from launcher.clusters import gpu_type
+from launcher.commands.clusters import gpu_type
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from launcher.config import DataConfig
+from launcher.core.config import DataConfig
 from train.data import StepSampler, TokenData, stdlib_sources, token_file, val_indices, write_tokens
 from train_harness import ROOT
 

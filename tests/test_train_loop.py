@@ -4,7 +4,7 @@ import math
 import pytest
 
 import train_workers
-from launcher.config import TrainConfig
+from launcher.core.config import TrainConfig
 from train.loop import Batching, lr_factor
 from train_harness import launch_forked, make_run_dir, make_tokens, metrics, tiny_config
 

@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
-from launcher.config import ModelConfig
-from launcher.plan import flops_per_token
+from launcher.core.config import ModelConfig
+from launcher.core.plan import flops_per_token
 from train.metrics import MetricsLog, format_record, peak_flops, throughput
 
 TINY = ModelConfig(name="t", d_model=64, n_heads=2, n_layers=2, seq_len=64, vocab_size=256)

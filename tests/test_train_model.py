@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from launcher.config import ModelConfig
-from launcher.plan import parameter_counts
+from launcher.core.config import ModelConfig
+from launcher.core.plan import parameter_counts
 from train.model import GPT
 
 CONFIGS = [

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher.config import DataConfig, ModelConfig, ParallelConfig, RunConfig, TrainConfig
+from launcher.core.config import DataConfig, ModelConfig, ParallelConfig, RunConfig, TrainConfig
 from train import checkpoint, task
 from train.data import StepSampler, TokenData
 from train.dist import check_allreduce, init_distributed

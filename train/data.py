@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from launcher.config import DataConfig
+from launcher.core.config import DataConfig
 
 TOKEN_DTYPES = ("uint16", "uint32")
 

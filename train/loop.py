@@ -27,16 +27,16 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from launcher.config import RunConfig, TrainConfig
-from launcher.plan import flops_per_token
+from launcher.core.config import RunConfig, TrainConfig
+from launcher.core.plan import flops_per_token, largest_divisor
 from train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from train.data import StepSampler, TokenData, token_file, val_indices
 from train.dist import DistEnv
 from train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
 from train.model import GPT
-from train.parallel import parallelize
+from train.parallel import compute_precision, parallelize
 from train.progress import job_comment
-from launcher.runs import append_event
+from launcher.core.rundir import append_event
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class Batching:
     def halve(self) -> None:
         """The largest micro-batch at most half the current one that still divides the rank's share."""
         per_rank = self.micro_batch * self.grad_accum
-        self.micro_batch = max(m for m in range(1, self.micro_batch // 2 + 1) if per_rank % m == 0)
+        self.micro_batch = largest_divisor(per_rank, self.micro_batch // 2)
         self.grad_accum = per_rank // self.micro_batch
 
 
@@ -176,7 +176,7 @@ def train(cfg: RunConfig, plan: dict[str, Any], run_dir: Path, env: DistEnv) -> 
 
     metrics = MetricsLog(Path(run_dir) / "metrics.jsonl" if env.is_main else None)
     comment = job_comment(env.is_main)
-    fpt, peak = flops_per_token(cfg.model), peak_flops(env.device)
+    fpt, peak = flops_per_token(cfg.model), peak_flops(env.device, compute_precision(cfg.parallel, env.device))
     tokens_per_step = batching.global_batch * cfg.model.seq_len
     intervals: list[dict[str, Any]] = []
     record: dict[str, Any] = {}

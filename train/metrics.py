@@ -2,7 +2,7 @@
 
 MFU follows the convention of the public reference numbers (llm-foundry,
 Megatron, torchtitan): FLOPs per token = 6N + 12*L*d*T with N the non-embedding
-parameters (``launcher.plan.flops_per_token``, the one formula the planner uses
+parameters (``launcher.core.plan.flops_per_token``, the one formula the planner uses
 too), against the GPU's dense bf16 peak, so our numbers can be set beside
 theirs. It is reported only where the peak is known (not on CPU).
 """
@@ -16,20 +16,17 @@ from typing import Any
 
 import torch
 
-from launcher.runs import append_jsonl
+from launcher.core import hardware
+from launcher.core.rundir import append_jsonl
 
 log = logging.getLogger(__name__)
 
-# Dense bf16 peak FLOP/s by a substring of torch.cuda.get_device_name().
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-
-
-def peak_flops(device: torch.device) -> float | None:
-    """The device's dense bf16 peak in FLOP/s, or None if unknown (any CPU, other GPUs)."""
+def peak_flops(device: torch.device, precision: str = "bf16") -> float | None:
+    """The device's dense peak FLOP/s in ``precision`` from the GPU table the planner uses
+    (launcher/core/hardware.py), or None where unknown (any CPU, a GPU the table lacks)."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)
+    return hardware.peak_flops(torch.cuda.get_device_name(device), precision)
 
 
 def peak_memory_gb(device: torch.device) -> float:

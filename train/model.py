@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from launcher.config import ModelConfig
+from launcher.core.config import ModelConfig
 
 INIT_STD = 0.02
 

@@ -13,15 +13,16 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from launcher.config import ParallelConfig
+from launcher.core.config import CHECKPOINTING, PRECISIONS, SHARDINGS, ParallelConfig
 from train.dist import DistEnv
 from train.model import GPT
 
 log = logging.getLogger(__name__)
 
-SHARDINGS = ("full", "hybrid", "grad_op")
-CHECKPOINTING = ("none", "selective", "full")
-PRECISIONS = ("auto", "bf16", "fp32")
+def compute_precision(cfg: ParallelConfig, device: torch.device) -> str:
+    """``bf16`` (parameters gathered in bf16, gradients reduced in fp32) on CUDA unless fp32 is asked for;
+    ``fp32`` on CPU, where bf16 matmuls are slow or missing."""
+    return "bf16" if device.type == "cuda" and cfg.precision in ("auto", "bf16") else "fp32"
 
 
 def parallelize(model: GPT, cfg: ParallelConfig, env: DistEnv, seed: int) -> nn.Module:
@@ -44,7 +45,7 @@ def parallelize(model: GPT, cfg: ParallelConfig, env: DistEnv, seed: int) -> nn.
     _check_choice("precision", cfg.precision, PRECISIONS)
 
     mesh = _device_mesh(cfg.sharding, env)
-    bf16 = env.device.type == "cuda" and cfg.precision in ("auto", "bf16")
+    bf16 = compute_precision(cfg, env.device) == "bf16"
     if cfg.precision == "bf16" and not bf16:
         log.warning("precision bf16 asked for on %s: training in fp32", env.device.type)
     mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \

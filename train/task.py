@@ -16,8 +16,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from launcher.config import load_run_config
-from launcher.runs import append_event
+from launcher.core.config import load_run_config
+from launcher.core.rundir import append_event
 from train.dist import check_allreduce, global_rank_from_environ, init_distributed
 from train.loop import train
 

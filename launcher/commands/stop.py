@@ -1,14 +1,12 @@
-"""``launcher stop`` and ``launcher delete``: cancel runs' jobs, and remove runs."""
+"""``launcher stop``: cancel runs' jobs; their directories (logs, checkpoints) stay."""
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 from typing import List
 
-from launcher.cmdline import Parser, chosen_runs, root_of
+from launcher.commands.common import Parser, chosen_runs, root_of
 from launcher.errors import LaunchError
-from launcher.runs import RunRecord, append_event
+from launcher.core.rundir import RunRecord, append_event
 from launcher.slurm import SlurmError, run, use_cluster
 from launcher.state import job_states
 
@@ -31,7 +29,7 @@ def run_args(parser: Parser) -> None:
     parser.add_argument("--sweep", help="every run of this sweep id")
 
 
-def stop(argv: List[str]) -> int:
+def main(argv: List[str]) -> int:
     parser = Parser("stop", "Cancel runs' Slurm jobs; their directories (logs, checkpoints) stay.")
     run_args(parser)
     args = parser.parse_args(argv)
@@ -43,24 +41,4 @@ def stop(argv: List[str]) -> int:
             print(f"Stopped {rec.name} (job {rec.job_id}).")
         else:
             print(f"{rec.name} (job {rec.job_id}) is not active; nothing to stop.")
-    return 0
-
-
-def delete(argv: List[str]) -> int:
-    parser = Parser("delete", "Cancel runs' jobs if active, then remove their directories.")
-    run_args(parser)
-    parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-    args = parser.parse_args(argv)
-    records = chosen_runs(root_of(args), args.names, args.sweep)
-    names = ", ".join(rec.name for rec in records)
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise LaunchError(f"delete {names}: confirm with --yes (no terminal to ask on)")
-        if input(f"Delete {len(records)} run(s): {names}? [y/N] ").strip().lower() not in ("y", "yes"):
-            print("Nothing deleted.")
-            return 1
-    cancel(records)
-    for rec in records:
-        shutil.rmtree(rec.run_dir, ignore_errors=True)
-        print(f"Deleted {rec.name}.")
     return 0

@@ -8,9 +8,9 @@ from collections import deque
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from launcher.cmdline import Parser, lookup, root_of
+from launcher.commands.common import Parser, lookup, root_of
 from launcher.errors import LaunchError
-from launcher.runs import RunRecord
+from launcher.core.rundir import RunRecord
 from launcher.slurm import SlurmError, run, use_cluster
 from launcher.state import job_states
 

@@ -14,7 +14,18 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING, OmegaConf
 
-from launcher.runs import DEFAULT_ROOT
+from launcher.core.rundir import DEFAULT_ROOT
+
+# The choices of the parallelism settings: validated at composition (launcher/validate.py), searched by
+# the planner's suggestions (ordered from least to most memory saved), applied by train/parallel.py.
+SHARDINGS = ("full", "hybrid", "grad_op")
+CHECKPOINTING = ("none", "selective", "full")
+PRECISIONS = ("auto", "bf16", "fp32")
+CHOICES = {
+    "parallel.sharding": SHARDINGS,
+    "parallel.activation_checkpointing": CHECKPOINTING,
+    "parallel.precision": PRECISIONS,
+}
 
 
 @dataclass

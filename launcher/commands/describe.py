@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from launcher.cmdline import Parser, lookup, root_of
-from launcher.runs import METRICS, RunRecord, read_events, read_jsonl
+from launcher.commands.common import Parser, lookup, root_of
+from launcher.core.rundir import METRICS, RunRecord, read_events, read_jsonl
 from launcher.slurm import SlurmError, run, use_cluster
 from launcher.state import JobState, job_states
 

@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from launcher.cmdline import Parser, clock, duration, parse_since, root_of, slurm_seconds
+from launcher.commands.common import Parser, clock, duration, parse_since, root_of, slurm_seconds
 from launcher.errors import LaunchError
-from launcher.runs import RunRecord, last_metrics, list_records, load_record, record_paths
+from launcher.core.rundir import RunRecord, last_metrics, list_records, load_record, record_paths
 from launcher.state import STATES, JobState, job_states
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import List, NoReturn, Optional
 
 from launcher.errors import LaunchError
-from launcher.runs import RunRecord, default_root, find_run, list_records
+from launcher.core.rundir import RunRecord, default_root, find_run, list_records
 
 
 class Parser(argparse.ArgumentParser):

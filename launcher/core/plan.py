@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 from launcher.catalog import model_micro_batch
-from launcher.config import ModelConfig, RunConfig
+from launcher.core.config import ModelConfig, RunConfig
 from launcher.errors import LaunchError
 
 
@@ -121,5 +121,15 @@ def _micro_batch(cfg: RunConfig, global_batch: int, world_size: int) -> Tuple[in
     if cfg.train.micro_batch != "auto":
         return cfg.train.micro_batch, False
     per_rank = max(1, global_batch // world_size)
-    start = min(model_micro_batch(cfg.model.name) or per_rank, per_rank)
-    return max(m for m in range(1, start + 1) if per_rank % m == 0), True
+    return largest_divisor(per_rank, model_micro_batch(cfg.model.name) or per_rank), True
+
+
+def divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` not above ``at_most`` (at least 1): the micro-batch rule. A rank's
+    share of the batch is split into equal micro-batches, so ``auto`` starts at the largest that divides
+    it, and training's out-of-memory fallback (train/loop.py) halves to the largest that still does."""
+    return max(d for d in divisors(n) if d <= max(1, at_most))

@@ -4,7 +4,7 @@
     launcher plan -m gpus=8,16,128 model=gpt_1b,gpt_70b
     launcher plan --json --mfu 0.4 --inter-gbps 400 model=gpt_7b gpus=64
 
-The arithmetic is in launcher/planner.py, its formulas and sources in docs/planning.md.
+The arithmetic is in launcher/planning/, its formulas and sources in docs/planning.md.
 """
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import math
 from typing import List, NoReturn
 
 from launcher.errors import LaunchError
-from launcher.planner import (CHECKPOINT_LEVELS, GIB, Assumptions, Estimate, activation_components, checkpointed_blocks,
-                              estimate, hardware_for, param_shapes, set_scaling, shard_group)
+from launcher.core.config import CHECKPOINTING
+from launcher.planning.estimate import Estimate, estimate, set_scaling
+from launcher.planning.hardware import GIB, Assumptions, hardware_for, precision_of
+from launcher.planning.memory import activation_components, checkpointed_blocks, param_shapes, shard_group
 
 DEFAULTS = Assumptions()
 
@@ -72,7 +74,7 @@ def main(argv: List[str]) -> int:
     from launcher.compose import compose_runs
 
     runs = compose_runs(args.overrides, multirun=args.multirun)
-    estimates = [estimate(run.config, run.plan, hardware_for(run.config.cluster, query_slurm=True), opts,
+    estimates = [estimate(run.config, run.plan, hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True), opts,
                           overrides=run.overrides) for run in runs]
     set_scaling(estimates)
     if args.json:
@@ -193,7 +195,7 @@ def detail(est: Estimate) -> str:
     ]
     s, h, r, b = model.seq_len, model.d_model, model.mlp_ratio, plan.micro_batch
     act_rows = []
-    for lvl in CHECKPOINT_LEVELS:
+    for lvl in CHECKPOINTING:
         c = activation_components(model, b, lvl, est.precision)
         act_rows.append([lvl + (" *" if lvl == level else ""), _gib(c["layers"]), _gib(c["recompute"]),
                          _gib(c["final_norm"]), _gib(c["loss_saved"] + c["loss_transient"]), _gib(sum(c.values()))])

@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from launcher.cmdline import Parser, chosen_runs, duration, root_of
+from launcher.commands.common import Parser, chosen_runs, duration, root_of
 from launcher.errors import LaunchError
-from launcher.runs import METRICS, RunRecord, read_jsonl
+from launcher.core.rundir import METRICS, RunRecord, read_jsonl
 from launcher.state import job_states
 
 

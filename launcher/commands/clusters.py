@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import List
 
-from launcher.cmdline import Parser
+from launcher.commands.common import Parser
 from launcher.errors import LaunchError
 from launcher.slurm import SlurmError, gpus_in_gres, run, use_cluster
 
