@@ -4,7 +4,6 @@ The all-reduce check itself runs in every multi-rank test (parity, resume),
 which assert its logged result.
 """
 import os
-import stat
 import time
 
 import pytest
@@ -23,40 +22,29 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
-@pytest.fixture
-def fake_scontrol(tmp_path, clean_env):
-    """An scontrol that expands any node list to node7, node8."""
-    script = tmp_path / "bin" / "scontrol"
-    script.parent.mkdir()
-    script.write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "node7\\nnode8\\n"\n')
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    clean_env.setenv("PATH", f"{script.parent}:{os.environ['PATH']}")
-    return clean_env
-
-
-def test_slurm_environment(fake_scontrol):
-    fake_scontrol.setenv("SLURM_PROCID", "5")
-    fake_scontrol.setenv("SLURM_LOCALID", "1")
-    fake_scontrol.setenv("SLURM_NTASKS", "8")
-    fake_scontrol.setenv("SLURM_JOB_NUM_NODES", "2")
-    fake_scontrol.setenv("SLURM_JOB_NODELIST", "node[7-8]")
-    fake_scontrol.setenv("SLURM_JOB_ID", "123456")
-    fake_scontrol.setenv("SLURMD_NODENAME", "node8")
+def test_slurm_environment(clean_env):
+    clean_env.setenv("SLURM_PROCID", "5")
+    clean_env.setenv("SLURM_LOCALID", "1")
+    clean_env.setenv("SLURM_NTASKS", "8")
+    clean_env.setenv("SLURM_JOB_NUM_NODES", "2")
+    clean_env.setenv("SLURM_JOB_NODELIST", "node[7-8]")
+    clean_env.setenv("SLURM_JOB_ID", "123456")
+    clean_env.setenv("SLURMD_NODENAME", "node8")
     launch = tdist._launch_from_environ()
     assert (launch.rank, launch.local_rank, launch.world_size, launch.nodes, launch.node) == (5, 1, 8, 2, "node8")
     assert launch.master_host == "node7"
     assert launch.master_port == 20000 + 123456 % 20000
     assert tdist.global_rank_from_environ() == 5
-    fake_scontrol.setenv("MASTER_PORT", "31111")
+    clean_env.setenv("MASTER_PORT", "31111")
     assert tdist._launch_from_environ().master_port == 31111
 
 
-def test_torchrun_variables_win_over_slurm(fake_scontrol):
+def test_torchrun_variables_win_over_slurm(clean_env):
     # torchrun inside an sbatch script: every process inherits SLURM_PROCID=0.
     for var, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "node7", "SLURM_JOB_ID": "9",
                        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}.items():
-        fake_scontrol.setenv(var, value)
+        clean_env.setenv(var, value)
     launch = tdist._launch_from_environ()
     assert (launch.rank, launch.local_rank, launch.world_size, launch.nodes) == (3, 1, 4, 2)
     assert (launch.master_host, launch.master_port) == ("10.0.0.1", 29400)

@@ -12,11 +12,11 @@ import datetime
 import logging
 import os
 import socket
-import subprocess
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from submitit.slurm.slurm import SlurmJobEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -123,13 +123,10 @@ def _launch_from_environ() -> _Launch:
                        master_host=env.get("MASTER_ADDR", "127.0.0.1"),
                        master_port=int(env.get("MASTER_PORT", 29500)))
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        # The step's node list when there is one: rank 0 runs on the step's first node.
-        nodelist = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
-        nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES", "1")
-        port = int(env["MASTER_PORT"]) if "MASTER_PORT" in env else _port_for_job(int(env["SLURM_JOB_ID"]))
-        return _Launch(rank=int(env["SLURM_PROCID"]), local_rank=int(env.get("SLURM_LOCALID", 0)),
-                       world_size=int(env["SLURM_NTASKS"]), nodes=int(nodes), node=node,
-                       master_host=_first_host(nodelist), master_port=port)
+        job = SlurmJobEnvironment()  # submitit's reading of Slurm's variables; rank 0 runs on the first node
+        port = int(env["MASTER_PORT"]) if "MASTER_PORT" in env else _port_for_job(int(job.job_id))
+        return _Launch(rank=job.global_rank, local_rank=job.local_rank, world_size=job.num_tasks,
+                       nodes=job.num_nodes, node=node, master_host=job.hostnames[0], master_port=port)
     return _Launch(rank=0, local_rank=0, world_size=1, nodes=1, node=node, master_host="127.0.0.1",
                    master_port=_free_port())
 
@@ -137,18 +134,6 @@ def _launch_from_environ() -> _Launch:
 def _port_for_job(job_id: int) -> int:
     """A port in 20000-39999 that two jobs sharing a node are unlikely to both pick."""
     return 20000 + job_id % 20000
-
-
-def _first_host(nodelist: str) -> str:
-    """The first host of a Slurm node list such as ``node[1-4,7]`` (via ``scontrol show hostnames``)."""
-    try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                             check=True, timeout=30).stdout.split()
-    except (OSError, subprocess.SubprocessError) as e:
-        raise RuntimeError(f"cannot expand the Slurm node list {nodelist!r} with scontrol: {e}") from e
-    if not out:
-        raise RuntimeError(f"scontrol expanded the Slurm node list {nodelist!r} to nothing")
-    return out[0]
 
 
 def _resolve(host: str) -> str:
