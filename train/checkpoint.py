@@ -23,6 +23,7 @@ import random
 import re
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -31,6 +32,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from train import manifest
 from train.dist import DistEnv
 
 log = logging.getLogger(__name__)
@@ -62,39 +64,125 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def resume_checkpoint(run_dir: Path, env: DistEnv, on_damage: Callable[[int, list[str]], None]) -> Path | None:
+    """The newest complete checkpoint whose files match their manifests; all ranks call this.
+
+    The ranks split the reading. A damaged checkpoint is set aside as ``step_<N>.damaged`` (never tried
+    again, its step can be saved again) and ``on_damage(step, problems)`` is called on rank 0, so the run's
+    events say what was wrong; the previous checkpoint is tried next.
+    """
+    for path in reversed(complete_checkpoints(run_dir)):
+        problems = verify(path, env)
+        if not problems:
+            return path
+        if env.is_main:
+            log.error("checkpoint %s is damaged: %s", path, "; ".join(problems))
+            on_damage(int(COMPLETE.match(path.name).group(1)), problems)
+            aside = path.with_name(path.name + ".damaged")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(path, aside)
+        dist.barrier()
+    return None
+
+
+def verify(path: Path, env: DistEnv) -> list[str]:
+    """Every problem any rank finds with the checkpoint in ``path`` (empty: it can be trusted)."""
+    if not manifest.has_manifests(path):
+        return []  # written before manifests existed
+    try:
+        saved_world = int(json.loads((path / META).read_text())["world_size"])
+        mine = manifest.damage(path, saved_world, env.rank, env.world_size)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        mine = [f"{META} is unreadable ({type(err).__name__})"] if env.is_main else []
+    found: list[list[str]] = [[] for _ in range(env.world_size)]
+    dist.all_gather_object(found, mine)
+    return [problem for problems in found for problem in problems]
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save failed (disk full, I/O error): earlier checkpoints are intact and no partial files are left.
+    The run must not train on without checkpoints, so this ends the attempt with the cause."""
+
+
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler, env: DistEnv, keep: int) -> Path:
+                    scheduler: torch.optim.lr_scheduler.LRScheduler, env: DistEnv, keep: int,
+                    record: dict | None = None) -> Path:
     """Save the training state after ``step`` optimizer steps; all ranks call this.
 
-    Keeps the newest ``keep`` complete checkpoints. Saving a step that already
-    has a complete checkpoint does nothing.
+    ``record`` (the step's loss and gradient norm) is kept in meta.json so that a resume can check its
+    first step against it. Keeps the newest ``keep`` complete checkpoints. Saving a step that already has
+    a complete checkpoint does nothing; a step directory left incomplete by an earlier attempt is replaced.
+    Raises CheckpointSaveError, on every rank, if any rank's part of the save failed.
     """
     final = step_dir(run_dir, step)
-    if (final / META).is_file():
+    if (final / META).is_file() and manifest.has_manifests(final):
         return final
     tmp = final.with_name(final.name + ".tmp")
     if env.is_main:
         shutil.rmtree(tmp, ignore_errors=True)  # left by a crashed save of this step
-        tmp.mkdir(parents=True)
+        tmp.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-
-    model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
-    rng = io.BytesIO()
-    torch.save(_rng_state(), rng)
-    _write_synced(tmp / f"rng_rank_{env.rank:05d}.pt", rng.getvalue())
+    try:
+        _write_all(tmp, step, model, optimizer, scheduler, env, record or {})
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
+        if env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointSaveError(f"saving the checkpoint of step {step} failed: {_cause(err)}") from err
     if env.is_main:
-        meta = {"step": step, "world_size": env.world_size, "scheduler": scheduler.state_dict()}
-        _write_synced(tmp / META, json.dumps(meta, indent=1).encode())
-    dist.barrier()
-
-    if env.is_main:
+        if final.exists():  # an earlier attempt's save of this step that never completed
+            shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(final.parent)
         _prune(run_dir, keep)
     dist.barrier()
     log.info("saved checkpoint %s", final)
     return final
+
+
+def _write_all(tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+               scheduler: torch.optim.lr_scheduler.LRScheduler, env: DistEnv, record: dict) -> None:
+    """Every rank's part of a save: DCP shards (collective), then this rank's RNG state, rank 0's
+    meta.json, and each rank's manifest; the ranks agree that all of it worked before anyone goes on."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
+    error = None
+    try:
+        rng = io.BytesIO()
+        torch.save(_rng_state(), rng)
+        _write_synced(tmp / f"rng_rank_{env.rank:05d}.pt", rng.getvalue())
+        if env.is_main:
+            meta = {"step": step, "world_size": env.world_size, "scheduler": scheduler.state_dict(), **record}
+            _write_synced(tmp / META, json.dumps(meta, indent=1).encode())
+        name, body = manifest.manifest(tmp, env.rank, step, manifest.files_of_rank(tmp, env.rank, env.is_main))
+        _write_synced(tmp / name, body)
+    except OSError as err:
+        error = err
+    failed = _anyone(error is not None, env)
+    if error is not None:
+        raise error
+    if failed:
+        raise OSError("another rank's part of the save failed (see its log)")
+
+
+def _anyone(flag: bool, env: DistEnv) -> bool:
+    """True on every rank if ``flag`` is true on any rank."""
+    value = torch.tensor([int(flag)], device=env.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def _cause(err: BaseException) -> str:
+    """The first line of the underlying error: a rank's OSError inside DCP's CheckpointException."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, (inner, _trace) = sorted(failures.items(), key=lambda item: item[0])[0]
+        return f"rank {rank}: {_first_line(inner)}"
+    return _first_line(err)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:300]
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from launcher.core.config import RunConfig, TrainConfig
 from launcher.core.plan import flops_per_token, largest_divisor
-from train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from train.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
 from train.data import StepSampler, TokenData, token_file, val_indices
 from train.dist import DistEnv
 from train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
@@ -164,7 +164,7 @@ def train(cfg: RunConfig, plan: dict[str, Any], run_dir: Path, env: DistEnv) -> 
     optimizer, scheduler = build_optimizer(model, tc)
 
     start = 0
-    resume_from = latest_checkpoint(run_dir)
+    resume_from = resume_checkpoint(run_dir, env, on_damage=functools.partial(_record_damage, run_dir))
     if resume_from is not None:
         start = load_checkpoint(resume_from, model, optimizer, scheduler, env)
         log.info("resumed at step %d from %s", start, resume_from)
@@ -211,7 +211,8 @@ def train(cfg: RunConfig, plan: dict[str, Any], run_dir: Path, env: DistEnv) -> 
 
             if last or (tc.checkpoint_every > 0 and done % tc.checkpoint_every == 0):
                 with timer.paused():
-                    save_checkpoint(run_dir, done, model, optimizer, scheduler, env, tc.keep_checkpoints)
+                    save_checkpoint(run_dir, done, model, optimizer, scheduler, env, tc.keep_checkpoints,
+                                    record={"loss": global_mean(loss, env), "grad_norm": grad_norm.item()})
 
         final = {"final": True, **record, **_overall(intervals, tokens_per_step, env, fpt, peak),
                  "steps_run": tc.steps - start, "resumed_from": start if resume_from is not None else None,
@@ -221,6 +222,10 @@ def train(cfg: RunConfig, plan: dict[str, Any], run_dir: Path, env: DistEnv) -> 
         return final
     finally:
         comment.close()
+
+
+def _record_damage(run_dir: Path, step: int, problems: list[str]) -> None:
+    append_event(run_dir, "checkpoint_damaged", step=step, damage="; ".join(problems))
 
 
 def _step_fitting_memory(model: nn.Module, optimizer: torch.optim.Optimizer,
