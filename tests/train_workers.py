@@ -83,3 +83,28 @@ def train_run_oom_above(run_dir: Path, max_rows: int) -> None:
 
     Block.forward = forward
     task.run(run_dir)
+
+
+def allreduce_with_watchdog(run_dir: Path, stop_rank: int, stop_at: int, timeout_s: float) -> None:
+    """All-reduce steps under a watchdog; rank ``stop_rank`` stops itself (SIGSTOP) at step ``stop_at``,
+    as a hung rank would: the others wait in the collective until the watchdog ends them."""
+    import signal
+    import time
+
+    from launcher.core.rundir import append_event
+    from train.watchdog import Watchdog
+
+    env = init_distributed(timeout_s=300)
+    task.setup_logging(run_dir, env.rank)
+
+    def on_stall(cause, stuck):
+        append_event(run_dir, "stalled", cause=cause, ranks=[p.rank for p in stuck])
+
+    watchdog = Watchdog(run_dir, env.rank, env.node, timeout_s, on_stall, interval_s=0.5).start(0)
+    for step in range(1000):
+        watchdog.step(step)
+        if env.rank == stop_rank and step == stop_at:
+            time.sleep(1.0)  # its watchdog beats once more, with this step
+            os.kill(os.getpid(), signal.SIGSTOP)
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.01)

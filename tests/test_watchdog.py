@@ -1,0 +1,54 @@
+"""Hang detection: a rank that stops (SIGSTOP, as a hung process does) is named by the watchdog of the
+ranks left waiting for it, with its node, step and process state, and the attempt ends."""
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch.multiprocessing as mp
+
+import train_workers
+from train.watchdog import EXIT_STALLED, Pulse, describe_stall, read_pulses
+from train_harness import launch_forked
+
+TIMEOUT_S = 4.0
+
+
+def kill_when_stalled(run_dir, rank):
+    """Once the stall is recorded, SIGKILL the stopped rank (this test's own process), as srun's
+    --kill-on-bad-exit would; torch's harness would otherwise wait 30 s on SIGTERM, which a stopped
+    process ignores."""
+    deadline = time.time() + 60
+    while time.time() < deadline and "stalled" not in ((run_dir / "events.jsonl").exists()
+                                                        and (run_dir / "events.jsonl").read_text() or ""):
+        time.sleep(0.2)
+    for pulse in read_pulses(run_dir):
+        if pulse.rank == rank:
+            os.kill(pulse.pid, signal.SIGKILL)
+
+
+def test_a_stopped_rank_is_named_and_the_attempt_ends(tmp_path):
+    start = time.time()
+    threading.Thread(target=kill_when_stalled, args=(tmp_path, 1), daemon=True).start()
+    with pytest.raises(mp.ProcessExitedException, match=f"exit code {EXIT_STALLED}"):
+        launch_forked(train_workers.allreduce_with_watchdog, (tmp_path, 1, 5, TIMEOUT_S), world_size=3)
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    took = events[0]["time"] - start
+    assert took < TIMEOUT_S + 15, f"the stall was recorded {took:.0f} s after the start"
+    assert [e["event"] for e in events] == ["stalled"], events  # one event, from the lowest live rank
+    assert events[0]["ranks"] == [1]
+    assert "rank 1 on " in events[0]["cause"] and "froze, last seen at step 5" in events[0]["cause"]
+    assert "state T (stopped)" in events[0]["cause"]
+    log = (tmp_path / "logs" / "rank_0.log").read_text()
+    assert "stalled: step 5 has not advanced" in log and "Thread 0x" in log  # its Python stacks
+    pulses = {p.rank: p for p in read_pulses(tmp_path)}
+    assert sorted(pulses) == [0, 1, 2] and pulses[1].step == 5
+
+
+def test_a_stall_with_every_rank_alive_blames_the_collective():
+    now = 1000.0
+    pulses = [Pulse(rank=r, node="n1", pid=1, step=7, step_since=900.0, alive=now - 1) for r in range(2)]
+    assert describe_stall(pulses, now, stale_s=6) == (
+        "every rank is alive but none advanced (steps 7): a collective never completed")

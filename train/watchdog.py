@@ -1,0 +1,162 @@
+"""Hang detection: every rank's pulse on disk, and a watchdog that ends an attempt whose steps stopped.
+
+Slurm sees nothing wrong when a rank hangs (a stopped process, a deadlocked collective): its peers wait in
+the collective for as long as its timeout. So every rank runs a watchdog thread that, every few seconds,
+
+- writes ``heartbeats/rank_<N>.json``: rank, node, pid, the step it is on, when that step began
+  (``step_since``) and when the watchdog last ran (``alive``);
+- checks its own progress: if its step has not advanced for ``stall_timeout_s``, the attempt is stalled.
+
+A stalled rank dumps its Python stacks into its log (faulthandler), reads every rank's heartbeat to name the
+culprit, and exits with :data:`EXIT_STALLED`, which ends the attempt (srun ``--kill-on-bad-exit``). A rank
+whose ``alive`` stamp is stale is frozen (its process does not run: stopped, or stuck holding the GIL); the
+others are waiting for it. The lowest-numbered rank still alive records one ``stalled`` event naming the
+frozen ranks, their nodes and steps. The thread runs while the main thread waits inside a collective, since
+torch releases the GIL there.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+log = logging.getLogger(__name__)
+
+EXIT_STALLED = 75  # EX_TEMPFAIL: the attempt failed, the run may go on elsewhere
+HEARTBEATS = "heartbeats"
+INTERVAL_S = 2.0
+
+
+@dataclass
+class Pulse:
+    """One rank's heartbeat, as written to ``heartbeats/rank_<N>.json``."""
+
+    rank: int
+    node: str
+    pid: int
+    step: int
+    step_since: float
+    alive: float
+
+
+def heartbeat_path(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / HEARTBEATS / f"rank_{rank:05d}.json"
+
+
+def read_pulses(run_dir: Path) -> list[Pulse]:
+    """Every rank's last heartbeat (unreadable files skipped: a rank may be writing one)."""
+    pulses = []
+    for path in sorted((Path(run_dir) / HEARTBEATS).glob("rank_*.json")):
+        try:
+            pulses.append(Pulse(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return pulses
+
+
+def frozen(pulses: list[Pulse], now: float, stale_s: float) -> list[Pulse]:
+    """The ranks whose watchdog has not run for ``stale_s``: their process is not running."""
+    return [p for p in pulses if now - p.alive > stale_s]
+
+
+def describe_stall(pulses: list[Pulse], now: float, stale_s: float) -> str:
+    """The stall in words: which ranks are frozen where, or that every rank is waiting."""
+    stuck = frozen(pulses, now, stale_s)
+    if stuck:
+        return "; ".join(f"rank {p.rank} on {p.node} froze, last seen at step {p.step} ({_process_state(p)})" for p in stuck)
+    steps = sorted({p.step for p in pulses})
+    return f"every rank is alive but none advanced (steps {', '.join(map(str, steps))}): a collective never completed"
+
+
+def _process_state(pulse: Pulse) -> str:
+    """The frozen process's state from /proc where it is on this node (``T (stopped)``), else unknown."""
+    try:
+        fields = Path(f"/proc/{pulse.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return "process state unknown from this node"
+    names = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible I/O", "Z": "exited",
+             "R": "running", "S": "sleeping"}
+    return f"process {pulse.pid} state {fields[0]} ({names.get(fields[0], 'other')})"
+
+
+class Watchdog:
+    """A rank's heartbeat writer and stall detector; call :meth:`step` as training advances."""
+
+    def __init__(self, run_dir: Path, rank: int, node: str, stall_timeout_s: float,
+                 on_stall: Callable[[str, list[Pulse]], None], interval_s: float = INTERVAL_S,
+                 exit: Callable[[int], None] = os._exit) -> None:
+        self.run_dir, self.rank, self.node = Path(run_dir), rank, node
+        self.stall_timeout_s, self.interval_s = stall_timeout_s, interval_s
+        self.on_stall, self.exit = on_stall, exit
+        self.pulse = Pulse(rank, node, os.getpid(), step=0, step_since=time.time(), alive=time.time())
+        self.limit_s = stall_timeout_s  # how long the current step (or phase) may take
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self, step: int) -> "Watchdog":
+        heartbeat_path(self.run_dir, self.rank).parent.mkdir(parents=True, exist_ok=True)
+        self.step(step)
+        self._write(time.time())
+        self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def step(self, step: int) -> None:
+        """Training reached ``step`` (the main thread; the watchdog writes it at its next beat)."""
+        self.pulse.step, self.pulse.step_since, self.limit_s = step, time.time(), self.stall_timeout_s
+
+    @contextmanager
+    def phase(self, allowance_s: float) -> Iterator[None]:
+        """A phase that may take longer than a step (a checkpoint save, an evaluation): it gets at least
+        ``allowance_s`` before it counts as a stall, and the step's clock restarts after it."""
+        self.pulse.step_since, self.limit_s = time.time(), max(self.stall_timeout_s, allowance_s)
+        try:
+            yield
+        finally:
+            self.pulse.step_since, self.limit_s = time.time(), self.stall_timeout_s
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            now = time.time()
+            self._write(now)
+            if now - self.pulse.step_since > self.limit_s:
+                self._stalled(now)
+                return
+
+    def _write(self, now: float) -> None:
+        self.pulse.alive = now
+        path = heartbeat_path(self.run_dir, self.rank)
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(asdict(self.pulse)))
+            os.replace(tmp, path)
+        except OSError as err:  # a full or unreachable disk must not kill training by itself
+            log.warning("heartbeat not written: %s", err)
+
+    def _stalled(self, now: float) -> None:
+        log.error("stalled: step %d has not advanced for %.0f s (limit %.0f s); Python stacks follow",
+                  self.pulse.step, now - self.pulse.step_since, self.limit_s)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        for stream in {getattr(h, "stream", None) for h in logging.getLogger().handlers} | {sys.stderr}:
+            if stream is not None and hasattr(stream, "fileno"):
+                faulthandler.dump_traceback(file=stream, all_threads=True)
+        pulses = read_pulses(self.run_dir)
+        stale = 3 * self.interval_s
+        live = [p.rank for p in pulses if now - p.alive <= stale]
+        if not live or self.rank == min(live):  # one event per stall, from the lowest live rank
+            self.on_stall(describe_stall(pulses, now, stale), frozen(pulses, now, stale))
+        self.exit(EXIT_STALLED)
