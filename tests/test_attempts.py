@@ -1,0 +1,54 @@
+"""Cause attribution: the rank that died is blamed, not the peers that lost it (units on evidence as the
+local cluster produced it: srun's stderr, ranks' failed events, heartbeats)."""
+from launcher.attempts import Cause, TaskEnd, attribute, expand_ranks, srun_task_ends
+
+SRUN_KILLED = """\
+[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer
+srun: error: local-node2: task 2: Killed
+srun: Job step aborted: Waiting up to 32 seconds for job step to finish.
+srun: error: local-node1: tasks 0-1: Exited with exit code 1
+srun: error: local-node2: task 3: Exited with exit code 1
+"""
+PEER = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer [127.0.0.1]:4242"
+
+
+def failed(rank, error, node="local-node1", step=40, time=1.0):
+    return {"event": "failed", "rank": rank, "node": node, "error": error, "step": step, "time": time}
+
+
+def test_srun_reports_are_parsed_in_order():
+    assert srun_task_ends(SRUN_KILLED) == [TaskEnd("local-node2", [2], "Killed"),
+                                           TaskEnd("local-node1", [0, 1], "Exited with exit code 1"),
+                                           TaskEnd("local-node2", [3], "Exited with exit code 1")]
+    assert expand_ranks("0-2,5") == [0, 1, 2, 5]
+
+
+def test_a_killed_rank_is_blamed_not_the_peers_that_lost_it():
+    events = [failed(0, PEER), failed(1, PEER), failed(3, PEER, node="local-node2")]
+    cause = attribute(events, srun_task_ends(SRUN_KILLED), steps={2: 37})
+    assert cause == Cause("FAILED", "rank 2 on local-node2 at step 37: killed by a signal (SIGKILL)", rank=2,
+                          node="local-node2", step=37, short="rank 2 killed")
+
+
+def test_a_rank_own_exception_wins_over_srun_and_peers():
+    events = [failed(1, PEER, time=2.0), failed(3, "OSError: [Errno 28] No space left on device", "local-node2",
+                                                 step=50, time=3.0)]
+    cause = attribute(events, srun_task_ends(SRUN_KILLED), steps={})
+    assert (cause.rank, cause.node, cause.step, cause.short) == (3, "local-node2", 50, "OSError")
+    assert cause.text == "rank 3 on local-node2 at step 50: OSError: [Errno 28] No space left on device"
+
+
+def test_a_stall_is_its_own_outcome():
+    events = [{"event": "stalled", "cause": "rank 1 on n2 froze, last seen at step 9", "ranks": [1]},
+              failed(0, PEER)]
+    cause = attribute(events, [], steps={})
+    assert (cause.outcome, cause.rank, cause.short) == ("STALLED", 1, "rank 1 hung")
+
+
+def test_with_nothing_but_peer_losses_the_first_is_reported():
+    cause = attribute([failed(2, PEER, time=5.0), failed(0, PEER, time=4.0)], [], steps={})
+    assert (cause.rank, cause.short) == (0, "lost a peer")
+
+
+def test_no_evidence_at_all_says_so_with_the_exit_status():
+    assert attribute([], [], {}, exit_code=137).text == "srun exited with status 137"
