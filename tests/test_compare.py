@@ -10,6 +10,7 @@ import time
 import pytest
 
 from launcher import cli
+from launcher.commands.compare import step_time
 from launcher.core.rundir import RunRecord, save_record
 
 
@@ -116,6 +117,7 @@ def test_step_time_and_tokens_per_s_come_from_the_same_intervals(tmp_path, capsy
         "(median): STEP TIME is the median over the log intervals after the first (warm-up); TOK/S and TOK/S/GPU are "
         "taken at that step time, so TOK/S x STEP TIME = tokens per step",
         "MFU n/a: on the local cluster CPU processes stand in for GPUs, and a CPU has no peak FLOP/s to divide by"]
+    assert [step_time(t) for t in (0.00433, 0.0667, 1.75, None)] == ["4.3 ms", "66.7 ms", "1.750 s", ""]
 
 
 def test_mfu_is_taken_at_the_median_step_time_and_its_absence_explained(tmp_path, capsys):

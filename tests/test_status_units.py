@@ -87,6 +87,7 @@ def test_last_metrics_skips_a_torn_line_and_run_dir_marks_the_end(tmp_path):
     [
         (["runs", "--status", "DONE"], "--status DONE: allowed PENDING"),
         (["runs", "--limit", "0"], "--limit must be positive, got 0"),
+        (["runs", "--watch", "--interval", "0"], "--interval must be positive, got 0"),
         (["runs", "--since", "yesterday"], "--since 'yesterday'"),
         (["runs", "--bogus"], "launcher runs: unrecognized arguments: --bogus; see --help"),
         (["describe", "nosuchrun"], "no run named 'nosuchrun'"),

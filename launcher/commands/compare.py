@@ -178,7 +178,7 @@ def table_rows(stats: List[RunStats]) -> List[list]:
 
     common = min((s.steps_done for s in stats), default=0)
     return [[
-        s.name, s.model, s.gpus, s.nodes, num(s.median_step_time, ".3f") + (" s" if s.median_step_time else ""),
+        s.name, s.model, s.gpus, s.nodes, step_time(s.median_step_time),
         num(s.tokens_per_s, ",.0f"), num(s.tokens_per_s_per_gpu, ",.0f"),
         "n/a" if s.mfu is None else f"{100 * s.mfu:.1f}%",
         f"{duration(s.time_to_common_step)} @{common}" if s.time_to_common_step is not None else "",
@@ -187,6 +187,13 @@ def table_rows(stats: List[RunStats]) -> List[list]:
         num(s.final_loss, ".4f"),
         s.status if s.finished else f"{s.status} (so far {s.steps_done}/{s.steps_total})",
     ] for s in stats]
+
+
+def step_time(seconds: Optional[float]) -> str:
+    """``1.750 s``, or below a second ``4.3 ms``, so a CPU's few-millisecond steps keep their digits."""
+    if seconds is None:
+        return ""
+    return f"{seconds:.3f} s" if seconds >= 1 else f"{1000 * seconds:.1f} ms"
 
 
 def notes(stats: List[RunStats]) -> List[str]:
@@ -213,7 +220,10 @@ def to_csv(stats: List[RunStats]) -> str:
 
 
 def main(argv: List[str]) -> int:
-    parser = Parser("compare", "Compare runs' speed, scaling and loss (a sweep, or named runs).")
+    parser = Parser("compare", "Compare runs' speed, scaling and loss (a sweep, or named runs). STEP TIME is the "
+                               "median over log intervals (the first, warm-up, left out) and TOK/S, TOK/S/GPU and MFU "
+                               "are taken at that step time, so the columns agree; MFU is n/a, with the reason, "
+                               "where no peak FLOP/s is known (a CPU).")
     parser.add_argument("names", nargs="*", metavar="RUN", help="runs to compare (names or unique prefixes)")
     parser.add_argument("--sweep", help="compare every run of this sweep (its id or a unique prefix)")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also draw throughput against GPUs (with the ideal linear line) and the loss curves")
