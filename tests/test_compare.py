@@ -88,11 +88,13 @@ def test_sweep_on_the_cluster_compares_and_plots(slurm, tmp_path):
         expected = row["tokens_per_s"] / rows[1]["tokens_per_s"]
         assert row["speedup"] == pytest.approx(expected)
         assert row["scaling_efficiency"] == pytest.approx(expected / rec["gpus"])
-        assert row["mfu"] is None and "CPU" in row["mfu_note"] and row["sweep"] == sweep
+        assert row["sweep"] == sweep
+        assert ("CPU" in row["mfu_note"]) if row["mfu"] is None else row["mfu_note"] is None  # CPU, or real GPUs
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
     table = slurm.launcher("compare", "--sweep", sweep[:-2], root=tmp_path).stdout  # a unique prefix
-    assert table.count("gpt_tiny") == 3 and "COMPLETED" in table and "MFU n/a: on the local cluster" in table
+    assert table.count("gpt_tiny") == 3 and "COMPLETED" in table
+    assert ("MFU n/a: on the local cluster" in table) == (rows[1]["mfu"] is None)
 
 
 def test_step_time_and_tokens_per_s_come_from_the_same_intervals(tmp_path, capsys):
@@ -125,11 +127,15 @@ def test_mfu_is_taken_at_the_median_step_time_and_its_absence_explained(tmp_path
                                               (40, 2.0, 200, 2.8)], cluster="slurm", mfu_per_step=0.8)
     fake_run(tmp_path, "site", "gpt_tiny", 8, [(10, 1.0, 50, 4.0), (20, 1.0, 50, 3.0)], cluster="slurm")
     (tmp_path / "site" / "config.yaml").write_text("cluster:\n  name: slurm\n  gpu_type: mi300x\n")
+    fake_run(tmp_path, "here", "gpt_tiny", 2, [(10, 1.0, 50, 4.0), (20, 1.0, 50, 3.0)], mfu_per_step=0.3)
+    assert cli.main(["compare", "here", "--root", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["hardware"] == "local cluster: real GPUs"  # it measured an MFU
     assert cli.main(["compare", "gpu", "site", "--root", str(tmp_path), "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["gpu"]["mfu"] == pytest.approx(0.4) and rows["gpu"]["mfu_note"] is None  # 0.8 / the 2.0 s median
     assert rows["site"]["mfu"] is None and "no peak FLOP/s known" in rows["site"]["mfu_note"]
     assert rows["site"]["hardware"] == "cluster slurm: mi300x GPUs"
+    assert rows["gpu"]["hardware"] == "cluster slurm: GPU type not set"
     assert cli.main(["compare", "gpu", "site", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "40.0%" in out and "MFU n/a (site): no peak FLOP/s known" in out

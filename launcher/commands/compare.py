@@ -76,9 +76,11 @@ class Hardware:
     def local(self) -> bool:
         return self.cluster == "local" and not self.gpu_type
 
-    def describe(self) -> str:
+    def describe(self, mfu_measured: bool = False) -> str:
+        """For a title: the cluster and GPU type; on the local cluster, whether its "GPUs" were CPU processes
+        (no MFU measured) or the machine's real GPUs (training found their peak FLOP/s)."""
         if self.local:
-            return LOCAL_HARDWARE
+            return "local cluster: real GPUs" if mfu_measured else LOCAL_HARDWARE
         return f"cluster {self.cluster}: " + (f"{self.gpu_type} GPUs" if self.gpu_type else "GPU type not set")
 
     def mfu_missing(self) -> str:
@@ -135,7 +137,7 @@ def stats_of(rec: RunRecord, status: str) -> tuple[RunStats, List[dict]]:
     return RunStats(
         name=rec.name, model=rec.model, gpus=rec.gpus, nodes=rec.nodes, status=status,
         steps_done=last.get("step", 0), steps_total=rec.steps, **figures, mfu_note=note,
-        final_loss=last.get("loss"), hardware=hardware.describe(), sweep=rec.sweep,
+        final_loss=last.get("loss"), hardware=hardware.describe(figures["mfu"] is not None), sweep=rec.sweep,
         loss_curve=[[r["step"], r["loss"]] for r in logged if r.get("loss") is not None],
     ), logged
 
