@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import List, NoReturn, Optional
 
 from launcher.errors import LaunchError
-from launcher.core.rundir import RunRecord, default_root, find_run, list_records
+from launcher.core.rundir import RunRecord, default_root, find_run, list_records, unique_prefix
 
 
 class Parser(argparse.ArgumentParser):
@@ -35,13 +35,20 @@ def lookup(root: Path, name: str) -> RunRecord:
         raise LaunchError(str(err)) from None
 
 
+def sweep_runs(root: Path, sweep: str) -> List[RunRecord]:
+    """Every run of the sweep whose id is ``sweep`` or starts with it (a unique prefix, as for run names)."""
+    records = list_records(root)
+    try:
+        sweep_id = unique_prefix(sweep, (rec.sweep for rec in records if rec.sweep), "sweep", root)
+    except LookupError as err:
+        raise LaunchError(str(err)) from None
+    return [rec for rec in records if rec.sweep == sweep_id]
+
+
 def chosen_runs(root: Path, names: List[str], sweep: Optional[str]) -> List[RunRecord]:
-    """The runs named (by name or unique prefix), or every run of a sweep."""
+    """The runs named (by name or unique prefix), or every run of a sweep (by id or unique prefix)."""
     if sweep:
-        records = [rec for rec in list_records(root) if rec.sweep == sweep]
-        if not records:
-            raise LaunchError(f"no runs of sweep '{sweep}' in {root}")
-        return records
+        return sweep_runs(root, sweep)
     if not names:
         raise LaunchError("name at least one run, or --sweep ID")
     return [lookup(root, name) for name in names]
