@@ -28,7 +28,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from launcher.core.config import RunConfig, TrainConfig
-from launcher.core.plan import flops_per_token, largest_divisor
+from launcher.core.plan import Plan, flops_per_token, largest_divisor
 from train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from train.data import StepSampler, TokenData, token_file, val_indices
 from train.dist import DistEnv
@@ -57,10 +57,10 @@ class Batching:
     auto: bool  # halve micro_batch on out-of-memory
 
     @classmethod
-    def from_plan(cls, plan: dict[str, Any], cfg: TrainConfig, world_size: int) -> "Batching":
-        if plan["world_size"] != world_size:
-            raise RuntimeError(f"plan.json was made for {plan['world_size']} ranks but the job has {world_size}")
-        batching = cls(plan["global_batch"], plan["micro_batch"], plan["grad_accum"], cfg.micro_batch == "auto")
+    def from_plan(cls, plan: Plan, cfg: TrainConfig, world_size: int) -> "Batching":
+        if plan.world_size != world_size:
+            raise RuntimeError(f"plan.json was made for {plan.world_size} ranks but the job has {world_size}")
+        batching = cls(plan.global_batch, plan.micro_batch, plan.grad_accum, cfg.micro_batch == "auto")
         if batching.micro_batch * batching.grad_accum * world_size != batching.global_batch:
             raise ValueError(f"plan.json: micro_batch {batching.micro_batch} x grad_accum {batching.grad_accum} "
                              f"x world_size {world_size} != global_batch {batching.global_batch}")
@@ -149,7 +149,7 @@ def build_model(cfg: RunConfig, env: DistEnv) -> nn.Module:
     return parallelize(model, cfg.parallel, env, seed=cfg.train.seed)
 
 
-def train(cfg: RunConfig, plan: dict[str, Any], run_dir: Path, env: DistEnv) -> dict[str, Any]:
+def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     """Train to ``cfg.train.steps``, resuming from the newest complete checkpoint; returns the final record."""
     tc = cfg.train
     torch.manual_seed(tc.seed)

@@ -9,12 +9,16 @@ formulas must match train/model.py exactly.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from launcher.catalog import model_micro_batch
-from launcher.core.config import ModelConfig, RunConfig
+from launcher.core.config import LayoutConfig, ModelConfig, RunConfig
 from launcher.errors import LaunchError
+
+PLAN = "plan.json"  # in the run directory
 
 
 @dataclass(frozen=True)
@@ -23,8 +27,6 @@ class Plan:
     gpus: int
     nodes: int
     tasks_per_node: int
-    gpus_per_node: int  # GPUs requested per node (one per task)
-    world_size: int
     micro_batch: int  # the starting micro-batch when micro_batch_auto
     micro_batch_auto: bool
     grad_accum: int
@@ -56,8 +58,6 @@ class Plan:
             gpus=gpus,
             nodes=nodes,
             tasks_per_node=tasks_per_node,
-            gpus_per_node=tasks_per_node,
-            world_size=gpus,
             micro_batch=micro_batch,
             micro_batch_auto=auto,
             grad_accum=global_batch // (gpus * micro_batch),
@@ -70,9 +70,41 @@ class Plan:
             sharding=cfg.parallel.sharding,
         )
 
+    @property
+    def world_size(self) -> int:
+        """Ranks of the job: one per GPU."""
+        return self.gpus
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs requested per node: one per task."""
+        return self.tasks_per_node
+
     def to_dict(self) -> Dict[str, Any]:
         """The plan.json object."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "Plan":
+        """The plan of a plan.json object. Keys it no longer has (``world_size`` and ``gpus_per_node``
+        of older runs) are ignored; a missing key is a ValueError naming it."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [name for name in names if name not in data]
+        if missing:
+            raise ValueError(f"plan.json lacks {', '.join(missing)}")
+        return cls(**{name: data[name] for name in names})
+
+
+def read_plan(run_dir: str | Path) -> Plan:
+    """The plan a run was launched with, from its directory's plan.json."""
+    return Plan.from_dict(json.loads((Path(run_dir) / PLAN).read_text()))
+
+
+def single_node_plan(cfg: RunConfig, ranks: int) -> Plan:
+    """The plan of ``cfg`` on ``ranks`` ranks of one machine, as the launcher would make it: for run
+    directories made without the launcher (the train tests, scripts/bench_train.py, scripts/gpu_check.sh)."""
+    return Plan.from_config(dataclasses.replace(
+        cfg, layout=LayoutConfig(gpus=ranks, nodes=1), cluster=dataclasses.replace(cfg.cluster, gpus_per_node=ranks)))
 
 
 def parameter_counts(model: ModelConfig) -> Tuple[int, int]:
