@@ -40,7 +40,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from launcher.core.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
 from launcher.core.plan import PLAN, single_node_plan  # noqa: E402
 from train.data import StepSampler, TokenData, token_file  # noqa: E402
-from train.loop import build_optimizer  # noqa: E402
+from train.optim import build_optimizer  # noqa: E402
 from train.model import GPT  # noqa: E402
 
 LOG_EVERY = 5

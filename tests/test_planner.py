@@ -370,7 +370,8 @@ def _measure_states(parallel: dict, micro_batch: int, grad_accum: int, out_dir: 
     from torch.distributed.tensor import DTensor
 
     from train.dist import init_distributed
-    from train.loop import build_model, build_optimizer, forward_backward
+    from train.loop import build_model, forward_backward
+    from train.optim import build_optimizer
 
     def nbytes(t) -> int:
         t = t.to_local() if isinstance(t, DTensor) else t

@@ -1,4 +1,4 @@
-"""The training loop: AdamW, warmup + cosine LR, clipping, accumulation, eval, checkpoints.
+"""The training loop: accumulation, eval, checkpoints, metrics (the optimizer is train/optim.py).
 
 One optimizer step consumes ``global_batch`` sequences: each rank takes its share
 in ``grad_accum`` micro-batches of ``micro_batch`` (values from plan.json). Each
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 
 from launcher.core.config import RunConfig, TrainConfig
 from launcher.core.plan import Plan, flops_per_token, largest_divisor
@@ -34,6 +32,7 @@ from train.data import StepSampler, TokenData, token_file, val_indices
 from train.dist import DistEnv
 from train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
 from train.model import GPT
+from train.optim import build_optimizer, optimizer_step
 from train.parallel import compute_precision, parallelize
 from train.progress import job_comment
 from launcher.core.rundir import append_event
@@ -73,27 +72,6 @@ class Batching:
         self.grad_accum = per_rank // self.micro_batch
 
 
-def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
-    """LR multiplier for optimizer step ``step`` (0-based): linear warmup, then cosine down to ``min_lr_ratio``."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def build_optimizer(model: nn.Module,
-                    cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (fused: one kernel per step, on CPU as on CUDA) with weight decay on matrices only
-    (not LayerNorm weights), and its LR schedule."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
-    return optimizer, scheduler
-
-
 def forward_backward(model: nn.Module, micro_batches: list[Batch]) -> torch.Tensor:
     """Accumulate gradients of this rank's mean loss over ``micro_batches``; returns that loss (detached).
 
@@ -111,16 +89,6 @@ def forward_backward(model: nn.Module, micro_batches: list[Batch]) -> torch.Tens
         loss.backward()
         total += loss.detach()
     return total
-
-
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer,
-                   scheduler: torch.optim.lr_scheduler.LRScheduler, grad_clip: float) -> torch.Tensor:
-    """Clip, step, advance the LR, clear gradients; returns the gradient norm before clipping."""
-    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
 
 
 def global_mean(value: torch.Tensor, env: DistEnv) -> float:
