@@ -105,11 +105,16 @@ class DataConfig:
     cache_dir: str = "~/.cache/slurm-gpt-launcher"
 
 
+# The project's own Slurm cluster (slurm/, conf/cluster/local.yaml): every one of its nodes runs on this
+# machine, and its "GPUs" are CPU processes.
+LOCAL_CLUSTER = "local"
+
+
 @dataclass
 class ClusterConfig:
     """Where and how the job is submitted (see conf/cluster/*.yaml)."""
 
-    name: str = "local"
+    name: str = LOCAL_CLUSTER
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None

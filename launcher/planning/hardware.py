@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 from launcher.core import hardware
-from launcher.core.config import ClusterConfig, RunConfig
+from launcher.core.config import LOCAL_CLUSTER, ClusterConfig, RunConfig
 from launcher.errors import LaunchError
 
 GIB = 2**30
@@ -86,7 +86,7 @@ def hardware_for(cluster: ClusterConfig, precision: str = "bf16", query_slurm: b
     (``cluster.gpu_type``, else the partition's gres type when ``query_slurm``), else a stated
     default. The local cluster's virtual GPUs have no memory; they are planned as an H100 80 GiB,
     and the launch check applies to them too (so a model that fits no 80 GiB GPU is refused)."""
-    local = cluster.name == "local"
+    local = cluster.name == LOCAL_CLUSTER
     gpu_type, type_source = cluster.gpu_type, "cluster.gpu_type"
     if gpu_type is None and query_slurm and not local:
         gpu_type, type_source = gres_gpu_type(cluster), "sinfo gres"
