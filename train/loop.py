@@ -25,15 +25,15 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from launcher.core.config import RunConfig, TrainConfig
-from launcher.core.plan import Plan, flops_per_token, largest_divisor
+from launcher.core.config import RunConfig, TrainConfig, compute_precision
+from launcher.core.plan import Plan, flops_per_token, halved_micro_batch
 from train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from train.data import StepSampler, TokenData, token_file, val_indices
 from train.dist import DistEnv
 from train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
 from train.model import GPT
 from train.optim import build_optimizer, optimizer_step
-from train.parallel import compute_precision, parallelize
+from train.parallel import parallelize
 from train.progress import job_comment
 from launcher.core.rundir import append_event
 
@@ -68,7 +68,7 @@ class Batching:
     def halve(self) -> None:
         """The largest micro-batch at most half the current one that still divides the rank's share."""
         per_rank = self.micro_batch * self.grad_accum
-        self.micro_batch = largest_divisor(per_rank, self.micro_batch // 2)
+        self.micro_batch = halved_micro_batch(per_rank, self.micro_batch)
         self.grad_accum = per_rank // self.micro_batch
 
 
@@ -144,7 +144,7 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv) -> dict[str, 
 
     metrics = MetricsLog(Path(run_dir) / "metrics.jsonl" if env.is_main else None)
     comment = job_comment(env.is_main)
-    fpt, peak = flops_per_token(cfg.model), peak_flops(env.device, compute_precision(cfg.parallel, env.device))
+    fpt, peak = flops_per_token(cfg.model), peak_flops(env.device, compute_precision(cfg.parallel.precision, env.device.type == "cuda"))
     tokens_per_step = batching.global_batch * cfg.model.seq_len
     intervals: list[dict[str, Any]] = []
     record: dict[str, Any] = {}

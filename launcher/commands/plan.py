@@ -12,6 +12,7 @@ import argparse
 import json
 from typing import List, NoReturn
 
+from launcher.core.hardware import DEFAULT_GPU, GPUS
 from launcher.errors import LaunchError
 from launcher.core.config import CHECKPOINTING
 from launcher.planning.estimate import Estimate, estimate, set_scaling
@@ -20,12 +21,13 @@ from launcher.planning.memory import activation_components, activation_terms, sh
 
 DEFAULTS = Assumptions()
 
-DESCRIPTION = """Estimate each composed run on its GPUs without submitting it: memory per GPU (sharded
+DESCRIPTION = f"""Estimate each composed run on its GPUs without submitting it: memory per GPU (sharded
 parameters, gradients and AdamW state, gathered FSDP units, activations, margin) against the GPU's
 memory, the largest micro-batch that fits, FLOPs and step time at a stated MFU, FSDP communication
 and its time, and scaling efficiency across a sweep's GPU counts. A run that does not fit gets the
 changes that would make it fit. GPU memory comes from cluster.gpu_memory_gb, else cluster.gpu_type or
-the partition's gres type; the local cluster's virtual GPUs are planned as H100 80 GiB.
+the partition's gres type; the local cluster's virtual GPUs are planned as {DEFAULT_GPU.upper()} \
+{GPUS[DEFAULT_GPU].memory_gib:g} GiB.
 Formulas and sources: docs/planning.md."""
 
 EPILOG = """examples:
@@ -49,7 +51,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per run, one per line")
     p.add_argument("--detail", action="store_true", help="with -m: also the full tables of every run")
     p.add_argument("--mfu", type=float, default=DEFAULTS.mfu,
-                   help="fraction of the GPU's dense bf16 peak sustained on the FLOPs executed (default %(default)s)")
+                   help="fraction of the GPU's dense peak (in the run's precision) sustained on the FLOPs executed "
+                        "(default %(default)s)")
     p.add_argument("--intra-gbps", type=float, default=DEFAULTS.intra_gbps,
                    help="effective NVLink bandwidth per GPU inside a node, GB/s (default %(default)g)")
     p.add_argument("--inter-gbps", type=float, default=DEFAULTS.inter_gbps,

@@ -115,8 +115,12 @@ def parameter_counts(model: ModelConfig) -> Tuple[int, int]:
     return non_embedding, non_embedding + model.vocab_size * d + model.seq_len * d
 
 
+FLOPS_PER_TOKEN = "6N + 12*L*d*T"  # the formula of flops_per_token, as printed
+
+
 def flops_per_token(model: ModelConfig) -> int:
-    """Training FLOPs per token, 6N + 12*L*H*Q*T with H*Q = d_model."""
+    """Training FLOPs per token, FLOPS_PER_TOKEN: 6N + 12*L*H*Q*T with H*Q = d_model. MFU, planned and
+    measured, counts these (launcher/core/hardware.py)."""
     non_embedding, _ = parameter_counts(model)
     return 6 * non_embedding + 12 * model.n_layers * model.d_model * model.seq_len
 
@@ -163,5 +167,11 @@ def divisors(n: int) -> List[int]:
 def largest_divisor(n: int, at_most: int) -> int:
     """The largest divisor of ``n`` not above ``at_most`` (at least 1): the micro-batch rule. A rank's
     share of the batch is split into equal micro-batches, so ``auto`` starts at the largest that divides
-    it, and training's out-of-memory fallback (train/loop.py) halves to the largest that still does."""
+    it, and the out-of-memory fallback halves to the largest that still does (halved_micro_batch)."""
     return max(d for d in divisors(n) if d <= max(1, at_most))
+
+
+def halved_micro_batch(per_rank: int, micro_batch: int) -> int:
+    """The micro-batch after an out-of-memory at ``micro_batch``: the largest at most half of it that
+    divides the rank's share. Training steps down so (train/loop.py); the planner's ``auto`` follows it."""
+    return largest_divisor(per_rank, micro_batch // 2)

@@ -8,9 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from launcher.core.config import ModelConfig, RunConfig
+from launcher.core.config import ModelConfig, RunConfig, checkpointed
 from launcher.core.plan import Plan, divisors
-from launcher.planning.hardware import GIB, Assumptions, Hardware, precision_of
+from launcher.planning.hardware import GIB, Assumptions, Hardware, dtype_bytes, precision_of
 
 
 def param_shapes(model: ModelConfig) -> Tuple[List[Tuple[int, ...]], List[Tuple[int, ...]]]:
@@ -47,8 +47,8 @@ def shard_group(plan: Plan, sharding: str) -> int:
 
 
 def checkpointed_blocks(n_layers: int, level: str) -> int:
-    """Blocks wrapped by checkpoint_wrapper: all (full), those with an even index (selective), none."""
-    return {"none": 0, "selective": (n_layers + 1) // 2, "full": n_layers}[level]
+    """Blocks wrapped by checkpoint_wrapper at ``level`` (launcher.core.config.checkpointed)."""
+    return sum(checkpointed(level, block) for block in range(n_layers))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def activation_terms(model: ModelConfig, micro_batch: int, level: str, precision
     """
     s, h, a, r, n_layers, vocab = (model.seq_len, model.d_model, model.n_heads, model.mlp_ratio, model.n_layers,
                                    model.vocab_size)
-    act = 2 if precision == "bf16" else 4
+    act = dtype_bytes(precision)
     tokens = s * micro_batch
     layer = tokens * h * (8 + 2 * r) * act + 4 * a * tokens + 16 * tokens
     layer_text = f"s*b*h*{(8 + 2 * r) * act} + 4*a*s*b + 16*s*b B"
@@ -135,7 +135,7 @@ def memory(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions, micro_ba
     model, sharding = cfg.model, cfg.parallel.sharding
     micro_batch = micro_batch or plan.micro_batch
     precision = precision_of(cfg)
-    cb = 2 if precision == "bf16" else 4  # bytes of the compute dtype
+    cb = dtype_bytes(precision)
     root, block = param_shapes(model)
     root_numel, block_numel = sum(map(_numel, root)), sum(map(_numel, block))
     total_numel = root_numel + model.n_layers * block_numel

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Dict
 
 from launcher.core.config import RunConfig
-from launcher.core.plan import Plan, flops_per_token
-from launcher.planning.hardware import GB, Assumptions, Hardware, precision_of
+from launcher.core.plan import FLOPS_PER_TOKEN, Plan, flops_per_token
+from launcher.planning.hardware import GB, Assumptions, Hardware, dtype_bytes, precision_of
 from launcher.planning.memory import _numel, checkpointed_blocks, param_shapes, shard_group
 
 
@@ -54,7 +54,7 @@ def timing(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions) -> Timin
     hardware_flops = model_flops + recompute
     compute_s = hardware_flops / plan.world_size / (opts.mfu * hw.peak_flops)
 
-    cb = 2 if precision_of(cfg) == "bf16" else 4  # bytes of the compute dtype
+    cb = dtype_bytes(precision_of(cfg))
     root, _ = param_shapes(model)
     root_numel = sum(map(_numel, root))
     block_numel = sum(map(_numel, block))
@@ -86,7 +86,7 @@ def timing(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions) -> Timin
     per_gpu = tokens / plan.world_size / step_s
     ga = plan.grad_accum
     formulas = {
-        "model_flops": "(6N + 12*L*d*T) x tokens",
+        "model_flops": f"({FLOPS_PER_TOKEN}) x tokens",
         "hardware_flops": f"+ forward of {kept} checkpointed blocks again",
         "compute_s": f"hardware FLOPs / {plan.world_size} GPUs / ({opts.mfu:g} x peak)",
         "allgather_bytes": f"{ga} x {gathers} x {cb} B x P x (n-1)/n, n = {n}",
