@@ -276,8 +276,11 @@ def test_plan_single_run_table(capsys):
     out = capsys.readouterr().out
     for text in ("parameters", "gradients", "optimizer (AdamW)", "gathered params", "activations (full)", "margin",
                  "total", "GPU memory", "largest micro-batch", "model FLOPs / step", "hardware FLOPs / step",
-                 "all-gather / GPU", "reduce-scatter / GPU", "step time", "tokens/s/GPU", "DOES NOT FIT", "gpus="):
+                 "all-gather / GPU", "reduce-scatter / GPU", "step time", "tokens/s/GPU", "DOES NOT FIT", "gpus=",
+                 "this machine: gpt_70b on 8 local ranks needs"):
         assert text in out, text
+    # Each formula beside its figure, from the function that computed it.
+    assert "8 B x P / 8 (m, v fp32) + 4 B x 483 tensors" in out and "hardware FLOPs / 8 GPUs / (0.45 x peak)" in out
 
 
 def test_plan_help_and_bad_options(capsys):
@@ -378,7 +381,8 @@ def test_launch_refuses_a_run_the_machine_cannot_hold(submissions, capsys):
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and submissions == []
     assert err.startswith("error: gpt_1b on 16 local ranks needs 726.8 GiB of this machine's memory (16 x 45.42 GiB")
-    assert re.search(r"but it has \d+\.\d GiB \(MemTotal\); to fit: .*; or add force=true to launch anyway$", err)
+    assert re.search(r"but it has \d+\.\d GiB \(MemTotal\); to fit: .*; or add force=true to launch anyway "
+                     r"\(details: 'launcher plan model=gpt_1b gpus=16'\)$", err)
     assert cli.main(["model=gpt_1b", "gpus=16", "force=true"]) == 0 and len(submissions) == 1
     assert "gpt_1b on 16 local ranks needs 726.8 GiB" in (err := capsys.readouterr().err)
     assert "force=true: launching anyway" in err

@@ -225,5 +225,21 @@ def detail(est: Estimate) -> str:
     if not est.fits:
         parts.append("DOES NOT FIT. To fit:\n" + "\n".join(f"  {s}" for s in est.suggestions)
                      if est.suggestions else "DOES NOT FIT, and no change found up to 4096 GPUs.")
+    parts += _host(est)
     return "\n\n".join(parts)
+
+
+def _host(est: Estimate) -> List[str]:
+    """On the local cluster, whose ranks all share this machine's memory: what they need of it
+    (planning/host.py, the same check a launch makes)."""
+    from launcher.core.config import LOCAL_CLUSTER
+    from launcher.planning.host import host_memory, machine_memory, to_fit
+
+    machine = machine_memory()
+    if est.cfg.cluster.name != LOCAL_CLUSTER or not machine:
+        return []
+    host = host_memory(est.cfg, est.plan, machine)
+    if host.fits:
+        return [f"this machine: {host.need()}; it has {machine / GIB:.1f} GiB (MemTotal): fits"]
+    return [f"this machine: {host.summary()}; a launch is refused; to fit: {to_fit(est.cfg, est.plan, machine)}"]
 

@@ -9,14 +9,19 @@ from launcher.errors import LaunchError
 from launcher.planning.advice import MAX_GPUS
 from launcher.planning.estimate import Estimate, estimate
 from launcher.planning.hardware import hardware_for, precision_of
-from launcher.planning.host import host_fixes, host_memory, machine_memory
+from launcher.planning.host import host_memory, machine_memory, to_fit
 
 
 def refusal(est: Estimate, overrides: Sequence[str] = ()) -> str:
     """The one-line reason a launch is refused, with the changes that would fit."""
     fixes = "; or ".join(str(s) for s in est.suggestions) or f"no change found up to {MAX_GPUS} GPUs"
+    return f"{est.summary()}; to fit: {fixes}; {_anyway(overrides)}"
+
+
+def _anyway(overrides: Sequence[str]) -> str:
+    """The end of a refusal: force=true, and the ``launcher plan`` command that shows the details."""
     command = " ".join(["launcher plan", *(o for o in overrides if o.split("=", 1)[0] not in ("dry_run", "force"))])
-    return f"{est.summary()}; to fit: {fixes}; or add force=true to launch anyway (details: '{command}')"
+    return f"or add force=true to launch anyway (details: '{command}')"
 
 
 def _findings(run: Any, dry_run: bool, machine: Optional[int]) -> Iterator[Tuple[str, str]]:
@@ -31,8 +36,7 @@ def _findings(run: Any, dry_run: bool, machine: Optional[int]) -> Iterator[Tuple
     if cfg.cluster.name == LOCAL_CLUSTER and machine:
         host = host_memory(cfg, run.plan, machine)
         if not host.fits:
-            fixes = "; or ".join(host_fixes(cfg, run.plan, machine)) or "a smaller model"
-            yield host.summary(), f"{host.summary()}; to fit: {fixes}; or add force=true to launch anyway"
+            yield host.summary(), f"{host.summary()}; to fit: {to_fit(cfg, run.plan, machine)}; {_anyway(run.overrides)}"
 
 
 def check_launch(runs: Sequence[Any], dry_run: bool) -> List[str]:

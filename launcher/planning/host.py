@@ -61,12 +61,15 @@ class HostMemory:
     def fits(self) -> bool:
         return self.total <= self.capacity
 
-    def summary(self) -> str:
+    def need(self) -> str:
         r = self.rank
-        return (f"{self.model} on {self.ranks} local ranks needs {self.total / GIB:.1f} GiB of this machine's "
-                f"memory ({self.ranks} x {r.total / GIB:.2f} GiB: states {r.states / GIB:.2f}, activations "
-                f"{r.activations / GIB:.2f}, runtime {RANK_RUNTIME_GIB:g} per rank, in fp32) but it has "
-                f"{self.capacity / GIB:.1f} GiB (MemTotal)")
+        return (f"{self.model} on {self.ranks} local rank{'s' if self.ranks > 1 else ''} needs "
+                f"{self.total / GIB:.1f} GiB of this machine's memory ({self.ranks} x {r.total / GIB:.2f} GiB: "
+                f"states {r.states / GIB:.2f}, activations {r.activations / GIB:.2f}, runtime {RANK_RUNTIME_GIB:g} "
+                "per rank, in fp32)")
+
+    def summary(self) -> str:
+        return f"{self.need()} but it has {self.capacity / GIB:.1f} GiB (MemTotal)"
 
 
 def host_memory(cfg: RunConfig, plan: Plan, capacity: int, micro_batch: Optional[int] = None) -> HostMemory:
@@ -77,6 +80,11 @@ def host_memory(cfg: RunConfig, plan: Plan, capacity: int, micro_batch: Optional
                    peak_flops=0.0, peak_source="")
     rank = memory(fp32, plan, cpu, Assumptions(overhead_gib=RANK_RUNTIME_GIB), micro_batch)
     return HostMemory(model=plan.model, ranks=plan.world_size, rank=rank, capacity=capacity)
+
+
+def to_fit(cfg: RunConfig, plan: Plan, capacity: int) -> str:
+    """What to change, as the refusal and ``launcher plan`` say it."""
+    return "; or ".join(host_fixes(cfg, plan, capacity)) or "a smaller model"
 
 
 def host_fixes(cfg: RunConfig, plan: Plan, capacity: int) -> List[str]:
