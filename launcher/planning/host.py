@@ -1,8 +1,8 @@
 """The local cluster's real memory: its "GPUs" are CPU processes, and every node of it runs on this
 machine, so a run's ranks all share this machine's RAM (docs/planning.md, "The local cluster's memory").
 
-Each rank holds what the GPU memory model (planning/memory.py) counts for it, computed in fp32 as
-training on CPU runs (train/parallel.py ``compute_precision``): its shard of the training state, the
+Each rank holds what the GPU memory model (planning/memory.py) counts for it, computed in the precision
+training runs in on CPU (fp32: launcher.core.config.compute_precision): its shard of the training state, the
 gathered units, the gradient buffers and the activations, plus the margin; and, in place of the CUDA
 context, the Python + torch runtime of the process (RANK_RUNTIME_GIB).
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from launcher.core.config import RunConfig
+from launcher.core.config import RunConfig, compute_precision
 from launcher.core.plan import Plan, divisors
 from launcher.errors import LaunchError
 from launcher.planning.advice import preset_nodes
@@ -75,7 +75,8 @@ class HostMemory:
 def host_memory(cfg: RunConfig, plan: Plan, capacity: int, micro_batch: Optional[int] = None) -> HostMemory:
     """What ``cfg`` laid out as ``plan`` (optionally at another micro-batch) needs of the machine's
     ``capacity`` bytes."""
-    fp32 = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, precision="fp32"))
+    on_cpu = compute_precision(cfg.parallel.precision, cuda=False)
+    fp32 = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, precision=on_cpu))
     cpu = Hardware(gpu_type="cpu", memory_gib=capacity / GIB, memory_source="MemTotal", enforce=True,
                    peak_flops=0.0, peak_source="")
     rank = memory(fp32, plan, cpu, Assumptions(overhead_gib=RANK_RUNTIME_GIB), micro_batch)
