@@ -180,7 +180,7 @@ def detail(est: Estimate) -> str:
     model = cfg.model
     sharding, level = cfg.parallel.sharding, cfg.parallel.activation_checkpointing
     n = shard_group(plan, sharding)
-    per_rank = plan.micro_batch * plan.grad_accum
+    per_rank = plan.per_rank_batch
     head = [
         f"# plan {plan.model}: {' '.join(est.overrides) or '(defaults)'}",
         f"{plan.gpus} GPUs = {plan.nodes} node(s) x {plan.tasks_per_node}; sharding {sharding} (over {n} GPUs"

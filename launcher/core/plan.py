@@ -76,6 +76,11 @@ class Plan:
         return self.gpus
 
     @property
+    def per_rank_batch(self) -> int:
+        """Sequences each rank takes per optimizer step, in grad_accum micro-batches."""
+        return self.micro_batch * self.grad_accum
+
+    @property
     def gpus_per_node(self) -> int:
         """GPUs requested per node: one per task."""
         return self.tasks_per_node

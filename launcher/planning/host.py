@@ -18,7 +18,7 @@ from launcher.core.plan import Plan, divisors
 from launcher.errors import LaunchError
 from launcher.planning.advice import preset_nodes
 from launcher.planning.hardware import GIB, Assumptions, Hardware
-from launcher.planning.memory import Memory, memory, per_rank_batch
+from launcher.planning.memory import Memory, memory
 
 # The memory of one rank's process beyond its tensors: Python, torch, gloo, the data and logging. Measured
 # as the peak resident set (ru_maxrss, metrics' peak_mem_gb) of a rank training a model of ~0.1 M
@@ -93,7 +93,7 @@ def host_fixes(cfg: RunConfig, plan: Plan, capacity: int) -> List[str]:
     below the run's that do (fewer ranks hold fewer copies of the runtime, gathered units and
     activations; the sharded state stays the same)."""
     fixes = []
-    micro = [m for m in divisors(per_rank_batch(plan)) if host_memory(cfg, plan, capacity, m).fits]
+    micro = [m for m in divisors(plan.per_rank_batch) if host_memory(cfg, plan, capacity, m).fits]
     if micro and max(micro) != plan.micro_batch:
         fixes.append(f"train.micro_batch={max(micro)} ({host_memory(cfg, plan, capacity, max(micro)).total / GIB:.1f} GiB)")
     for count in range(plan.gpus - 1, 0, -1):

@@ -167,14 +167,10 @@ def memory(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions, micro_ba
                   capacity=int(hw.memory_gib * GIB), formulas={name: term.formula for name, term in terms.items()})
 
 
-def per_rank_batch(plan: Plan) -> int:
-    return plan.micro_batch * plan.grad_accum
-
-
 def max_micro_batch(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions) -> int:
     """The largest micro-batch dividing the per-GPU batch that fits; 0 if none does (memory grows
     with the micro-batch and not with grad_accum, so if micro-batch 1 does not fit, nothing does)."""
-    fitting = [m for m in divisors(per_rank_batch(plan)) if memory(cfg, plan, hw, opts, m).fits]
+    fitting = [m for m in divisors(plan.per_rank_batch) if memory(cfg, plan, hw, opts, m).fits]
     return max(fitting, default=0)
 
 
