@@ -83,7 +83,7 @@ def test_dry_run_json_prints_one_object_per_run(capsys):
     plans = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(p["gpus"], p["model"]) for p in plans] == [
         (8, "gpt_125m"), (8, "gpt_1b"), (16, "gpt_125m"), (16, "gpt_1b"), (128, "gpt_125m"), (128, "gpt_1b")]  # fmt: skip
-    keys = "nodes tasks_per_node gpus_per_node world_size micro_batch grad_accum global_batch tokens_per_step params"
+    keys = "nodes tasks_per_node micro_batch grad_accum global_batch tokens_per_step params"
     assert set(keys.split()) <= set(plans[0])
     assert plans[2]["nodes"] == 2 and plans[4]["nodes"] == 16
 
@@ -92,7 +92,7 @@ def test_dry_run_true_prints_plan_and_script(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCHER_RUN_ROOT", str(tmp_path))
     assert cli.main(["gpus=16", "name=demo", "dry_run=true"]) == 0
     out = capsys.readouterr().out
-    assert "world_size" in out and "hybrid" in out
+    assert "tasks_per_node" in out and "hybrid" in out
     assert "#SBATCH --nodes=2" in out and "#SBATCH --job-name=demo" in out
     assert str(tmp_path / "demo" / "submitit") in out
     assert not (tmp_path / "demo").exists()  # a dry run writes nothing

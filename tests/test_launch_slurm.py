@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+from launcher.core.plan import read_plan
+
 
 def job_id_of(stdout: str) -> str:
     return re.search(r"as Slurm job (\d+)", stdout).group(1)
@@ -17,8 +19,8 @@ def test_sixteen_gpus_run_as_two_nodes_of_eight_ranks_in_one_group(slurm, tmp_pa
     run_dir = tmp_path / "g16"
     assert slurm.wait(job_id_of(res.stdout), timeout=300) == "COMPLETED"
 
-    plan = json.loads((run_dir / "plan.json").read_text())
-    assert (plan["nodes"], plan["tasks_per_node"], plan["world_size"]) == (2, 8, 16)
+    plan = read_plan(run_dir)
+    assert (plan.nodes, plan.tasks_per_node, plan.world_size) == (2, 8, 16)
     assert "#SBATCH --nodes=2" in (run_dir / "sbatch.sh").read_text()
     assert (run_dir / "config.yaml").read_text().count("name: g16") == 1
     nodes_of_rank = {}

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from launcher.commands.common import Parser, lookup, root_of
+from launcher.core.plan import read_plan
 from launcher.core.rundir import METRICS, RunRecord, read_events, read_jsonl
 from launcher.slurm import SlurmError, run, use_cluster
 from launcher.state import JobState, job_states
@@ -51,7 +52,7 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
             "sbatch_script": str(run_dir / "sbatch.sh"), "logs": str(run_dir / "logs"),
             "submitit": str(run_dir / "submitit"), "metrics": str(run_dir / METRICS),
         },
-        "plan": json.loads((run_dir / "plan.json").read_text()),
+        "plan": read_plan(run_dir).to_dict(),
         "nodes": node_states(rec, state.nodes),
         "events": read_events(run_dir),
         "checkpoints": checkpoints(run_dir),

@@ -1,7 +1,6 @@
 """``launcher logs RUN``: a rank's output (rank 0 by default), optionally followed until the job ends."""
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import deque
@@ -10,6 +9,7 @@ from typing import Dict, List, Tuple
 
 from launcher.commands.common import Parser, lookup, root_of
 from launcher.errors import LaunchError
+from launcher.core.plan import read_plan
 from launcher.core.rundir import RunRecord
 from launcher.slurm import SlurmError, run, use_cluster
 from launcher.state import job_states
@@ -29,7 +29,7 @@ def log_file(rec: RunRecord, rank: int, err: bool) -> Path:
 
 def ranks_on_node(rec: RunRecord, node: str) -> List[int]:
     """Ranks placed on ``node``: Slurm places tasks in blocks, ``tasks_per_node`` per node in order."""
-    plan = json.loads((Path(rec.run_dir) / "plan.json").read_text())
+    plan = read_plan(rec.run_dir)
     nodelist = job_states([rec])[rec.name].nodes
     if not nodelist:
         raise LaunchError(f"{rec.name} has no nodes yet (job {rec.job_id} has not started)")
@@ -40,7 +40,7 @@ def ranks_on_node(rec: RunRecord, node: str) -> List[int]:
         raise LaunchError(str(err)) from None
     if node not in hosts:
         raise LaunchError(f"{rec.name} did not run on node '{node}'; its nodes: {', '.join(hosts)}")
-    per = plan["tasks_per_node"]
+    per = plan.tasks_per_node
     first = hosts.index(node) * per
     return list(range(first, first + per))
 
