@@ -10,8 +10,6 @@ import re
 from pathlib import Path
 from typing import List
 
-from omegaconf import OmegaConf
-
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 # The config groups a user chooses from, in the order of conf/config.yaml.
@@ -39,6 +37,8 @@ def gpu_presets() -> List[int]:
 def model_micro_batch(model: str) -> int | None:
     """The micro-batch a model's size file sets, where ``train.micro_batch=auto``
     starts its search; None if the file is absent or sets no integer."""
+    from omegaconf import OmegaConf
+
     path = CONF_DIR / "model" / f"{model}.yaml"
     if not path.is_file():
         return None

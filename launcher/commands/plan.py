@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from typing import List, NoReturn
+from typing import List
 
-from launcher.errors import LaunchError
 from launcher.core.config import CHECKPOINTING
 from launcher.planning.estimate import Estimate, estimate, set_scaling
 from launcher.planning.hardware import GIB, Assumptions, hardware_for, precision_of
@@ -36,14 +35,8 @@ EPILOG = """examples:
   launcher plan --json --inter-gbps 400 cluster.gpu_type=h200 model=gpt_7b gpus=64"""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise LaunchError(f"{self.prog}: {message}; see --help")
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="launcher plan", description=DESCRIPTION, epilog=EPILOG,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description, p.epilog, p.formatter_class = DESCRIPTION, EPILOG, argparse.RawDescriptionHelpFormatter
     p.add_argument("overrides", nargs="*", metavar="key=value", help="Hydra overrides, as for a launch")
     p.add_argument("-m", "--multirun", action="store_true",
                    help="sweep: one row per combination of comma-separated values")
@@ -59,14 +52,9 @@ def parser() -> argparse.ArgumentParser:
                    help="memory margin for allocator fragmentation, fraction of the need (default %(default)g)")
     p.add_argument("--overhead-gib", type=float, default=DEFAULTS.overhead_gib,
                    help="fixed memory per GPU for CUDA context and NCCL/cuBLAS workspaces, GiB (default %(default)g)")
-    return p
 
 
-def main(argv: List[str]) -> int:
-    try:
-        args = parser().parse_intermixed_args(argv)
-    except SystemExit as done:  # --help (mistakes raise LaunchError)
-        return int(done.code or 0)
+def main(args: argparse.Namespace) -> int:
     opts = Assumptions(mfu=args.mfu, intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps, margin=args.margin,
                        overhead_gib=args.overhead_gib)
     opts.check()
