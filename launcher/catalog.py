@@ -6,9 +6,10 @@ is all it takes to make ``cluster=mysite`` valid.
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
-from typing import List
+from typing import Any, Dict, List
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -27,6 +28,19 @@ def _natural_key(name: str) -> list:
 def options(group: str) -> List[str]:
     """The option names of a config group (its YAML files, without suffix)."""
     return sorted((p.stem for p in (CONF_DIR / group).glob("*.yaml")), key=_natural_key)
+
+
+@functools.lru_cache(maxsize=None)
+def _defaults() -> Dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    entries = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))["defaults"]
+    return {key: value for entry in entries if isinstance(entry, dict) for key, value in entry.items()}
+
+
+def default_choices() -> Dict[str, Any]:
+    """Each group's default option, from the defaults list of conf/config.yaml."""
+    return {group: _defaults()[group] for group in GROUPS}
 
 
 def gpu_presets() -> List[int]:

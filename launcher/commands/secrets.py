@@ -107,7 +107,9 @@ def _list(directory: Path, as_json: bool) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     if not secrets:
-        print(f"No secrets in {directory}. Create one with: launcher secrets create env NAME < value.txt")
+        from launcher.cli import invocation
+
+        print(f"No secrets in {directory}. Create one with: {invocation()} secrets create env NAME < value.txt")
         return 0
     from tabulate import tabulate
 
