@@ -136,3 +136,26 @@ def test_help_and_version_import_no_command_or_hydra():
 def test_overrides_after_an_option_are_overrides(capsys):
     assert cli.main(["gpus=8", "-m", "model=gpt_125m,gpt_1b", "dry_run=json"]) == 0
     assert [json.loads(line)["model"] for line in capsys.readouterr().out.splitlines()] == ["gpt_125m", "gpt_1b"]
+
+
+@pytest.mark.parametrize("argv0, on_path, expected", [
+    ("/opt/venv/bin/launcher", "/opt/venv/bin/launcher", "launcher"),
+    ("/opt/venv/bin/launcher", None, "/opt/venv/bin/launcher"),
+    ("/opt/venv/bin/launcher", "/usr/bin/launcher", "/opt/venv/bin/launcher"),
+    ("/repo/launcher/__main__.py", "/opt/venv/bin/launcher", f"{sys.executable} -m launcher"),
+])  # fmt: skip
+def test_hints_name_the_command_as_it_was_invoked(monkeypatch, argv0, on_path, expected):
+    monkeypatch.setattr(sys, "argv", [argv0])
+    monkeypatch.setattr(cli.shutil, "which", lambda name: on_path if name == "launcher" else None)
+    assert cli.invocation() == expected
+
+
+def test_a_pasted_hint_runs(tmp_path):
+    """The describe hint printed after a submission works when pasted into a shell elsewhere."""
+    env = {**os.environ, "LAUNCHER_RUN_ROOT": str(tmp_path)}
+    hint = subprocess.run([sys.executable, "-c", "from launcher.cli import invocation; print(invocation())"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60).stdout.strip()
+    assert hint == f"{sys.executable} -m launcher"
+    result = subprocess.run(f"{hint} runs --json", shell=True, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60, env={**env, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
