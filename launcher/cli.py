@@ -118,12 +118,14 @@ def invocation() -> str:
 
 
 def build_parser(command: Optional[str]) -> Parser:
-    """The whole tree; only ``command``'s subparser gets its arguments (importing its module)."""
-    from launcher.commands.launch import epilog
-
+    """The whole tree; only ``command``'s subparser gets its arguments (importing its module). Without a
+    command (``launcher --help``) the top level shows the launch's options and config groups too."""
     parser = Parser(prog="launcher", formatter_class=argparse.RawDescriptionHelpFormatter,
-                    description="Compose GPT training runs from conf/, submit them to Slurm, and follow them.",
-                    epilog=epilog())
+                    description="Compose GPT training runs from conf/, submit them to Slurm, and follow them.")
+    if command is None:
+        from launcher.commands.launch import epilog
+
+        parser.epilog = epilog()
     parser.add_argument("-V", "--version", action="version", version=f"launcher {__version__}")
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     for name, spec in COMMANDS.items():

@@ -133,6 +133,14 @@ def test_help_and_version_import_no_command_or_hydra():
     assert "launcher 0.1.0" in result.stdout and "compose runs from conf/" in result.stdout
 
 
+def test_runs_imports_only_what_it_needs(tmp_path):
+    code = (f"import sys; from launcher import cli; assert cli.main(['runs', '--json', '--root', {str(tmp_path)!r}]) == 0; "
+            "loaded = [m for m in sys.modules if m.startswith(('hydra', 'omegaconf', 'submitit', 'torch', 'yaml', "
+            "'launcher.commands.launch', 'launcher.compose', 'launcher.catalog'))]; assert not loaded, loaded")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
 def test_overrides_after_an_option_are_overrides(capsys):
     assert cli.main(["gpus=8", "-m", "model=gpt_125m,gpt_1b", "dry_run=json"]) == 0
     assert [json.loads(line)["model"] for line in capsys.readouterr().out.splitlines()] == ["gpt_125m", "gpt_1b"]
