@@ -96,6 +96,14 @@ def test_command_line_overrides_win_over_the_file(tmp_path, capsys):
     assert plan["overrides"] == ["model=gpt_1b", "train.lr=0.001", "gpus=16", "train.steps=9", "dry_run=json"]
 
 
+def test_plan_takes_a_run_file_too(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text("model: gpt_1b\ngpus: 8\n")
+    assert cli.main(["plan", "--json", "-f", str(path), "gpus=16"]) == 0
+    (est,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (est["model"], est["gpus"]) == ("gpt_1b", 16)
+
+
 def test_a_file_with_a_command_line_sweep(tmp_path, capsys):
     path = tmp_path / "run.yaml"
     path.write_text("model: gpt_125m\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 from typing import List
 
 from launcher.core.config import CHECKPOINTING
@@ -38,6 +39,7 @@ EPILOG = """examples:
 def configure(p: argparse.ArgumentParser) -> None:
     p.description, p.epilog, p.formatter_class = DESCRIPTION, EPILOG, argparse.RawDescriptionHelpFormatter
     p.add_argument("overrides", nargs="*", metavar="key=value", help="Hydra overrides, as for a launch")
+    p.add_argument("-f", "--file", type=Path, metavar="RUN.yaml", help="start from a run file, as for a launch")
     p.add_argument("-m", "--multirun", action="store_true",
                    help="sweep: one row per combination of comma-separated values")
     p.add_argument("--json", action="store_true", help="one JSON object per run, one per line")
@@ -59,9 +61,10 @@ def main(args: argparse.Namespace) -> int:
                        overhead_gib=args.overhead_gib)
     opts.check()
 
+    from launcher.commands.launch import overrides_of
     from launcher.compose import compose_runs
 
-    runs = compose_runs(args.overrides, multirun=args.multirun)
+    runs = compose_runs(overrides_of(args), multirun=args.multirun)
     estimates = [estimate(run.config, run.plan, hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True), opts,
                           overrides=run.overrides) for run in runs]
     set_scaling(estimates)
