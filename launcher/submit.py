@@ -15,8 +15,10 @@ from typing import Dict, List, Optional
 
 from omegaconf import OmegaConf
 
+from launcher.cli import invocation
 from launcher.compose import ComposedRun
 from launcher.errors import LaunchError
+from launcher.runfile import dump
 from launcher.core.plan import Plan
 from launcher.core.rundir import (RunRecord, append_event, base_name, create_run_dir, ensure_root, save_record,
                            write_json_atomic)
@@ -78,6 +80,7 @@ def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str]) -> RunReco
         resolved.name = name
         resolved.run_root = str(root)
         OmegaConf.save(resolved, run_dir / "config.yaml")
+        (run_dir / "run.yaml").write_text(dump(run.run_file))  # `launcher -f RUN_DIR/run.yaml` runs it again
         write_json_atomic(run_dir / "plan.json", plan.to_dict())
         executor = submitit.SlurmExecutor(folder=run_dir / "submitit", max_num_timeout=cfg.cluster.max_requeues)
         executor.update_parameters(**executor_params(cfg, plan, name))
@@ -106,17 +109,19 @@ def last_line(err: BaseException) -> str:
 
 
 def print_submitted(records: List[RunRecord], sweep_id: Optional[str]) -> None:
+    launcher = invocation()
     if sweep_id is None:
         rec = records[0]
         print(f"Submitted {rec.name} as Slurm job {rec.job_id}: {rec.model} on {rec.nodes} node(s) x "
               f"{rec.gpus_per_node} GPUs, {rec.steps} steps")
         print(f"  run dir  {rec.run_dir}")
-        print(f"  status   python -m launcher describe {rec.name}")
-        print(f"  logs     python -m launcher logs {rec.name} --follow")
+        print(f"  status   {launcher} describe {rec.name}")
+        print(f"  logs     {launcher} logs {rec.name} --follow")
+        print(f"  again    {launcher} -f {rec.run_dir}/run.yaml")
         return
     from tabulate import tabulate
 
     rows = [(r.name, r.job_id, r.model, f"{r.nodes}x{r.gpus_per_node}", r.steps) for r in records]
     print(f"Submitted sweep {sweep_id}: {len(records)} runs")
     print(tabulate(rows, headers=["NAME", "JOB ID", "MODEL", "GPUS", "STEPS"]))
-    print(f"  status   python -m launcher runs --sweep {sweep_id}")
+    print(f"  status   {launcher} runs --sweep {sweep_id}")

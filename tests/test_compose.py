@@ -116,3 +116,20 @@ def test_resolved_config_round_trips_through_load_run_config(tmp_path, monkeypat
 
 def test_conf_dir_is_the_repository_conf():
     assert (CONF_DIR / "config.yaml").is_file()
+
+
+def test_hydras_own_runtime_config_is_not_composed_and_the_apps_config_is_unchanged(monkeypatch):
+    """compose_runs leaves out Hydra's own defaults (logging, output dirs, help), which compose() drops
+    anyway: the runs' configs are exactly what the full Hydra config gives."""
+    from hydra.conf import HydraConf
+
+    from launcher import compose as composing
+
+    sweep = ["gpus=1,16,24", "model=gpt_1b,gpt_tiny", "cluster=local,slurm", "train.steps=7",
+             "+cluster.sbatch_flags.mail-type=END"]
+    light = composing.compose_runs(sweep, multirun=True)
+    monkeypatch.setattr(composing, "hydra_node", HydraConf)
+    full = composing.compose_runs(sweep, multirun=True)
+    assert len(light) == 12
+    assert [OmegaConf.to_yaml(run.resolved) for run in light] == [OmegaConf.to_yaml(run.resolved) for run in full]
+    assert [run.config for run in light] == [run.config for run in full]

@@ -56,7 +56,7 @@ def test_multirun_submits_one_job_per_point_and_returns_at_once(slurm, tmp_path)
     [
         (["gpus=24"], {}, "gpus=24 needs 3 nodes x 8 GPUs, but partition 'gpu' has 2 nodes x 8 GPUs (at most 16 GPUs)"),
         (["cluster.partition=big"], {}, "the cluster has no partition 'big' (partitions: gpu)"),
-        ([], {"SLURM_CONF": "/nonexistent/slurm.conf"}, "Slurm is not reachable"),
+        (["model=gpt_tiny"], {"SLURM_CONF": "/nonexistent/slurm.conf"}, "Slurm is not reachable"),
         (["run_root=/proc/launcher-runs"], {}, "run root /proc/launcher-runs cannot be created"),
     ],
 )

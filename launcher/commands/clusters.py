@@ -5,11 +5,11 @@ start right now (whole idle nodes, or the free GPUs of one node) and the largest
 """
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import asdict, dataclass, field
 from typing import List
 
-from launcher.commands.common import Parser
 from launcher.errors import LaunchError
 from launcher.slurm import SlurmError, gpus_in_gres, run, use_cluster
 
@@ -74,12 +74,13 @@ HEADERS = ["PARTITION", "GPU", "GPUS/NODE", "NODES IDLE/ALLOC/DOWN", "GPUS FREE/
            "TIME LIMIT"]
 
 
-def main(argv: List[str]) -> int:
-    parser = Parser("clusters", "Show each partition's GPUs, free and total, from sinfo.", about_runs=False)
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster-conf", metavar="SLURM_CONF",
                         help="slurm.conf of the cluster to show (default: $SLURM_CONF, else the local cluster)")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     use_cluster("local", args.cluster_conf)
     try:
         parts = usage()

@@ -1,27 +1,14 @@
-"""What every status command shares: an argument parser whose mistakes are one-line errors, the run
-root option, run lookup by name or prefix, and human formatting of times."""
+"""What every status command shares: the run root option's value, run lookup by name or prefix, and human
+formatting of times."""
 from __future__ import annotations
 
 import argparse
 import time
 from pathlib import Path
-from typing import List, NoReturn, Optional
+from typing import List, Optional
 
 from launcher.errors import LaunchError
 from launcher.core.rundir import RunRecord, default_root, find_run, list_records, unique_prefix
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument raises LaunchError (one line, exit 2) instead of printing usage."""
-
-    def __init__(self, prog: str, description: str, about_runs: bool = True) -> None:
-        super().__init__(prog=f"launcher {prog}", description=description)
-        if about_runs:
-            self.add_argument("--root", type=Path, default=None,
-                              help="run root (default: $LAUNCHER_RUN_ROOT or ~/.launcher/runs)")
-
-    def error(self, message: str) -> NoReturn:
-        raise LaunchError(f"{self.prog}: {message}; see --help")
 
 
 def root_of(args: argparse.Namespace) -> Path:

@@ -12,6 +12,7 @@ Runs still going are compared on their steps so far and marked as such.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from launcher.commands.common import Parser, chosen_runs, duration, root_of
+from launcher.commands.common import chosen_runs, duration, root_of
 from launcher.core.rundir import METRICS, RunRecord, read_jsonl
 from launcher.state import job_states
 
@@ -221,18 +222,16 @@ def to_csv(stats: List[RunStats]) -> str:
     return out.getvalue()
 
 
-def main(argv: List[str]) -> int:
-    parser = Parser("compare", "Compare runs' speed, scaling and loss (a sweep, or named runs). STEP TIME is the "
-                               "median over log intervals (the first, warm-up, left out) and TOK/S, TOK/S/GPU and MFU "
-                               "are taken at that step time, so the columns agree; MFU is n/a, with the reason, "
-                               "where no peak FLOP/s is known (a CPU).")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("names", nargs="*", metavar="RUN", help="runs to compare (names or unique prefixes)")
     parser.add_argument("--sweep", help="compare every run of this sweep (its id or a unique prefix)")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also draw throughput against GPUs (with the ideal linear line) and the loss curves")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON")
     out.add_argument("--csv", action="store_true", help="print CSV")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     records = chosen_runs(root_of(args), args.names, args.sweep)
     stats = compare(records)
     if args.plot:

@@ -1,12 +1,13 @@
 """``launcher describe RUN``: everything about one run, from its directory and from Slurm."""
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from launcher.commands.common import Parser, lookup, root_of
+from launcher.commands.common import lookup, root_of
 from launcher.core.plan import read_plan
 from launcher.core.rundir import METRICS, RunRecord, read_events, read_jsonl
 from launcher.slurm import SlurmError, run, use_cluster
@@ -102,11 +103,12 @@ def render(info: Dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def main(argv: List[str]) -> int:
-    parser = Parser("describe", "Show a run's config, plan, paths, nodes, events, checkpoints and metrics.")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     rec = lookup(root_of(args), args.name)
     info = gather(rec, job_states([rec])[rec.name])
     print(json.dumps(info, indent=1) if args.json else render(info))

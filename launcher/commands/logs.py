@@ -1,13 +1,14 @@
 """``launcher logs RUN``: a rank's output (rank 0 by default), optionally followed until the job ends."""
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections import deque
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from launcher.commands.common import Parser, lookup, root_of
+from launcher.commands.common import lookup, root_of
 from launcher.errors import LaunchError
 from launcher.core.plan import read_plan
 from launcher.core.rundir import RunRecord
@@ -77,8 +78,7 @@ def follow(rec: RunRecord, files: Dict[int, Path], offsets: Offsets, err: bool) 
         time.sleep(0.5)
 
 
-def main(argv: List[str]) -> int:
-    parser = Parser("logs", "Show a run's output: rank 0 by default.")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--rank", type=int, default=None, help="this global rank's output")
@@ -86,7 +86,9 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     parser.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines")
     parser.add_argument("--err", action="store_true", help="stderr (tracebacks) instead of the log")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     rec = lookup(root_of(args), args.name)
     if args.rank is not None and not 0 <= args.rank < rec.gpus:  # one rank per GPU
         raise LaunchError(f"--rank {args.rank}: {rec.name} has ranks 0..{rec.gpus - 1}")

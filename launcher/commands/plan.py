@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import List, NoReturn
+from pathlib import Path
+from typing import List
 
 from launcher.core.hardware import DEFAULT_GPU, GPUS
-from launcher.errors import LaunchError
 from launcher.core.config import CHECKPOINTING
 from launcher.planning.estimate import Estimate, estimate, set_scaling
 from launcher.planning.hardware import GIB, Assumptions, hardware_for, precision_of
@@ -37,15 +37,10 @@ EPILOG = """examples:
   launcher plan --json --inter-gbps 400 cluster.gpu_type=h200 model=gpt_7b gpus=64"""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise LaunchError(f"{self.prog}: {message}; see --help")
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="launcher plan", description=DESCRIPTION, epilog=EPILOG,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description, p.epilog, p.formatter_class = DESCRIPTION, EPILOG, argparse.RawDescriptionHelpFormatter
     p.add_argument("overrides", nargs="*", metavar="key=value", help="Hydra overrides, as for a launch")
+    p.add_argument("-f", "--file", type=Path, metavar="RUN.yaml", help="start from a run file, as for a launch")
     p.add_argument("-m", "--multirun", action="store_true",
                    help="sweep: one row per combination of comma-separated values")
     p.add_argument("--json", action="store_true", help="one JSON object per run, one per line")
@@ -61,21 +56,17 @@ def parser() -> argparse.ArgumentParser:
                    help="memory margin for allocator fragmentation, fraction of the need (default %(default)g)")
     p.add_argument("--overhead-gib", type=float, default=DEFAULTS.overhead_gib,
                    help="fixed memory per GPU for CUDA context and NCCL/cuBLAS workspaces, GiB (default %(default)g)")
-    return p
 
 
-def main(argv: List[str]) -> int:
-    try:
-        args = parser().parse_intermixed_args(argv)
-    except SystemExit as done:  # --help (mistakes raise LaunchError)
-        return int(done.code or 0)
+def main(args: argparse.Namespace) -> int:
     opts = Assumptions(mfu=args.mfu, intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps, margin=args.margin,
                        overhead_gib=args.overhead_gib)
     opts.check()
 
+    from launcher.commands.launch import overrides_of
     from launcher.compose import compose_runs
 
-    runs = compose_runs(args.overrides, multirun=args.multirun)
+    runs = compose_runs(overrides_of(args), multirun=args.multirun)
     estimates = [estimate(run.config, run.plan, hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True), opts,
                           overrides=run.overrides) for run in runs]
     set_scaling(estimates)

@@ -1,6 +1,7 @@
 """``launcher runs``: one row per run, newest first, with its true Slurm state and its progress."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -8,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import List, Optional, TextIO
 
-from launcher.commands.common import Parser, clock, duration, parse_since, root_of, slurm_seconds, sweep_runs
+from launcher.commands.common import clock, duration, parse_since, root_of, slurm_seconds, sweep_runs
 from launcher.errors import LaunchError
 from launcher.core.rundir import RunRecord, last_metrics, list_records, load_record, record_paths
 from launcher.state import ACTIVE, STATES, JobState, job_states
@@ -127,8 +128,7 @@ def render(rows: List[RunRow], as_json: bool) -> str:
     return tabulate([table_row(row) for row in rows], headers=HEADERS, disable_numparse=True)
 
 
-def main(argv: List[str]) -> int:
-    parser = Parser("runs", "List runs, newest first, with their Slurm state and progress.")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status", type=statuses, help=f"comma-separated states: {', '.join(STATES)}")
     parser.add_argument("--model", help="only this model, e.g. gpt_1b")
     parser.add_argument("--gpus", type=int, help="only runs with this many GPUs")
@@ -142,7 +142,9 @@ def main(argv: List[str]) -> int:
                              "or REQUEUED, then print the final table and exit (Ctrl-C stops earlier); redrawn in "
                              "place on a terminal, appended as plain text (a time line and the table) otherwise")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between --watch refreshes")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     if args.limit <= 0:
         raise LaunchError(f"--limit must be positive, got {args.limit}")
     if args.interval <= 0:
