@@ -7,6 +7,7 @@ those names into dataclasses.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -300,6 +301,7 @@ def for_cluster(cluster) -> Slurm:
     return _CLUSTERS[conf]
 
 
+@functools.lru_cache(maxsize=None)
 def _executor_class():
     """submitit's SlurmExecutor with its sbatch call going through a :class:`Slurm` (imported lazily: submitit
     is only needed to submit). Only the submission itself is replaced; the script and folders are submitit's."""
