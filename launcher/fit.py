@@ -42,7 +42,7 @@ def problems(plan: Plan, cluster: ClusterConfig, part: Partition) -> List[str]:
         found.append(f"{gpus} needs {plan.gpus_per_node} GPUs per node; {where} nodes have {part.gpus_per_node}; "
                      f"spread it over more nodes (layout.nodes) or ask for fewer GPUs")
     if plan.nodes > part.nodes:
-        found.append(f"{gpus} needs {plan.nodes} nodes x {plan.gpus_per_node} GPUs, but {where} has {part.nodes} nodes x "
+        found.append(f"{gpus} needs {plan.nodes} nodes x {plan.gpus_per_node} GPUs, but {where} has {part.nodes} node{'s' if part.nodes != 1 else ''} x "
                      f"{part.gpus_per_node} GPUs (at most {part.nodes * part.gpus_per_node} GPUs); ask for fewer GPUs")
     if part.max_nodes is not None and plan.nodes > part.max_nodes:
         found.append(f"{gpus} needs {plan.nodes} nodes; {where} allows at most {part.max_nodes} per job (MaxNodes); "

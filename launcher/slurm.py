@@ -132,7 +132,7 @@ class Partition:
 
     def offers(self) -> str:
         """One phrase: ``2 nodes x 8 GPUs, 8 CPUs, 4096 MB each``."""
-        return (f"{self.nodes} nodes x {self.gpus_per_node} GPUs, {self.cpus_per_node} CPUs, "
+        return (f"{self.nodes} node{'s' if self.nodes != 1 else ''} x {self.gpus_per_node} GPUs, {self.cpus_per_node} CPUs, "
                 f"{self.mem_mb_per_node} MB each")
 
 
@@ -215,21 +215,27 @@ class Slurm:
         except subprocess.TimeoutExpired:
             raise SlurmError(f"'{' '.join(args[:2])}' did not answer in {timeout:.0f} s") from None
         if proc.returncode != 0:
-            lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()] or [f"exit code {proc.returncode}"]
-            last = lines[-1]
+            errors = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+            said = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]  # scontrol ping: "... is DOWN"
+            last = errors[-1] if errors else said[0] if said else f"exit code {proc.returncode}"
             raise SlurmError(last if last.startswith(f"{args[0]}:") else f"{args[0]}: {last}")
         return proc.stdout
 
-    def ping(self, timeout: float = PING_TIMEOUT_S) -> None:
-        """SlurmError with a one-line hint when the controller cannot be reached."""
-        where = self.conf or "$SLURM_CONF, else the site's default"
-        hint = f"start the cluster ('bash slurm/up.sh' for a local one) or check its slurm.conf ({where})"
+    def unreachable(self, timeout: float = PING_TIMEOUT_S) -> Optional[str]:
+        """Why the controller does not answer (``scontrol: ... is DOWN``), or None when it does."""
         try:
             out = self.run(["scontrol", "ping"], timeout=timeout)
         except SlurmError as err:
-            raise SlurmError(f"Slurm is not reachable ({err}); {hint}") from None
-        if "UP" not in out:
-            raise SlurmError(f"Slurm is not reachable (scontrol ping: {' '.join(out.split())}); {hint}")
+            return str(err)
+        return None if "UP" in out else f"scontrol ping: {' '.join(out.split())}"
+
+    def ping(self, timeout: float = PING_TIMEOUT_S) -> None:
+        """SlurmError with a one-line hint when the controller cannot be reached."""
+        why = self.unreachable(timeout)
+        if why:
+            where = self.conf or "$SLURM_CONF, else the site's default"
+            raise SlurmError(f"Slurm is not reachable ({why}); start the cluster ('bash slurm/up.sh' for a local one) "
+                             f"or check its slurm.conf ({where})")
 
     def nodes(self, timeout: Optional[float] = None) -> List[Node]:
         """Every node of every partition, with its resources and use: one sinfo call."""

@@ -185,13 +185,14 @@ def _ask_slurm(slurm: Slurm, job_ids: List[str]) -> tuple[Dict[str, JobState], L
 
 
 def _states_on_cluster(slurm: Slurm, records: List[RunRecord]) -> Dict[str, JobState]:
-    known, failures = _ask_slurm(slurm, [rec.job_id for rec in records if rec.job_id])
+    down = slurm.unreachable()  # a cluster that is down says so at once; sacct and squeue would wait
+    known, failures = ({}, [down, down]) if down else _ask_slurm(slurm, [rec.job_id for rec in records if rec.job_id])
     states: Dict[str, JobState] = {}
     for rec in records:
         state = known.get(rec.job_id or "") or from_run_dir(Path(rec.run_dir))
         if state is None:
-            if failures and len(failures) == 2:
-                why = f"Slurm could not be reached on cluster {rec.cluster} ({'; '.join(failures)})"
+            if len(failures) == 2:  # neither sacct nor squeue answered
+                why = f"Slurm could not be reached on cluster {rec.cluster} ({failures[-1]})"
             else:
                 why = f"Slurm no longer knows job {rec.job_id}"
                 why += f" ({'; '.join(failures)})" if failures else " (not in accounting or the queue)"
