@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from launcher.core.config import ClusterConfig
 from launcher.core.plan import Plan
-from launcher.slurm import Partition
+from launcher.slurm_output import Partition
 
 _MEM_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
+import launcher
+
 from launcher.compose import compose_runs
 from launcher.fit import explain_rejection, mem_mb, refusal
-from launcher.slurm import (Partition, SlurmError, field_rows, max_job_nodes, minutes, parse_nodes, parse_sacct,
-                            parse_squeue, partitions_of, sbatch_reason)
+from launcher.slurm_output import (Partition, SlurmError, field_rows, max_job_nodes, minutes, parse_nodes,
+                                   parse_sacct, parse_squeue, partitions_of, sbatch_reason)
 
 SINFO = """\
 a-node1|gpu*|gpu:h100:8(S:0-1)|gpu:h100:3(IDX:0-2)|mixed|64|512000|2-00:00:00|1-4|
@@ -104,3 +107,12 @@ def test_an_sbatch_rejection_is_explained_in_one_line():
     assert explain_rejection("Requested node configuration is not available", run.plan, run.config.cluster,
                              small).startswith("gpus=8 as 1 node x 8 tasks x 2 CPUs, 8G per GPU needs 16 CPUs")
     assert "\n" not in explain_rejection("x", run.plan, run.config.cluster, None)
+
+
+def test_only_the_adapter_runs_slurm_tools():
+    """launcher/slurm.py is the one module that starts a process, and the only one naming a tool to run."""
+    package = Path(launcher.__file__).parent
+    tools = [f'["{tool}"' for tool in ("sinfo", "squeue", "sacct", "scontrol", "scancel", "sbatch")]
+    offenders = [str(path.relative_to(package)) for path in package.rglob("*.py") if path.name != "slurm.py"
+                 and ("subprocess" in path.read_text() or any(tool in path.read_text() for tool in tools))]
+    assert offenders == []

@@ -10,7 +10,7 @@ import pytest
 from launcher import cli
 from launcher.commands.common import duration, parse_since, slurm_seconds
 from launcher.core.rundir import RunRecord, find_run, last_metrics, list_records, save_record
-from launcher.slurm import parse_gres
+from launcher.slurm_output import parse_gres
 from launcher.state import fold, from_run_dir, job_states, settled_state
 
 
