@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOCAL_SLURM_CONF = REPO / ".slurm" / "etc" / "slurm.conf"
 TIMEOUT_S = 20
 PING_TIMEOUT_S = 4
+PARTITIONS_TIMEOUT_S = 10  # a dry run asks for the GPU type and must not wait long on a silent cluster
 
 
 def slurm_conf_for(cluster_name: str, slurm_conf: Optional[str]) -> Optional[str]:
@@ -88,7 +89,7 @@ class Slurm:
     def partitions(self) -> List[Partition]:
         """The cluster's partitions, asked once per process (their shape does not change under a launch)."""
         if self._partitions is None:
-            self._partitions = partitions_of(self.nodes())
+            self._partitions = partitions_of(self.nodes(timeout=PARTITIONS_TIMEOUT_S))
         return self._partitions
 
     def partition(self, name: Optional[str]) -> Partition:
