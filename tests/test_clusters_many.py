@@ -1,7 +1,8 @@
 """Two local clusters at once: both listed, a run on each, runs/describe/logs/stop on both, one of them down.
 
 The second cluster (conf/cluster/local2.yaml, found through $LAUNCHER_LOCAL2_CONF) is started here on the
-first cluster's port + 100, so the suite runs beside whichever cluster $SLURM_CONF names.
+first cluster's port + 100 (16910 beside the default
+cluster; README's local2 uses 16850), so the suite runs beside whichever cluster $SLURM_CONF names.
 """
 from __future__ import annotations
 
