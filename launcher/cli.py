@@ -44,7 +44,8 @@ COMMANDS: Dict[str, Command] = {
                       True),
     "compare": Command("launcher.commands.compare", "compare runs' speed, scaling and loss (a sweep, or named runs)",
                        True),
-    "clusters": Command("launcher.commands.clusters", "show each partition's GPUs, free and total, from sinfo"),
+    "clusters": Command("launcher.commands.clusters",
+                        "every configured cluster: its partitions, GPUs free/total, reachable or not"),
     "secrets": Command("launcher.commands.secrets", "values every task of every run sees, kept out of Slurm"),
 }
 

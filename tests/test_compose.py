@@ -22,7 +22,7 @@ def grid():
 def test_conf_offers_the_documented_options():
     assert PRESETS == [1, 2, 4, 8, 16, 128]
     assert "custom" in options("gpus")
-    assert options("cluster") == ["local", "slurm"]
+    assert options("cluster") == ["local", "local2", "slurm"]
     sizes = ["125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b"]
     assert set(MODELS) == {"gpt_tiny", "gpt_small"} | {f"gpt_{size}" for size in sizes}
 
@@ -62,7 +62,7 @@ def test_size_files_set_the_mpt_shapes_and_training_defaults(grid):
 def test_default_run_and_global_batch_scaling():
     (run,) = compose_runs([])
     assert (run.config.model.name, run.config.layout.gpus, run.config.cluster.name) == ("gpt_tiny", 8, "local")
-    assert run.config.cluster.overcommit is True
+    assert (run.config.cluster.overcommit, run.config.cluster.cpus_per_gpu) == (False, 1)
     batches = {r.plan.gpus: r.plan.global_batch for r in compose_runs(["gpus=8,16,128"], multirun=True)}
     assert batches == {8: 16, 16: 32, 128: 256}
 

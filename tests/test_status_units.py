@@ -13,9 +13,8 @@ import pytest
 from launcher import cli
 from launcher.commands.common import duration, parse_since, slurm_seconds
 from launcher.core.rundir import RunRecord, find_run, last_metrics, list_records, save_record
-from launcher.slurm import gpus_in_gres
+from launcher.slurm_output import parse_gres
 from launcher.state import JobState, fold, from_run_dir, job_states, settled_state
-from launcher.commands.clusters import gpu_type
 
 
 @pytest.mark.parametrize(
@@ -35,10 +34,10 @@ def test_slurm_states_fold_into_ours(slurm_state, expected):
     assert fold(slurm_state) == expected
 
 
-@pytest.mark.parametrize("gres, gpus, kind", [("gpu:8", 8, "gpu"), ("gpu:h100:4(S:0-1)", 4, "h100"),
-                                             ("(null)", 0, "-"), ("craynetwork:1,gpu:a100:2", 2, "a100")])
+@pytest.mark.parametrize("gres, gpus, kind", [("gpu:8", 8, None), ("gpu:h100:4(S:0-1)", 4, "h100"),
+                                             ("(null)", 0, None), ("craynetwork:1,gpu:a100:2", 2, "a100")])
 def test_gres_strings(gres, gpus, kind):
-    assert (gpus_in_gres(gres), gpu_type(gres)) == (gpus, kind)
+    assert (parse_gres(gres).gpus, parse_gres(gres).gpu_type) == (gpus, kind)
 
 
 def test_times_format_and_parse():
@@ -111,7 +110,7 @@ def test_a_settled_slurm_state_is_kept_and_slurm_not_asked_again(tmp_path, monke
     (run_dir / "slurm_state.json").write_text(json.dumps(
         {"job_id": "42", "state": "COMPLETED", "source": "sacct", "elapsed": "00:01:10", "exit_code": "0:0"}))
     rec = list_records(tmp_path)[0]
-    monkeypatch.setattr("launcher.state.run", lambda *a, **k: pytest.fail("Slurm was asked"))
+    monkeypatch.setattr("launcher.slurm.Slurm.run", lambda *a, **k: pytest.fail("Slurm was asked"))
     state = job_states([rec])["done"]
     assert (state.state, state.source, state.elapsed) == ("COMPLETED", "sacct", "00:01:10")
     rec.job_id = "43"  # a cached answer about another job is ignored

@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 from launcher.commands.common import lookup, root_of
 from launcher.core.plan import read_plan
 from launcher.core.rundir import METRICS, RunRecord, read_events, read_jsonl
-from launcher.slurm import SlurmError, run, use_cluster
+from launcher.slurm import Slurm, SlurmError
 from launcher.state import JobState, job_states
 
 
@@ -18,11 +18,10 @@ def node_states(rec: RunRecord, nodelist: str) -> Dict[str, str]:
     """Each node of the job with its current Slurm state."""
     if not nodelist:
         return {}
-    use_cluster(rec.cluster, rec.slurm_conf)
+    slurm = Slurm(rec.slurm_conf)
     try:
-        hosts = run(["scontrol", "show", "hostnames", nodelist]).split()
-        states = dict(line.split("|") for line in run(["sinfo", "-h", "-N", "-n", ",".join(hosts),
-                                                        "-o", "%N|%T"]).splitlines())
+        hosts = slurm.hostnames(nodelist)
+        states = slurm.node_states(nodelist)
     except SlurmError as err:
         return {nodelist: f"unknown ({err})"}
     return {host: states.get(host, "unknown") for host in hosts}

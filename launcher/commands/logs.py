@@ -12,7 +12,7 @@ from launcher.commands.common import lookup, root_of
 from launcher.errors import LaunchError
 from launcher.core.plan import read_plan
 from launcher.core.rundir import RunRecord
-from launcher.slurm import SlurmError, run, use_cluster
+from launcher.slurm import Slurm, SlurmError
 from launcher.state import job_states
 
 
@@ -34,9 +34,8 @@ def ranks_on_node(rec: RunRecord, node: str) -> List[int]:
     nodelist = job_states([rec])[rec.name].nodes
     if not nodelist:
         raise LaunchError(f"{rec.name} has no nodes yet (job {rec.job_id} has not started)")
-    use_cluster(rec.cluster, rec.slurm_conf)
     try:
-        hosts = run(["scontrol", "show", "hostnames", nodelist]).split()
+        hosts = Slurm(rec.slurm_conf).hostnames(nodelist)
     except SlurmError as err:
         raise LaunchError(str(err)) from None
     if node not in hosts:

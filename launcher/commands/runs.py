@@ -21,6 +21,7 @@ class RunRow:
 
     name: str
     job_id: Optional[str]
+    cluster: str
     model: str
     gpus: int
     nodes: int
@@ -48,7 +49,7 @@ def build_row(rec: RunRecord, state: JobState) -> RunRow:
     if state.state == "RUNNING" and step is not None and metrics.get("step_time"):
         eta = max(0, rec.steps - step) * metrics["step_time"]
     return RunRow(
-        name=rec.name, job_id=rec.job_id, model=rec.model, gpus=rec.gpus, nodes=rec.nodes,
+        name=rec.name, job_id=rec.job_id, cluster=rec.cluster, model=rec.model, gpus=rec.gpus, nodes=rec.nodes,
         gpus_per_node=rec.gpus_per_node, status=state.state, reason=state.reason, step=step, steps=rec.steps,
         loss=metrics.get("loss"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
         submitted_at=rec.submitted_at, elapsed_s=elapsed, eta_s=eta, sweep=rec.sweep, run_dir=rec.run_dir,
@@ -61,7 +62,7 @@ def rows_for(records: List[RunRecord]) -> List[RunRow]:
     return [build_row(rec, states[rec.name]) for rec in records]
 
 
-HEADERS = ["NAME", "JOB ID", "MODEL", "GPUS", "STATUS", "PROGRESS", "LOSS", "TOK/S", "MFU", "SUBMITTED",
+HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "PROGRESS", "LOSS", "TOK/S", "MFU", "SUBMITTED",
            "ELAPSED/ETA"]
 
 
@@ -71,7 +72,7 @@ def table_row(row: RunRow) -> list:
     progress = f"{row.step}/{row.steps} ({100 * row.step // row.steps}%)" if row.step is not None else f"-/{row.steps}"
     time_col = f"ETA {duration(row.eta_s)}" if row.eta_s is not None else duration(row.elapsed_s)
     return [
-        row.name, row.job_id, row.model, f"{row.nodes}x{row.gpus_per_node}", status, progress,
+        row.name, row.job_id, row.cluster, row.model, f"{row.nodes}x{row.gpus_per_node}", status, progress,
         f"{row.loss:.4f}" if row.loss is not None else "",
         f"{row.tokens_per_s:,.0f}" if row.tokens_per_s is not None else "",
         f"{100 * row.mfu:.1f}%" if row.mfu is not None else "",

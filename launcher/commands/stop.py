@@ -8,7 +8,7 @@ from typing import List
 from launcher.commands.common import chosen_runs, root_of
 from launcher.errors import LaunchError
 from launcher.core.rundir import RunRecord, append_event
-from launcher.slurm import SlurmError, run, use_cluster
+from launcher.slurm import Slurm, SlurmError
 from launcher.state import job_states
 
 
@@ -17,9 +17,8 @@ def cancel(records: List[RunRecord]) -> List[RunRecord]:
     states = job_states(records)
     active = [rec for rec in records if states[rec.name].active]
     for rec in active:
-        use_cluster(rec.cluster, rec.slurm_conf)
         try:
-            run(["scancel", str(rec.job_id)])
+            Slurm(rec.slurm_conf).cancel(str(rec.job_id))
         except SlurmError as err:
             raise LaunchError(f"could not cancel {rec.name} (job {rec.job_id}): {err}") from None
     return active

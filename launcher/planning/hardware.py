@@ -3,7 +3,7 @@ stated assumptions of the estimate. The GPU facts themselves live in launcher/co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 from launcher.core import hardware
 from launcher.core.config import LOCAL_CLUSTER, ClusterConfig, RunConfig, compute_precision
@@ -55,35 +55,16 @@ def dtype_bytes(precision: str) -> int:
     return 2 if precision == "bf16" else 4
 
 
-_GRES_CACHE: Dict[Tuple[str, Optional[str], Optional[str]], Optional[str]] = {}
-
-
 def gres_gpu_type(cluster: ClusterConfig) -> Optional[str]:
     """The GPU type in the gres of the cluster's partition (``gpu:h100:8`` -> ``h100``); None if the
-    gres names no type or Slurm does not answer within a few seconds."""
-    key = (cluster.name, cluster.partition, cluster.slurm_conf)
-    if key not in _GRES_CACHE:
-        from launcher import slurm
+    gres names no type or Slurm does not answer. The partitions are asked once per process (a launch
+    reuses them)."""
+    from launcher import slurm
 
-        found = None
-        try:
-            slurm.use_cluster(cluster.name, cluster.slurm_conf)
-            args = ["sinfo", "-h", "-o", "%P|%G"] + (["-p", cluster.partition] if cluster.partition else [])
-            for line in slurm.run(args, timeout=5).splitlines():
-                name, _, gres = line.partition("|")
-                if cluster.partition is None and not name.endswith("*"):
-                    continue  # the default partition
-                for item in gres.split(","):
-                    parts = item.split("(")[0].split(":")
-                    if parts[0] == "gpu" and len(parts) == 3:
-                        found = parts[1]
-                        break
-                if found:
-                    break
-        except (slurm.SlurmError, ValueError, OSError):
-            found = None
-        _GRES_CACHE[key] = found
-    return _GRES_CACHE[key]
+    try:
+        return slurm.for_cluster(cluster).partition(cluster.partition).gpu_type
+    except slurm.SlurmError:
+        return None
 
 
 def hardware_for(cluster: ClusterConfig, precision: str = "bf16", query_slurm: bool = False) -> Hardware:
