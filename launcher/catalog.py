@@ -6,11 +6,10 @@ is all it takes to make ``cluster=mysite`` valid.
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
-from typing import List
-
-from omegaconf import OmegaConf
+from typing import Any, Dict, List
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -31,6 +30,19 @@ def options(group: str) -> List[str]:
     return sorted((p.stem for p in (CONF_DIR / group).glob("*.yaml")), key=_natural_key)
 
 
+@functools.lru_cache(maxsize=None)
+def _defaults() -> Dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    entries = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))["defaults"]
+    return {key: value for entry in entries if isinstance(entry, dict) for key, value in entry.items()}
+
+
+def default_choices() -> Dict[str, Any]:
+    """Each group's default option, from the defaults list of conf/config.yaml."""
+    return {group: _defaults()[group] for group in GROUPS}
+
+
 def gpu_presets() -> List[int]:
     """The GPU counts that have a preset file in ``conf/gpus/``."""
     return [int(name) for name in options("gpus") if name.isdigit()]
@@ -39,6 +51,8 @@ def gpu_presets() -> List[int]:
 def model_micro_batch(model: str) -> int | None:
     """The micro-batch a model's size file sets, where ``train.micro_batch=auto``
     starts its search; None if the file is absent or sets no integer."""
+    from omegaconf import OmegaConf
+
     path = CONF_DIR / "model" / f"{model}.yaml"
     if not path.is_file():
         return None

@@ -1,158 +1,141 @@
-"""The ``launcher`` command: a subcommand, or a launch described by Hydra overrides.
+"""The ``launcher`` command: one argparse tree, a subcommand per command, the launch the default.
 
-``python -m launcher gpus=16 model=gpt_1b`` composes one run and submits it;
-``-m`` sweeps; ``dry_run=true`` prints the plan and sbatch script instead,
-``dry_run=json`` the plan as JSON. A first argument naming a subcommand
-(``runs``, ``logs``, ...) dispatches to it instead. Heavy imports (submitit,
-tabulate, the submission code) happen only on the paths that need them, so
-answering stays fast.
+``launcher gpus=16 model=gpt_1b`` (no command word) is ``launcher launch gpus=16 model=gpt_1b``.
+Each command's module keeps its arguments next to its behaviour, as ``configure(parser)`` and
+``main(args)``; only the module of the command being run is imported (and configured), so
+``launcher --help`` and ``launcher runs`` do not pay for Hydra or submitit. Every mistake is one line
+``error: ...`` and exit status 2.
 """
 from __future__ import annotations
 
+import argparse
 import importlib
-import json
 import os
 import re
+import shlex
+import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, NoReturn, Optional, Sequence
 
+from launcher import __version__
 from launcher.errors import LaunchError, did_you_mean
 
-if TYPE_CHECKING:
-    from launcher.compose import ComposedRun
 
-# Subcommand name -> "module:function". Each function takes the remaining
-# arguments and returns an exit status; its module is imported only when used.
-SUBCOMMANDS: Dict[str, str] = {
-    "runs": "launcher.commands.runs:main",
-    "describe": "launcher.commands.describe:main",
-    "logs": "launcher.commands.logs:main",
-    "stop": "launcher.commands.stop:main",
-    "delete": "launcher.commands.delete:main",
-    "clusters": "launcher.commands.clusters:main",
-    "compare": "launcher.commands.compare:main",
-    "secrets": "launcher.commands.secrets:main",
-    "plan": "launcher.commands.plan:main",
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: the module with its ``configure(parser)`` and ``main(args)``, and its line in --help."""
+
+    module: str
+    summary: str
+    about_runs: bool = False  # takes --root
+
+
+COMMANDS: Dict[str, Command] = {
+    "launch": Command("launcher.commands.launch", "compose runs from conf/ and submit them (the default command)"),
+    "plan": Command("launcher.commands.plan", "will a run fit its GPUs, how fast, how it scales; submits nothing"),
+    "runs": Command("launcher.commands.runs", "list runs, newest first, with their Slurm state and progress", True),
+    "describe": Command("launcher.commands.describe",
+                        "show a run's config, plan, paths, nodes, events, checkpoints and metrics", True),
+    "logs": Command("launcher.commands.logs", "show a run's output: rank 0 by default", True),
+    "stop": Command("launcher.commands.stop", "cancel runs' Slurm jobs; their directories stay", True),
+    "delete": Command("launcher.commands.delete", "cancel runs' jobs if active, then remove their directories",
+                      True),
+    "compare": Command("launcher.commands.compare", "compare runs' speed, scaling and loss (a sweep, or named runs)",
+                       True),
+    "clusters": Command("launcher.commands.clusters",
+                        "every configured cluster: its partitions, GPUs free/total, reachable or not"),
+    "secrets": Command("launcher.commands.secrets", "values every task of every run sees, kept out of Slurm"),
 }
 
+DEFAULT_COMMAND = "launch"
 _WORD = re.compile(r"[a-z][a-z_-]*")
+_TOP_LEVEL = ("-h", "--help", "-V", "--version")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument raises LaunchError (one line, exit 2) instead of printing usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise LaunchError(f"{self.prog}: {message}; see --help")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``launcher`` / ``python -m launcher``; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        if args and args[0] in SUBCOMMANDS:
-            return _subcommand(args[0])(args[1:])
-        return launch_command(args)
+        if not args:
+            build_parser(None).print_help()
+            return 0
+        return run_command(args)
     except LaunchError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
+    except SystemExit as done:  # --help, --version
+        return done.code if isinstance(done.code, int) else 0
     except BrokenPipeError:  # `launcher runs | head`: the reader left; stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
 
-def launch_command(args: List[str]) -> int:
-    """Compose the runs the arguments describe; print them (dry run) or submit them."""
-    multirun = False
-    overrides: List[str] = []
-    for arg in args:
-        if arg in ("-h", "--help"):
-            print(usage())
-            return 0
-        if arg in ("-m", "--multirun"):
-            multirun = True
-        elif arg.startswith("-"):
-            raise LaunchError(f"unknown option '{arg}'; see --help")
-        else:
-            overrides.append(arg)
-    if overrides and _WORD.fullmatch(overrides[0]):
-        commands = sorted(SUBCOMMANDS)
-        raise LaunchError(
-            f"unknown command '{overrides[0]}'{did_you_mean(overrides[0], commands)}; "
-            f"commands: {', '.join(commands) or 'none'}; or launch with key=value overrides"
-        )
-
-    from launcher.compose import compose_runs
-
-    runs = compose_runs(overrides, multirun=multirun)
-    modes = {run.config.dry_run for run in runs}
-    if len(modes) > 1:
-        raise LaunchError("dry_run must be the same for every run of a sweep")
-    mode = modes.pop()
-    # Refuse (exit 2, before anything is submitted) a run that cannot fit its GPUs' memory, unless force=true;
-    # a dry run only warns. See launcher/planning/gate.py and docs/planning.md.
-    from launcher.planning.gate import check_launch
-
-    for warning in check_launch(runs, dry_run=mode is not False):
-        print(f"warning: {warning}", file=sys.stderr)
-    if mode == "json":
-        for run in runs:
-            print(json.dumps({**run.plan.to_dict(), "name": _display_name(run), "overrides": run.overrides}))
-        return 0
-    if mode is True:
-        _print_dry_run(runs)
-        return 0
-    from launcher.submit import launch
-
-    return launch(runs, sweep=multirun)
+def run_command(args: List[str]) -> int:
+    """Parse ``args`` with the tree (the launch when no command word leads) and run the command."""
+    if args[0] not in COMMANDS and args[0] not in _TOP_LEVEL:
+        if _WORD.fullmatch(args[0]):
+            commands = sorted(COMMANDS)
+            raise LaunchError(f"unknown command '{args[0]}'{did_you_mean(args[0], commands)}; "
+                              f"commands: {', '.join(commands)}; or launch with key=value overrides")
+        args = [DEFAULT_COMMAND, *args]
+    name = args[0] if args[0] in COMMANDS else None
+    parser = build_parser(name)
+    parsed, extras = parser.parse_known_args(args)
+    module = importlib.import_module(COMMANDS[parsed.command].module)
+    take_extras(parsed, extras, "launcher" if parsed.command == DEFAULT_COMMAND else f"launcher {parsed.command}")
+    return module.main(parsed)
 
 
-def usage() -> str:
-    from launcher.catalog import GROUPS, options
-
-    groups = "\n".join(f"  {group:<8} {', '.join(options(group))}" for group in GROUPS)
-    commands = ", ".join(sorted(SUBCOMMANDS)) or "(none yet)"
-    return f"""usage: launcher [-m|--multirun] [key=value ...]
-       launcher <command> [args ...]
-
-Compose a GPT training run from conf/ and submit it to Slurm.
-
-config groups (key=option):
-{groups}
-  gpus also takes any other count: gpus=3 is one node, gpus=24 three nodes of 8.
-
-overrides: any key of launcher/core/config.py, e.g. train.steps=200 cluster.partition=gpu
-  +cluster.sbatch_flags.mail-type=END  adds an extra #SBATCH option
-  dry_run=true   print the plan and the sbatch script; submit nothing
-  dry_run=json   print the plan as JSON (one object per line for a sweep)
-  name=NAME      run name (letters, digits, . _ -)
-
--m, --multirun   sweep: gpus=8,16,128 model=gpt_125m,gpt_1b launches 6 runs
--h, --help       this help
-
-commands: {commands}
-
-examples:
-  launcher gpus=16 model=gpt_1b
-  launcher -m gpus=8,16,128 model=gpt_125m,gpt_1b dry_run=json"""
+def take_extras(parsed: argparse.Namespace, extras: List[str], prog: str) -> None:
+    """Overrides after an option (``plan --json gpus=8``) land in ``extras``; give them back to the
+    command's ``overrides``. Anything else left over is a mistake."""
+    unknown = [arg for arg in extras if arg.startswith("-") or not hasattr(parsed, "overrides")]
+    if unknown:
+        raise LaunchError(f"{prog}: unrecognized arguments: {' '.join(unknown)}; see --help")
+    if extras:
+        parsed.overrides = [*parsed.overrides, *extras]
 
 
-def _subcommand(name: str) -> Callable[[List[str]], int]:
-    module, function = SUBCOMMANDS[name].split(":")
-    return getattr(importlib.import_module(module), function)
+def invocation() -> str:
+    """How this user ran the launcher, for hints meant to be pasted: ``launcher`` when that is the
+    console script on PATH, the script's path when it is another one, else ``<python> -m launcher``
+    (the interpreter that has the launcher's dependencies)."""
+    script = sys.argv[0] if sys.argv else ""
+    if os.path.basename(script) == "launcher":
+        on_path = shutil.which("launcher")
+        if on_path and os.path.realpath(on_path) == os.path.realpath(script):
+            return "launcher"
+        return shlex.quote(os.path.abspath(script))
+    return f"{shlex.quote(sys.executable)} -m launcher"
 
 
-def _display_name(run: ComposedRun) -> str:
-    """The run's name, or its stem where the launch would add a random suffix."""
-    from launcher.core.rundir import base_name
+def build_parser(command: Optional[str]) -> Parser:
+    """The whole tree; only ``command``'s subparser gets its arguments (importing its module). Without a
+    command (``launcher --help``) the top level shows the launch's options and config groups too."""
+    parser = Parser(prog="launcher", formatter_class=argparse.RawDescriptionHelpFormatter,
+                    description="Compose GPT training runs from conf/, submit them to Slurm, and follow them.")
+    if command is None:
+        from launcher.commands.launch import epilog
 
-    return run.config.name or base_name(run.plan.model, run.plan.gpus)
-
-
-def _print_dry_run(runs: List[ComposedRun]) -> None:
-    from tabulate import tabulate
-
-    from launcher.sbatch import render_sbatch
-
-    for index, run in enumerate(runs):
-        name = _display_name(run)
-        folder = Path(run.config.run_root).expanduser() / name / "submitit"
-        if index:
-            print()
-        print(f"# run {name}: {' '.join(run.overrides) or '(defaults)'}")
-        print(tabulate(run.plan.to_dict().items(), headers=["plan", ""], intfmt=","))
-        print(f"\n# sbatch script (submitit folder {folder})")
-        print(render_sbatch(run.config, run.plan, name, folder))
+        parser.epilog = epilog()
+    parser.add_argument("-V", "--version", action="version", version=f"launcher {__version__}")
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    for name, spec in COMMANDS.items():
+        child = sub.add_parser(name, help=spec.summary, description=spec.summary[:1].upper() + spec.summary[1:] + ".",
+                               **({"prog": "launcher"} if name == DEFAULT_COMMAND else {}))
+        if name != command:
+            continue
+        if spec.about_runs:
+            child.add_argument("--root", type=Path, default=None,
+                               help="run root (default: $LAUNCHER_RUN_ROOT or ~/.launcher/runs)")
+        importlib.import_module(spec.module).configure(child)
+    return parser

@@ -11,21 +11,24 @@ submitted, so one bad combination fails the whole command up front.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Any, Dict, List, Sequence
 
 from hydra import compose, initialize_config_dir
+from hydra.conf import HydraConf
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher import overrides as ov
-from launcher.catalog import CONF_DIR
+from launcher.catalog import CONF_DIR, GROUPS, default_choices
 from launcher.core.config import RunConfig
 from launcher.errors import LaunchError
 from launcher.core.plan import Plan
+from launcher.runfile import NOT_RECORDED, run_file_data
 from launcher.sbatch import request_params
 from launcher.validate import validate
 
@@ -41,6 +44,7 @@ class ComposedRun:
     config: RunConfig
     resolved: DictConfig  # the fully resolved config, for the run's config.yaml
     plan: Plan
+    run_file: Dict[str, Any]  # the run as a run file, for the run's run.yaml (launcher/runfile.py)
 
 
 def compose_runs(overrides: Sequence[str], multirun: bool = False) -> List[ComposedRun]:
@@ -48,7 +52,9 @@ def compose_runs(overrides: Sequence[str], multirun: bool = False) -> List[Compo
 
     Raises LaunchError, with a one-line message, for any user mistake.
     """
-    ConfigStore.instance().store(name="base", node=RunConfig)
+    store = ConfigStore.instance()
+    store.store(name="base", node=RunConfig)
+    store.store(group="hydra", name="config", node=hydra_node(), provider="hydra")
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="launcher"):
             # With the config loader, glob() sweeps can list a group's options.
@@ -57,6 +63,13 @@ def compose_runs(overrides: Sequence[str], multirun: bool = False) -> List[Compo
             return [_compose_one(parser, run, label=multirun and len(runs) > 1) for run in runs]
     except _CONFIG_ERRORS as exc:
         raise LaunchError(one_line(exc)) from exc
+
+
+def hydra_node() -> HydraConf:
+    """Hydra's own config, without its defaults list: its output dirs, logging, help, launcher and
+    sweeper (six YAML files, a third of a composition's time) serve ``@hydra.main``, which we do not
+    use, and ``compose()`` drops the ``hydra`` node anyway. The app's config groups compose as before."""
+    return HydraConf(defaults=[])
 
 
 def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> ComposedRun:
@@ -72,7 +85,28 @@ def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> Comp
         message = exc.message if isinstance(exc, LaunchError) else one_line(exc)
         raise LaunchError(f"[{' '.join(typed)}] {message}" if label else message) from exc
     resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    return ComposedRun(overrides=list(typed), config=config, resolved=resolved, plan=plan)
+    return ComposedRun(overrides=list(typed), config=config, resolved=resolved, plan=plan,
+                       run_file=run_file_of(parsed, resolved, plan))
+
+
+def run_file_of(parsed: List[Override], resolved: DictConfig, plan: Plan) -> Dict[str, Any]:
+    """The run as a run file: every group choice (explicit even when defaulted; gpus as the count,
+    which also stands for ``layout.gpus``) and each overridden value as composed."""
+    choices: Dict[str, Any] = default_choices()
+    values = []
+    for override in parsed:
+        key = override.key_or_group
+        if override.package is not None or key in NOT_RECORDED or key == "layout.gpus":
+            continue
+        if override.is_delete():
+            values.append((f"~{key}", None))
+        elif key in GROUPS:
+            choices[key] = override.value()
+        else:
+            value = OmegaConf.select(resolved, key)
+            values.append((key, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value))
+    choices["gpus"] = plan.gpus
+    return run_file_data(choices, values)
 
 
 def one_line(exc: BaseException) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import typing
-from typing import List, Sequence
+from typing import Any, List, Sequence, Tuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
@@ -66,7 +66,7 @@ def check(parsed: Sequence[Override]) -> None:
         if override.package is not None or override.is_delete():
             continue
         if key in ("model", "cluster"):  # gpus also takes counts: see normalise()
-            _check_option(key, override.value())
+            check_option(key, override.value())
         elif key not in GROUPS and not (override.is_add() or override.is_force_add()):
             _check_key(key)
 
@@ -82,7 +82,7 @@ def normalise(parsed: Sequence[Override]) -> List[str]:
                 raise LaunchError("gpus=custom needs layout.gpus=N (or type the count: gpus=N)")
             hydra_overrides.append(f"gpus={CUSTOM_GPUS}")
         else:
-            count = _gpu_count(override.value())
+            count = gpu_count(override.value())
             if count in gpu_presets():
                 hydra_overrides.append(f"gpus='{count}'")  # a quoted string is a valid group choice
             else:
@@ -90,7 +90,7 @@ def normalise(parsed: Sequence[Override]) -> List[str]:
     return hydra_overrides
 
 
-def _gpu_count(value: object) -> int:
+def gpu_count(value: object) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -103,19 +103,24 @@ def _gpu_count(value: object) -> int:
     return value
 
 
-def _check_option(group: str, value: object) -> None:
+def check_option(group: str, value: object) -> None:
     valid = options(group)
     if value not in valid:
         raise LaunchError(f"unknown {group} '{value}'{did_you_mean(str(value), valid)}; valid: {', '.join(valid)}")
 
 
 def _check_key(key: str) -> None:
-    """Walk ``key`` down the RunConfig dataclasses; free-form mappings accept any sub-key."""
-    node: object = RunConfig
+    field_type(key)
+
+
+def field_type(key: str) -> Tuple[Any, bool]:
+    """The RunConfig type of ``key``, and whether ``key`` lies inside a free-form mapping (any sub-key
+    goes there, typed Any); a LaunchError, with the closest valid name, if there is no such key."""
+    node: Any = RunConfig
     path: List[str] = []
     for part in key.split("."):
         if typing.get_origin(node) is dict:
-            return
+            return Any, True
         if not dataclasses.is_dataclass(node):
             raise LaunchError(f"unknown key '{key}': '{'.'.join(path)}' is a value, not a section")
         fields = typing.get_type_hints(node)
@@ -124,3 +129,4 @@ def _check_key(key: str) -> None:
             raise LaunchError(f"unknown key '{key}'{did_you_mean('.'.join(path + [part]), candidates)}")
         node = fields[part]
         path.append(part)
+    return node, False

@@ -11,20 +11,21 @@ all the jobs of a listing, directly (never through submitit's 600 s cache), with
 from __future__ import annotations
 
 import json
-import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from launcher.core.rundir import RunRecord, read_events, write_json_atomic
-from launcher.slurm import SlurmError, run
+from launcher.slurm import JobRow, Slurm, SlurmError
 
 STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "REQUEUED", "UNKNOWN")
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED"}
 # Final for good: TIMEOUT and PREEMPTED are not, since submitit requeues such jobs.
 SETTLED = {"COMPLETED", "FAILED", "CANCELLED"}
 SETTLED_FILE = "slurm_state.json"
+# Short enough that a listing with one cluster down still answers within 10 s.
+STATUS_TIMEOUT_S = 6
 
 # Slurm's many job states, folded into ours (with a reason where the fold loses information).
 _FOLD = {
@@ -80,31 +81,13 @@ def _clean(reason: str) -> str:
     return "" if reason in ("None", "(null)") else reason
 
 
-def from_sacct(job_ids: List[str]) -> Dict[str, JobState]:
-    """States from accounting; raises SlurmError where accounting is off or unreachable."""
-    out = run(["sacct", "-X", "-P", "-n", "-j", ",".join(job_ids),
-               "-o", "JobID,State,Reason,ExitCode,Start,End,Elapsed,NodeList"])
-    states: Dict[str, JobState] = {}
-    for line in out.splitlines():
-        job_id, slurm_state, reason, exit_code, start, end, elapsed, nodes = line.split("|")
-        state, why = fold(slurm_state, _clean(reason))
-        if state == "FAILED" and exit_code not in ("", "0:0"):
-            why = ", ".join(r for r in (why, f"exit code {exit_code}") if r)
-        states[job_id] = JobState(state, why, "sacct", nodes, start, _clean_time(end), elapsed, exit_code)
-    return states
-
-
-def from_squeue(job_ids: List[str]) -> Dict[str, JobState]:
-    """States of jobs still in the controller's memory (queued, running, or recently finished)."""
-    out = run(["squeue", "-h", "-a", "--states=all", "-o", "%i|%T|%r|%N|%S|%M"])
-    wanted = set(job_ids)
-    states: Dict[str, JobState] = {}
-    for line in out.splitlines():
-        job_id, slurm_state, reason, nodes, start, elapsed = line.split("|")
-        if job_id in wanted:
-            state, why = fold(slurm_state, _clean(reason))
-            states[job_id] = JobState(state, why, "squeue", nodes, _clean_time(start), "", elapsed)
-    return states
+def job_state(row: JobRow) -> JobState:
+    """A job row from sacct or squeue as our state."""
+    state, why = fold(row.state, _clean(row.reason))
+    if state == "FAILED" and row.exit_code not in ("", "0:0"):
+        why = ", ".join(r for r in (why, f"exit code {row.exit_code}") if r)
+    return JobState(state, why, row.source, row.nodes, _clean_time(row.start), _clean_time(row.end), row.elapsed,
+                    row.exit_code)
 
 
 def _clean_time(value: str) -> str:
@@ -141,8 +124,14 @@ def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:
             result[rec.name] = settled
         else:
             by_conf.setdefault(rec.slurm_conf, []).append(rec)
+    answers: Dict[Optional[str], Dict[str, JobState]] = {}
+
+    def ask(conf: Optional[str]) -> None:
+        answers[conf] = _states_on_cluster(Slurm(conf, timeout=STATUS_TIMEOUT_S), by_conf[conf])
+
+    _in_threads(ask, list(by_conf))
     for conf, recs in by_conf.items():
-        states = _states_on_cluster(conf, recs)
+        states = answers[conf]
         for rec in recs:
             if states[rec.name].state in SETTLED and states[rec.name].source in ("sacct", "squeue"):
                 try:
@@ -165,45 +154,48 @@ def settled_state(rec: RunRecord) -> Optional[JobState]:
     return JobState(**{k: v for k, v in data.items() if k in JobState.__dataclass_fields__})
 
 
-def _ask_slurm(job_ids: List[str]) -> tuple[Dict[str, JobState], List[str]]:
-    """Ask sacct and squeue at the same time (they are the slow part of a listing); sacct wins where both
-    know a job, squeue covers a job accounting has not seen yet or a cluster without accounting."""
-    answers: Dict[str, Dict[str, JobState]] = {}
-    failures: List[str] = []
+def _in_threads(fn: Callable[[Any], None], items: List[Any]) -> None:
+    """``fn(item)`` for every item at once (Slurm's answers are the slow part of a listing)."""
+    threads = [threading.Thread(target=fn, args=(item,)) for item in items]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
-    def ask(source: Callable[[List[str]], Dict[str, JobState]]) -> None:
+
+def _ask_slurm(slurm: Slurm, job_ids: List[str]) -> tuple[Dict[str, JobState], List[str]]:
+    """Ask sacct and squeue at the same time; sacct wins where both know a job, squeue covers a job
+    accounting has not seen yet or a cluster without accounting."""
+    answers: Dict[str, List[JobRow]] = {}
+    failures: List[str] = []
+    sources = {"sacct": lambda: slurm.sacct(job_ids), "squeue": slurm.squeue}
+
+    def ask(name: str) -> None:
         try:
-            answers[source.__name__] = source(job_ids)
+            answers[name] = sources[name]()
         except SlurmError as err:
             failures.append(str(err))
 
     if not job_ids:
         return {}, []
-    threads = [threading.Thread(target=ask, args=(source,)) for source in (from_sacct, from_squeue)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return {**answers.get("from_squeue", {}), **answers.get("from_sacct", {})}, failures
+    _in_threads(ask, list(sources))
+    wanted = set(job_ids)
+    rows = [row for name in ("squeue", "sacct") for row in answers.get(name, []) if row.job_id in wanted]
+    return {row.job_id: job_state(row) for row in rows}, failures
 
 
-def _states_on_cluster(conf: Optional[str], records: List[RunRecord]) -> Dict[str, JobState]:
-    saved = os.environ.get("SLURM_CONF")
-    if conf:
-        os.environ["SLURM_CONF"] = conf
-    try:
-        known, failures = _ask_slurm([rec.job_id for rec in records if rec.job_id])
-    finally:
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
+def _states_on_cluster(slurm: Slurm, records: List[RunRecord]) -> Dict[str, JobState]:
+    down = slurm.unreachable()  # a cluster that is down says so at once; sacct and squeue would wait
+    known, failures = ({}, [down, down]) if down else _ask_slurm(slurm, [rec.job_id for rec in records if rec.job_id])
     states: Dict[str, JobState] = {}
     for rec in records:
         state = known.get(rec.job_id or "") or from_run_dir(Path(rec.run_dir))
         if state is None:
-            why = f"Slurm no longer knows job {rec.job_id}"
-            why += f" ({'; '.join(failures)})" if failures else " (not in accounting or the queue)"
+            if len(failures) == 2:  # neither sacct nor squeue answered
+                why = f"Slurm could not be reached on cluster {rec.cluster} ({failures[-1]})"
+            else:
+                why = f"Slurm no longer knows job {rec.job_id}"
+                why += f" ({'; '.join(failures)})" if failures else " (not in accounting or the queue)"
             state = JobState("UNKNOWN", why + "; the run left no final record", "none")
         states[rec.name] = state
     return states

@@ -15,55 +15,55 @@ from typing import Dict, List, Optional
 
 from omegaconf import OmegaConf
 
+from launcher.cli import invocation
 from launcher.compose import ComposedRun
 from launcher.errors import LaunchError
-from launcher.core.plan import Plan
+from launcher.runfile import dump
 from launcher.core.rundir import (RunRecord, append_event, base_name, create_run_dir, ensure_root, save_record,
                            write_json_atomic)
-from launcher.slurm import Partition, SlurmError, find_partition, ping, slurm_conf_for, use_cluster
+from launcher.fit import explain_rejection, refusal
+from launcher.slurm import Partition, SlurmError, for_cluster, slurm_conf_for
 
 
 def launch(runs: List[ComposedRun], sweep: bool) -> int:
     """Submit every run (one Slurm job each), print what was submitted, return the exit status."""
     try:
         roots = [ensure_root(run.config.run_root) for run in runs]
-        check_cluster(runs)
+        parts = check_cluster(runs)
     except (SlurmError, PermissionError) as err:
         raise LaunchError(str(err)) from None
     sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}" if sweep else None
-    records = [submit_one(run, root, sweep_id) for run, root in zip(runs, roots)]
+    records = [submit_one(run, root, sweep_id, part) for run, root, part in zip(runs, roots, parts)]
     print_submitted(records, sweep_id)
     return 0
 
 
-def check_cluster(runs: List[ComposedRun]) -> None:
-    """Slurm answers, and each run fits its partition as it could ever be (not as it is now).
+def check_cluster(runs: List[ComposedRun]) -> List[Partition]:
+    """Slurm answers, and each run fits its partition as it could ever be (not as it is now): GPUs, CPUs and
+    memory per node, node count, MaxNodes and MaxTime. Returns each run's partition.
 
     Each cluster is asked once per partition, however many runs of a sweep go there."""
     partitions: Dict[tuple, Partition] = {}
     for run in runs:
         cluster = run.config.cluster
-        key = (cluster.name, cluster.slurm_conf, cluster.partition)
+        slurm = for_cluster(cluster)
+        key = (slurm.conf, cluster.partition)
         if key not in partitions:
-            use_cluster(cluster.name, cluster.slurm_conf)
-            ping()
-            partitions[key] = find_partition(cluster.partition)
-        check_fits(run.plan, partitions[key])
+            slurm.ping()
+            partitions[key] = slurm.partition(cluster.partition)
+        check_fits(run, partitions[key])
+    return [partitions[(for_cluster(run.config.cluster).conf, run.config.cluster.partition)] for run in runs]
 
 
-def check_fits(plan: Plan, part: Partition) -> None:
-    have = f"partition '{part.name}' has {part.nodes} nodes x {part.gpus_per_node} GPUs"
-    if plan.gpus_per_node > part.gpus_per_node:
-        raise SlurmError(f"gpus={plan.gpus} needs {plan.gpus_per_node} GPUs per node, but {have}")
-    if plan.nodes > part.nodes:
-        raise SlurmError(f"gpus={plan.gpus} needs {plan.nodes} nodes x {plan.gpus_per_node} GPUs, but {have} "
-                         f"(at most {part.nodes * part.gpus_per_node} GPUs)")
+def check_fits(run: ComposedRun, part: Partition) -> None:
+    """SlurmError with one line when the partition can never run this request."""
+    message = refusal(run.plan, run.config.cluster, part)
+    if message:
+        raise SlurmError(message)
 
 
-def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str]) -> RunRecord:
+def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition] = None) -> RunRecord:
     """Create the run's directory, submit its job, and record it; on failure remove the directory."""
-    import submitit
-
     from launcher.entry import TrainTask
     from launcher.sbatch import executor_params
 
@@ -78,14 +78,17 @@ def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str]) -> RunReco
         resolved.name = name
         resolved.run_root = str(root)
         OmegaConf.save(resolved, run_dir / "config.yaml")
+        (run_dir / "run.yaml").write_text(dump(run.run_file))  # `launcher -f RUN_DIR/run.yaml` runs it again
         write_json_atomic(run_dir / "plan.json", plan.to_dict())
-        executor = submitit.SlurmExecutor(folder=run_dir / "submitit", max_num_timeout=cfg.cluster.max_requeues)
+        executor = for_cluster(cfg.cluster).executor(run_dir / "submitit", cfg.cluster.max_requeues)
         executor.update_parameters(**executor_params(cfg, plan, name))
         job = executor.submit(TrainTask(), str(run_dir))
     except Exception as err:
         shutil.rmtree(run_dir, ignore_errors=True)
         if isinstance(err, LaunchError):
             raise
+        if isinstance(err, SlurmError):
+            raise LaunchError(explain_rejection(str(err), plan, cfg.cluster, part)) from None
         raise LaunchError(f"submitting {name} failed: {last_line(err)}") from None
     shutil.copyfile(run_dir / "submitit" / f"{job.job_id}_submission.sh", run_dir / "sbatch.sh")
     record = RunRecord(
@@ -106,17 +109,19 @@ def last_line(err: BaseException) -> str:
 
 
 def print_submitted(records: List[RunRecord], sweep_id: Optional[str]) -> None:
+    launcher = invocation()
     if sweep_id is None:
         rec = records[0]
         print(f"Submitted {rec.name} as Slurm job {rec.job_id}: {rec.model} on {rec.nodes} node(s) x "
               f"{rec.gpus_per_node} GPUs, {rec.steps} steps")
         print(f"  run dir  {rec.run_dir}")
-        print(f"  status   python -m launcher describe {rec.name}")
-        print(f"  logs     python -m launcher logs {rec.name} --follow")
+        print(f"  status   {launcher} describe {rec.name}")
+        print(f"  logs     {launcher} logs {rec.name} --follow")
+        print(f"  again    {launcher} -f {rec.run_dir}/run.yaml")
         return
     from tabulate import tabulate
 
     rows = [(r.name, r.job_id, r.model, f"{r.nodes}x{r.gpus_per_node}", r.steps) for r in records]
     print(f"Submitted sweep {sweep_id}: {len(records)} runs")
     print(tabulate(rows, headers=["NAME", "JOB ID", "MODEL", "GPUS", "STEPS"]))
-    print(f"  status   python -m launcher runs --sweep {sweep_id}")
+    print(f"  status   {launcher} runs --sweep {sweep_id}")

@@ -37,9 +37,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from launcher.core.config import DataConfig, ModelConfig, TrainConfig  # noqa: E402
+from launcher.core.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
+from launcher.core.plan import PLAN, single_node_plan  # noqa: E402
 from train.data import StepSampler, TokenData, token_file  # noqa: E402
-from train.loop import build_optimizer  # noqa: E402
+from train.optim import build_optimizer  # noqa: E402
 from train.model import GPT  # noqa: E402
 
 LOG_EVERY = 5
@@ -60,11 +61,10 @@ def ours(args, world_size: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp)
         global_batch = args.batch * world_size
-        config = {"model": OmegaConf.structured(model_config(args)),
-                  "train": OmegaConf.structured(train_config(args, global_batch))}
+        cfg = RunConfig(model=model_config(args), train=train_config(args, global_batch))
+        config = {"model": OmegaConf.structured(cfg.model), "train": OmegaConf.structured(cfg.train)}
         OmegaConf.save(OmegaConf.create(config), run_dir / "config.yaml")
-        plan = {"world_size": world_size, "micro_batch": args.batch, "grad_accum": 1, "global_batch": global_batch}
-        (run_dir / "plan.json").write_text(json.dumps(plan))
+        (run_dir / PLAN).write_text(json.dumps(single_node_plan(cfg, world_size).to_dict()))
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]

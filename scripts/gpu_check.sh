@@ -25,11 +25,13 @@ for model in $MODELS; do
   for compile in false true; do
     run="$WORK/${model}_compile_${compile}"
     # A run directory as the launcher writes it: config.yaml (the model's size file plus
-    # overrides) and the plan.json keys train/ reads.
+    # overrides) and its plan.json.
     "$PY" - "$run" "$model" "$compile" "$STEPS" <<'EOF'
 import json, sys
 from pathlib import Path
 from omegaconf import OmegaConf
+from launcher.core.config import load_run_config
+from launcher.core.plan import PLAN, single_node_plan
 run, model, compile_, steps = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "true", int(sys.argv[4])
 size = OmegaConf.load(f"conf/model/{model}.yaml")
 cfg = OmegaConf.merge(size, {"parallel": {"precision": "bf16", "compile": compile_},
@@ -37,9 +39,7 @@ cfg = OmegaConf.merge(size, {"parallel": {"precision": "bf16", "compile": compil
                                        "warmup_steps": 5, "keep_checkpoints": 1}})
 run.mkdir(parents=True)
 OmegaConf.save(cfg, run / "config.yaml")
-batch, micro = cfg.train.batch_per_gpu, cfg.train.micro_batch
-(run / "plan.json").write_text(json.dumps({"world_size": 1, "global_batch": batch, "micro_batch": micro,
-                                           "grad_accum": batch // micro}))
+(run / PLAN).write_text(json.dumps(single_node_plan(load_run_config(run / "config.yaml"), 1).to_dict()))
 EOF
     echo "== $model compile=$compile"
     env -u RANK -u WORLD_SIZE -u SLURM_PROCID "$PY" -m train "$run" > "$run/stdout.log" 2>&1 \

@@ -14,7 +14,7 @@ die() { echo "slurm/up.sh: $*" >&2; exit 1; }
 
 NODES=${SLURM_LOCAL_NODES:-2}
 GPUS=${SLURM_LOCAL_GPUS:-8}
-CPUS=${SLURM_LOCAL_CPUS:-2}
+CPUS=${SLURM_LOCAL_CPUS:-}
 MEM_MB=${SLURM_LOCAL_MEM_MB:-4096}
 PORT=${SLURM_LOCAL_PORT:-16810}
 NAME=${SLURM_LOCAL_NAME:-local}
@@ -42,7 +42,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # ---- validate everything before starting anything ------------------------------------------------
 positive() { [[ $2 =~ ^[0-9]+$ ]] && (($2 > 0)) || die "$1 must be a positive integer, got '$2'"; }
 positive "--nodes" "$NODES"
-positive "--cpus" "$CPUS"
+[[ -z $CPUS ]] || positive "--cpus" "$CPUS"  # default: the GPU count, set below
 positive "--mem" "$MEM_MB"
 positive "--port" "$PORT"
 positive "--min-job-age" "$MIN_JOB_AGE"
@@ -71,6 +71,8 @@ CONTROLLER=$(hostname -s)
 # Real NVIDIA device files win over virtual ones.
 REAL_GPUS=$(compgen -G "/dev/nvidia[0-9]*" | wc -l || true)
 if ((REAL_GPUS > 0)); then GPUS=$REAL_GPUS; fi
+# As many (virtual) CPUs as GPUs by default: one task per GPU with one CPU each fits any layout.
+if [[ -z $CPUS ]]; then CPUS=$((GPUS > 0 ? GPUS : 1)); fi
 
 SETTINGS="name=$NAME nodes=$NODES gpus=$GPUS cpus=$CPUS mem=$MEM_MB port=$PORT accounting=$ACCOUNTING min_job_age=$MIN_JOB_AGE"
 export SLURM_CONF=$SLURM_LOCAL_ETC/slurm.conf

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 BAD_INPUTS = [
     (["model=gpt_2b"], "unknown model 'gpt_2b' (did you mean 'gpt_7b'?); valid: gpt_1b, gpt_3b"),
-    (["cluster=nope"], "unknown cluster 'nope'; valid: local, slurm"),
+    (["cluster=nope"], "unknown cluster 'nope'; valid: local, local2, slurm"),
     (["gpus=abc"], "gpus must be a GPU count (presets: 1, 2, 4, 8, 16, 128;"),
     (["gpus=2.5"], "gpus must be a GPU count"),
     (["gpus=0"], "gpus must be a positive number of GPUs, got 0"),
@@ -47,7 +47,7 @@ BAD_INPUTS = [
     (["-m", "gpus=8,12"], "error: [gpus=12 dry_run=json] gpus=12 cannot be laid out"),
     (["-m", "train.lr=interval(0,1)"], "cannot be enumerated"),
     (["statuss"], "unknown command 'statuss'"),
-    (["--bogus"], "unknown option '--bogus'"),
+    (["--bogus"], "launcher: unrecognized arguments: --bogus"),
     (["-m", "gpus=8,16", "dry_run=true,json"], "dry_run must be the same for every run of a sweep"),
 ]  # fmt: skip
 
@@ -83,7 +83,7 @@ def test_dry_run_json_prints_one_object_per_run(capsys):
     plans = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(p["gpus"], p["model"]) for p in plans] == [
         (8, "gpt_125m"), (8, "gpt_1b"), (16, "gpt_125m"), (16, "gpt_1b"), (128, "gpt_125m"), (128, "gpt_1b")]  # fmt: skip
-    keys = "nodes tasks_per_node gpus_per_node world_size micro_batch grad_accum global_batch tokens_per_step params"
+    keys = "nodes tasks_per_node micro_batch grad_accum global_batch tokens_per_step params"
     assert set(keys.split()) <= set(plans[0])
     assert plans[2]["nodes"] == 2 and plans[4]["nodes"] == 16
 
@@ -92,7 +92,7 @@ def test_dry_run_true_prints_plan_and_script(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCHER_RUN_ROOT", str(tmp_path))
     assert cli.main(["gpus=16", "name=demo", "dry_run=true"]) == 0
     out = capsys.readouterr().out
-    assert "world_size" in out and "hybrid" in out
+    assert "tasks_per_node" in out and "hybrid" in out
     assert "#SBATCH --nodes=2" in out and "#SBATCH --job-name=demo" in out
     assert str(tmp_path / "demo" / "submitit") in out
     assert not (tmp_path / "demo").exists()  # a dry run writes nothing
@@ -116,7 +116,54 @@ def test_a_real_launch_goes_to_submit_launch(monkeypatch):
 
 def test_subcommands_dispatch_lazily(monkeypatch):
     module = types.ModuleType("fake_subcommand")
-    module.run = lambda args: 7 if args == ["--all"] else 1
+    module.configure = lambda parser: parser.add_argument("--all", action="store_true")
+    module.main = lambda args: 7 if args.all else 1
     monkeypatch.setitem(sys.modules, "fake_subcommand", module)
-    monkeypatch.setitem(cli.SUBCOMMANDS, "runs", "fake_subcommand:run")
+    monkeypatch.setitem(cli.COMMANDS, "runs", cli.Command("fake_subcommand", "fake"))
     assert cli.main(["runs", "--all"]) == 7
+
+
+def test_help_and_version_import_no_command_or_hydra():
+    code = ("import sys; from launcher import cli; assert cli.main(['--help']) == 0; "
+            "assert cli.main(['--version']) == 0; assert cli.main([]) == 0; "
+            "loaded = [m for m in sys.modules if m.startswith(('hydra', 'omegaconf', 'submitit', 'torch', "
+            "'launcher.commands.runs', 'launcher.commands.plan'))]; assert not loaded, loaded")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "launcher 0.1.0" in result.stdout and "compose runs from conf/" in result.stdout
+
+
+def test_runs_imports_only_what_it_needs(tmp_path):
+    code = (f"import sys; from launcher import cli; assert cli.main(['runs', '--json', '--root', {str(tmp_path)!r}]) == 0; "
+            "loaded = [m for m in sys.modules if m.startswith(('hydra', 'omegaconf', 'submitit', 'torch', 'yaml', "
+            "'launcher.commands.launch', 'launcher.compose', 'launcher.catalog'))]; assert not loaded, loaded")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_overrides_after_an_option_are_overrides(capsys):
+    assert cli.main(["gpus=8", "-m", "model=gpt_125m,gpt_1b", "dry_run=json"]) == 0
+    assert [json.loads(line)["model"] for line in capsys.readouterr().out.splitlines()] == ["gpt_125m", "gpt_1b"]
+
+
+@pytest.mark.parametrize("argv0, on_path, expected", [
+    ("/opt/venv/bin/launcher", "/opt/venv/bin/launcher", "launcher"),
+    ("/opt/venv/bin/launcher", None, "/opt/venv/bin/launcher"),
+    ("/opt/venv/bin/launcher", "/usr/bin/launcher", "/opt/venv/bin/launcher"),
+    ("/repo/launcher/__main__.py", "/opt/venv/bin/launcher", f"{sys.executable} -m launcher"),
+])  # fmt: skip
+def test_hints_name_the_command_as_it_was_invoked(monkeypatch, argv0, on_path, expected):
+    monkeypatch.setattr(sys, "argv", [argv0])
+    monkeypatch.setattr(cli.shutil, "which", lambda name: on_path if name == "launcher" else None)
+    assert cli.invocation() == expected
+
+
+def test_a_pasted_hint_runs(tmp_path):
+    """The describe hint printed after a submission works when pasted into a shell elsewhere."""
+    env = {**os.environ, "LAUNCHER_RUN_ROOT": str(tmp_path)}
+    hint = subprocess.run([sys.executable, "-c", "from launcher.cli import invocation; print(invocation())"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60).stdout.strip()
+    assert hint == f"{sys.executable} -m launcher"
+    result = subprocess.run(f"{hint} runs --json", shell=True, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60, env={**env, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr

@@ -10,18 +10,20 @@ import time
 import pytest
 
 from launcher import cli
+from launcher.commands.compare import step_time
 from launcher.core.rundir import RunRecord, save_record
 
 
-def fake_run(root, name, model, gpus, intervals, final=True, sweep="sweep-t"):
-    """A run directory whose metrics.jsonl holds ``intervals`` = [(step, step_time, tokens_per_s, loss)]."""
+def fake_run(root, name, model, gpus, intervals, final=True, sweep="sweep-t", cluster="local", mfu_per_step=None):
+    """A run directory whose metrics.jsonl holds ``intervals`` = [(step, step_time, tokens_per_s, loss)]; each
+    interval's MFU is ``mfu_per_step / step_time`` when that is given (as training measures it), else null."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     save_record(RunRecord(name=name, run_dir=str(run_dir), model=model, gpus=gpus, nodes=max(1, gpus // 8),
-                          gpus_per_node=min(gpus, 8), steps=intervals[-1][0], cluster="local",
+                          gpus_per_node=min(gpus, 8), steps=intervals[-1][0], cluster=cluster,
                           submitted_at=time.time(), job_id=None, sweep=sweep))
     lines = [{"step": s, "step_time": t, "tokens_per_s": tps, "tokens_per_s_per_gpu": tps / gpus, "loss": loss,
-              "mfu": None} for s, t, tps, loss in intervals]
+              "mfu": mfu_per_step / t if mfu_per_step else None} for s, t, tps, loss in intervals]
     if final:
         steady = lines[1:]
         lines.append({"final": True, "step": lines[-1]["step"], "loss": lines[-1]["loss"],
@@ -79,11 +81,83 @@ def test_sweep_on_the_cluster_compares_and_plots(slurm, tmp_path):
         metrics = [json.loads(line) for line in (tmp_path / rec["name"] / "metrics.jsonl").read_text().splitlines()]
         finals[rec["gpus"]] = metrics[-1]
         assert metrics[-1]["final"] and rows[rec["gpus"]]["final_loss"] == metrics[-1]["loss"]
-    for gpus in (1, 2, 4):
-        expected = finals[gpus]["tokens_per_s"] / finals[1]["tokens_per_s"]
-        assert rows[gpus]["speedup"] == pytest.approx(expected)
-        assert rows[gpus]["scaling_efficiency"] == pytest.approx(expected / gpus)
+    for rec in records:
+        plan = json.loads((tmp_path / rec["name"] / "plan.json").read_text())
+        row = rows[rec["gpus"]]
+        assert row["tokens_per_s"] * row["median_step_time"] == pytest.approx(plan["tokens_per_step"])
+        expected = row["tokens_per_s"] / rows[1]["tokens_per_s"]
+        assert row["speedup"] == pytest.approx(expected)
+        assert row["scaling_efficiency"] == pytest.approx(expected / rec["gpus"])
+        assert row["sweep"] == sweep
+        assert ("CPU" in row["mfu_note"]) if row["mfu"] is None else row["mfu_note"] is None  # CPU, or real GPUs
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
-    table = slurm.launcher("compare", "--sweep", sweep, root=tmp_path).stdout
+    table = slurm.launcher("compare", "--sweep", sweep[:-2], root=tmp_path).stdout  # a unique prefix
     assert table.count("gpt_tiny") == 3 and "COMPLETED" in table
+    assert ("MFU n/a: on the local cluster" in table) == (rows[1]["mfu"] is None)
+
+
+def test_step_time_and_tokens_per_s_come_from_the_same_intervals(tmp_path, capsys):
+    # 512 tokens per step; the steady step times (the first interval is warm-up) are 1.0, 2.0, 4.0, 1.5 s, median
+    # 1.75 s. The median of the intervals' tok/s on its own would be 298.7, and the final record's whole-run
+    # figure 200: neither agrees with a 1.75 s step.
+    times = [5.0, 1.0, 2.0, 4.0, 1.5]
+    fake_run(tmp_path, "r", "gpt_tiny", 2, [(10 * (i + 1), t, 512 / t, 3.0) for i, t in enumerate(times)])
+    assert cli.main(["compare", "r", "--root", str(tmp_path), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert row["median_step_time"] == 1.75 and row["tokens_per_step"] == pytest.approx(512)
+    assert row["tokens_per_s"] * row["median_step_time"] == pytest.approx(512)
+    assert row["tokens_per_s_per_gpu"] * 2 == pytest.approx(row["tokens_per_s"])
+    assert row["mfu"] is None and row["mfu_note"].startswith("on the local cluster CPU processes stand in for GPUs")
+
+    assert cli.main(["compare", "r", "--root", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "STEP TIME (median)" in lines[0] and "TOK/S (median)" in lines[0]
+    cells = lines[2].split()
+    assert cells[4:8] == ["1.750", "s", "293", "146"] and cells[8] == "n/a"
+    assert lines[3:] == [
+        "(median): STEP TIME is the median over the log intervals after the first (warm-up); TOK/S and TOK/S/GPU are "
+        "taken at that step time, so TOK/S x STEP TIME = tokens per step",
+        "MFU n/a: on the local cluster CPU processes stand in for GPUs, and a CPU has no peak FLOP/s to divide by"]
+    assert [step_time(t) for t in (0.00433, 0.0667, 1.75, None)] == ["4.3 ms", "66.7 ms", "1.750 s", ""]
+
+
+def test_mfu_is_taken_at_the_median_step_time_and_its_absence_explained(tmp_path, capsys):
+    fake_run(tmp_path, "gpu", "gpt_tiny", 8, [(10, 9.0, 50, 4.0), (20, 1.0, 400, 3.0), (30, 3.0, 133, 2.9),
+                                              (40, 2.0, 200, 2.8)], cluster="slurm", mfu_per_step=0.8)
+    fake_run(tmp_path, "site", "gpt_tiny", 8, [(10, 1.0, 50, 4.0), (20, 1.0, 50, 3.0)], cluster="slurm")
+    (tmp_path / "site" / "config.yaml").write_text("cluster:\n  name: slurm\n  gpu_type: mi300x\n")
+    fake_run(tmp_path, "here", "gpt_tiny", 2, [(10, 1.0, 50, 4.0), (20, 1.0, 50, 3.0)], mfu_per_step=0.3)
+    assert cli.main(["compare", "here", "--root", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["hardware"] == "local cluster: real GPUs"  # it measured an MFU
+    assert cli.main(["compare", "gpu", "site", "--root", str(tmp_path), "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["gpu"]["mfu"] == pytest.approx(0.4) and rows["gpu"]["mfu_note"] is None  # 0.8 / the 2.0 s median
+    assert rows["site"]["mfu"] is None and "no peak FLOP/s known" in rows["site"]["mfu_note"]
+    assert rows["site"]["hardware"] == "cluster slurm: mi300x GPUs"
+    assert rows["gpu"]["hardware"] == "cluster slurm: GPU type not set"
+    assert cli.main(["compare", "gpu", "site", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "40.0%" in out and "MFU n/a (site): no peak FLOP/s known" in out
+
+
+def test_the_plot_reads_without_the_table(tmp_path):
+    from launcher.commands.compare import compare
+    from launcher.commands.compare_plot import figure
+    from launcher.core.rundir import list_records
+
+    fake_run(tmp_path, "one", "gpt_tiny", 1, [(10, 2.0, 50, 4.0), (20, 1.0, 100, 3.0)], sweep="sweep-p")
+    fake_run(tmp_path, "four", "gpt_tiny", 4, [(10, 2.0, 50, 4.0), (20, 1.25, 320, 3.1)], sweep="sweep-p")
+    fig = figure(compare(list_records(tmp_path)))
+    speed, loss = fig.axes
+    assert fig._suptitle.get_text() == "Sweep sweep-p\nlocal cluster: CPU processes stand in for GPUs"
+    assert (speed.get_xscale(), speed.get_yscale()) == ("linear", "linear")
+    assert [t.get_text() for t in speed.get_xticklabels()] == ["1", "4"]
+    fig.canvas.draw()
+    assert any(t.get_text() == "200" for t in speed.get_yticklabels())
+    assert [t.get_text() for t in speed.get_legend().get_texts()] == [
+        "gpt_tiny: measured", "gpt_tiny: ideal (linear from 1 GPU)"]
+    assert sorted(t.get_text() for t in speed.texts) == ["100", "320"]  # each point labelled with its tokens/s
+    assert [t.get_text() for t in loss.get_legend().get_texts()] == ["one (1 GPU)", "four (4 GPUs)"]
+    ideal = speed.get_lines()[1].get_ydata()
+    assert list(ideal) == [100, 400]

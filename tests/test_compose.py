@@ -22,7 +22,7 @@ def grid():
 def test_conf_offers_the_documented_options():
     assert PRESETS == [1, 2, 4, 8, 16, 128]
     assert "custom" in options("gpus")
-    assert options("cluster") == ["local", "slurm"]
+    assert options("cluster") == ["local", "local2", "slurm"]
     sizes = ["125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b"]
     assert set(MODELS) == {"gpt_tiny", "gpt_small"} | {f"gpt_{size}" for size in sizes}
 
@@ -62,7 +62,7 @@ def test_size_files_set_the_mpt_shapes_and_training_defaults(grid):
 def test_default_run_and_global_batch_scaling():
     (run,) = compose_runs([])
     assert (run.config.model.name, run.config.layout.gpus, run.config.cluster.name) == ("gpt_tiny", 8, "local")
-    assert run.config.cluster.overcommit is True
+    assert (run.config.cluster.overcommit, run.config.cluster.cpus_per_gpu) == (False, 1)
     batches = {r.plan.gpus: r.plan.global_batch for r in compose_runs(["gpus=8,16,128"], multirun=True)}
     assert batches == {8: 16, 16: 32, 128: 256}
 
@@ -116,3 +116,20 @@ def test_resolved_config_round_trips_through_load_run_config(tmp_path, monkeypat
 
 def test_conf_dir_is_the_repository_conf():
     assert (CONF_DIR / "config.yaml").is_file()
+
+
+def test_hydras_own_runtime_config_is_not_composed_and_the_apps_config_is_unchanged(monkeypatch):
+    """compose_runs leaves out Hydra's own defaults (logging, output dirs, help), which compose() drops
+    anyway: the runs' configs are exactly what the full Hydra config gives."""
+    from hydra.conf import HydraConf
+
+    from launcher import compose as composing
+
+    sweep = ["gpus=1,16,24", "model=gpt_1b,gpt_tiny", "cluster=local,slurm", "train.steps=7",
+             "+cluster.sbatch_flags.mail-type=END"]
+    light = composing.compose_runs(sweep, multirun=True)
+    monkeypatch.setattr(composing, "hydra_node", HydraConf)
+    full = composing.compose_runs(sweep, multirun=True)
+    assert len(light) == 12
+    assert [OmegaConf.to_yaml(run.resolved) for run in light] == [OmegaConf.to_yaml(run.resolved) for run in full]
+    assert [run.config for run in light] == [run.config for run in full]

@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+from launcher.core.plan import read_plan
+
 
 def job_id_of(stdout: str) -> str:
     return re.search(r"as Slurm job (\d+)", stdout).group(1)
@@ -17,8 +19,8 @@ def test_sixteen_gpus_run_as_two_nodes_of_eight_ranks_in_one_group(slurm, tmp_pa
     run_dir = tmp_path / "g16"
     assert slurm.wait(job_id_of(res.stdout), timeout=300) == "COMPLETED"
 
-    plan = json.loads((run_dir / "plan.json").read_text())
-    assert (plan["nodes"], plan["tasks_per_node"], plan["world_size"]) == (2, 8, 16)
+    plan = read_plan(run_dir)
+    assert (plan.nodes, plan.tasks_per_node, plan.world_size) == (2, 8, 16)
     assert "#SBATCH --nodes=2" in (run_dir / "sbatch.sh").read_text()
     assert (run_dir / "config.yaml").read_text().count("name: g16") == 1
     nodes_of_rank = {}
@@ -54,7 +56,7 @@ def test_multirun_submits_one_job_per_point_and_returns_at_once(slurm, tmp_path)
     [
         (["gpus=24"], {}, "gpus=24 needs 3 nodes x 8 GPUs, but partition 'gpu' has 2 nodes x 8 GPUs (at most 16 GPUs)"),
         (["cluster.partition=big"], {}, "the cluster has no partition 'big' (partitions: gpu)"),
-        ([], {"SLURM_CONF": "/nonexistent/slurm.conf"}, "Slurm is not reachable"),
+        (["model=gpt_tiny"], {"SLURM_CONF": "/nonexistent/slurm.conf"}, "Slurm is not reachable"),
         (["run_root=/proc/launcher-runs"], {}, "run root /proc/launcher-runs cannot be created"),
     ],
 )

@@ -1,11 +1,12 @@
 """Plan arithmetic: parameter/FLOPs formulas, layouts, batch and micro-batch."""
+import json
 import re
 
 import pytest
 
 from launcher.core.config import ModelConfig, RunConfig
 from launcher.errors import LaunchError
-from launcher.core.plan import Plan, flops_per_token, layout, parameter_counts
+from launcher.core.plan import PLAN, Plan, flops_per_token, layout, parameter_counts, read_plan
 
 
 def tiny_run(**train) -> RunConfig:
@@ -58,10 +59,22 @@ def test_batch_arithmetic_and_plan_keys():
     assert (plan.nodes, plan.tasks_per_node, plan.world_size) == (2, 8, 16)
     assert (plan.global_batch, plan.micro_batch, plan.grad_accum) == (64, 2, 2)
     assert plan.tokens_per_step == 64 * 64
-    assert list(plan.to_dict())[:6] == ["model", "gpus", "nodes", "tasks_per_node", "gpus_per_node", "world_size"]
-    contract = "model gpus nodes tasks_per_node gpus_per_node world_size micro_batch grad_accum global_batch " \
+    assert plan.gpus_per_node == plan.tasks_per_node == 8
+    contract = "model gpus nodes tasks_per_node micro_batch micro_batch_auto grad_accum global_batch " \
         "tokens_per_step seq_len params non_embedding_params flops_per_token sharding"
-    assert set(contract.split()) <= set(plan.to_dict())
+    assert list(plan.to_dict()) == contract.split()  # docs/design-contract.md, "plan.json keys"
+
+
+def test_plan_json_reads_back_typed(tmp_path):
+    plan = Plan.from_config(tiny_run())
+    (tmp_path / PLAN).write_text(json.dumps(plan.to_dict()))
+    assert read_plan(tmp_path) == plan
+    old = {**plan.to_dict(), "world_size": 8, "gpus_per_node": 8}  # written before those became properties
+    (tmp_path / PLAN).write_text(json.dumps(old))
+    assert read_plan(tmp_path) == plan
+    del old["grad_accum"]
+    with pytest.raises(ValueError, match="plan.json lacks grad_accum"):
+        Plan.from_dict(old)
 
 
 def test_explicit_global_batch_must_divide():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from launcher.core.plan import Plan, parameter_counts
 from launcher.core.hardware import memory_gib as memory_for_type
 from launcher.planning.estimate import estimate
 from launcher.planning.hardware import GIB, Assumptions, Hardware, hardware_for
+from launcher.planning.host import RANK_RUNTIME_GIB, host_fixes, host_memory, machine_memory
 from launcher.planning.memory import activation_components, local_param_numel, memory, shard_numel
 from launcher.planning.timing import timing
 
@@ -274,8 +276,11 @@ def test_plan_single_run_table(capsys):
     out = capsys.readouterr().out
     for text in ("parameters", "gradients", "optimizer (AdamW)", "gathered params", "activations (full)", "margin",
                  "total", "GPU memory", "largest micro-batch", "model FLOPs / step", "hardware FLOPs / step",
-                 "all-gather / GPU", "reduce-scatter / GPU", "step time", "tokens/s/GPU", "DOES NOT FIT", "gpus="):
+                 "all-gather / GPU", "reduce-scatter / GPU", "step time", "tokens/s/GPU", "DOES NOT FIT", "gpus=",
+                 "this machine: gpt_70b on 8 local ranks needs"):
         assert text in out, text
+    # Each formula beside its figure, from the function that computed it.
+    assert "8 B x P / 8 (m, v fp32) + 4 B x 483 tensors" in out and "hardware FLOPs / 8 GPUs / (0.45 x peak)" in out
 
 
 def test_plan_help_and_bad_options(capsys):
@@ -325,7 +330,7 @@ def test_force_true_launches_anyway(submissions, capsys):
 
 def test_small_models_and_unknown_gpus_are_not_refused(submissions, capsys):
     assert cli.main(["model=gpt_tiny"]) == 0
-    assert cli.main(["model=gpt_1b", "gpus=8"]) == 0
+    assert cli.main(["model=gpt_1b", "gpus=8", "cluster=slurm"]) == 0  # 80 GiB GPUs (on local: the host check)
     # GPU memory unknown (no gpu_memory_gb, no type, no Slurm to ask): no refusal.
     assert cli.main(["model=gpt_70b", "cluster=slurm", "cluster.gpu_memory_gb=null"]) == 0
     assert len(submissions) == 3 and capsys.readouterr().err == ""
@@ -338,6 +343,54 @@ def test_dry_runs_warn_instead(capsys):
     assert err.startswith("warning: gpt_70b on 8 GPUs") and "a launch would be refused" in err
     assert cli.main(["model=gpt_70b", "gpus=8", "dry_run=json", "force=true"]) == 0
     assert "force=true: a launch would go ahead" in capsys.readouterr().err
+
+
+# The local cluster's real memory: every rank is a process on this machine
+
+
+def test_host_memory_is_every_ranks_fp32_need_plus_its_runtime():
+    (run,) = compose_runs(["model=gpt_1b", "gpus=16"])
+    host = host_memory(run.config, run.plan, capacity=64 * GIB)
+    fp32 = dataclasses.replace(run.config, parallel=dataclasses.replace(run.config.parallel, precision="fp32"))
+    rank = memory(fp32, run.plan, H100, Assumptions(overhead_gib=RANK_RUNTIME_GIB))
+    assert (host.ranks, host.rank.total, host.total) == (16, rank.total, 16 * rank.total)
+    assert rank.total > rank.states + rank.activations + RANK_RUNTIME_GIB * GIB  # margin on top
+    assert round(host.total / GIB, 1) == 726.8 and not host.fits
+    assert host.summary().startswith("gpt_1b on 16 local ranks needs 726.8 GiB of this machine's memory "
+                                     "(16 x 45.42 GiB: states 2.45, activations 36.98, runtime 0.35 per rank")
+    assert host.summary().endswith("but it has 64.0 GiB (MemTotal)")
+    for model, gpus in (("gpt_tiny", 16), ("gpt_small", 16), ("gpt_small", 4)):  # what the tests and demo run
+        (small,) = compose_runs([f"model={model}", f"gpus={gpus}"])
+        assert host_memory(small.config, small.plan, capacity=8 * GIB).fits, (model, gpus)
+    (mid,) = compose_runs(["model=gpt_125m", "gpus=1"])
+    assert host_fixes(mid.config, mid.plan, 24 * GIB) == ["train.micro_batch=8 (23.0 GiB)"]
+
+
+def test_machine_memory_is_memtotal(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24684092 kB\nMemFree:        23000000 kB\nMemAvailable:   24082484 kB\n")
+    assert machine_memory(meminfo) == 24684092 * 1024
+    assert machine_memory(tmp_path / "absent") is None
+    assert machine_memory() > 2**30  # this machine's
+
+
+def test_launch_refuses_a_run_the_machine_cannot_hold(submissions, capsys):
+    """gpt_1b fits the local cluster's stand-in 80 GiB GPUs on 16 ranks, but its ranks need 726.8 GiB of
+    this machine's RAM together."""
+    assert cli.main(["model=gpt_1b", "gpus=16"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and submissions == []
+    assert err.startswith("error: gpt_1b on 16 local ranks needs 726.8 GiB of this machine's memory (16 x 45.42 GiB")
+    assert re.search(r"but it has \d+\.\d GiB \(MemTotal\); to fit: .*; or add force=true to launch anyway "
+                     r"\(details: 'launcher plan model=gpt_1b gpus=16'\)$", err)
+    assert cli.main(["model=gpt_1b", "gpus=16", "force=true"]) == 0 and len(submissions) == 1
+    assert "gpt_1b on 16 local ranks needs 726.8 GiB" in (err := capsys.readouterr().err)
+    assert "force=true: launching anyway" in err
+    assert cli.main(["model=gpt_1b", "gpus=16", "dry_run=json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["model"] == "gpt_1b" and "a launch would be refused (force=true overrides)" in err
+    assert cli.main(["-m", "model=gpt_tiny,gpt_small", "gpus=16"]) == 0 and len(submissions) == 2
+    assert capsys.readouterr().err == ""
 
 
 def test_python_m_launcher_refuses_without_submitting(tmp_path):
@@ -370,7 +423,8 @@ def _measure_states(parallel: dict, micro_batch: int, grad_accum: int, out_dir: 
     from torch.distributed.tensor import DTensor
 
     from train.dist import init_distributed
-    from train.loop import build_model, build_optimizer, forward_backward
+    from train.loop import build_model, forward_backward
+    from train.optim import build_optimizer
 
     def nbytes(t) -> int:
         t = t.to_local() if isinstance(t, DTensor) else t

@@ -38,22 +38,22 @@ def test_script_requests_the_plans_layout(runs, gpus, nodes, tmp_path):
     script = render_sbatch(run.config, run.plan, f"r{gpus}", tmp_path / "submitit")
     assert {
         f"#SBATCH --nodes={nodes}",
-        f"#SBATCH --ntasks={gpus}",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --cpus-per-task=1",
         "#SBATCH --gpus-per-node=8",
         f"#SBATCH --job-name=r{gpus}",
         "#SBATCH --signal=USR2@60",
         "#SBATCH --time=30",
-        "#SBATCH --overcommit",
     } <= sbatch_lines(script)
     assert "#SBATCH --partition" not in script  # the local cluster's default partition
-    assert "--cpus-per-task" not in script and "--ntasks-per-node" not in script  # refused with --overcommit
+    assert "--overcommit" not in script  # the local cluster has a CPU per GPU
     assert f"-m submitit.core._submit {tmp_path / 'submitit'}" in script.rstrip().splitlines()[-1]
 
 
 def test_four_gpus_spread_over_two_nodes(tmp_path):
     (run,) = compose_runs(["gpus=4"])
     lines = sbatch_lines(render_sbatch(run.config, run.plan, "four", tmp_path))
-    assert {"#SBATCH --nodes=2", "#SBATCH --ntasks=4", "#SBATCH --gpus-per-node=2"} <= lines
+    assert {"#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --gpus-per-node=2"} <= lines
 
 
 def test_site_cluster_fields_reach_the_script(runs, tmp_path):

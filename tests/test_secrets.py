@@ -150,6 +150,7 @@ def test_real_stdin_pipe_and_exit_status(tmp_path):
     for args in (["--help"], ["list", "--help"], ["create", "--help"], ["delete", "--help"]):
         res = launcher(*args)
         assert res.returncode == 0 and res.stdout.startswith(b"usage: launcher secrets"), args
+        assert b"launcher/core" not in res.stdout and b"``" not in res.stdout, args  # for users, not internals
     assert b"SSH_KEY_PATH" in launcher("create", "--help").stdout
     assert b"0600" in launcher("--help").stdout
     res = subprocess.run([sys.executable, "-c", "import launcher.core.secrets, launcher.entry, sys; "

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -62,14 +61,30 @@ def test_run_goes_through_states_and_matches_its_metrics(slurm, tmp_path):
     assert f"Run {name}: Slurm job" in described and "finished" in described and "step_00000020" in described
 
 
-def test_stop_cancels_frees_gpus_and_delete_removes(slurm, tmp_path):
+def test_watch_into_a_pipe_follows_a_run_to_its_end_in_plain_text(slurm, tmp_path):
+    name, _ = launch(slurm, tmp_path, "gpus=1", "train.steps=20", "train.log_every=5")
+    out = cmd(slurm, tmp_path, "runs", "--watch", "--interval", "1", timeout=300)  # returns by itself
+    assert "\x1b" not in out
+    frames = out.strip().split("\n\n")
+    assert len(frames) >= 2 and "1 of 1 runs active" in frames[0]
+    assert re.search(rf"^{name} .* (PENDING|RUNNING) ", frames[0], re.M)
+    assert "no run active: final table" in frames[-1] and re.search(rf"^{name} .* COMPLETED .* 20/20", frames[-1], re.M)
+
+
+def local_partitions(slurm, tmp_path) -> list:
+    """The partitions ``clusters --json`` lists for the local cluster."""
     clusters = json.loads(cmd(slurm, tmp_path, "clusters", "--json"))
+    return next(c["partitions"] for c in clusters if c["cluster"] == "local")
+
+
+def test_stop_cancels_frees_gpus_and_delete_removes(slurm, tmp_path):
+    clusters = local_partitions(slurm, tmp_path)
     assert [(c["name"], c["nodes_idle"] + c["nodes_allocated"], c["gpus_total"]) for c in clusters] == [("gpu", 2, 16)]
     idle_free = clusters[0]["gpus_free"]
 
     name, job_id = launch(slurm, tmp_path, "gpus=2", "train.steps=100000")
     wait_status(slurm, tmp_path, name, {"RUNNING"})
-    busy = json.loads(cmd(slurm, tmp_path, "clusters", "--json"))[0]
+    busy = local_partitions(slurm, tmp_path)[0]
     assert busy["gpus_free"] == idle_free - 2
     assert "RUNNING" in cmd(slurm, tmp_path, "runs", "--status", "running")
 

@@ -1,8 +1,11 @@
 """Parsing and formatting behind the status commands (no Slurm needed)."""
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
+import sys
 import time
 
 import pytest
@@ -10,9 +13,8 @@ import pytest
 from launcher import cli
 from launcher.commands.common import duration, parse_since, slurm_seconds
 from launcher.core.rundir import RunRecord, find_run, last_metrics, list_records, save_record
-from launcher.slurm import gpus_in_gres
-from launcher.state import fold, from_run_dir, job_states, settled_state
-from launcher.commands.clusters import gpu_type
+from launcher.slurm_output import parse_gres
+from launcher.state import JobState, fold, from_run_dir, job_states, settled_state
 
 
 @pytest.mark.parametrize(
@@ -32,10 +34,10 @@ def test_slurm_states_fold_into_ours(slurm_state, expected):
     assert fold(slurm_state) == expected
 
 
-@pytest.mark.parametrize("gres, gpus, kind", [("gpu:8", 8, "gpu"), ("gpu:h100:4(S:0-1)", 4, "h100"),
-                                             ("(null)", 0, "-"), ("craynetwork:1,gpu:a100:2", 2, "a100")])
+@pytest.mark.parametrize("gres, gpus, kind", [("gpu:8", 8, None), ("gpu:h100:4(S:0-1)", 4, "h100"),
+                                             ("(null)", 0, None), ("craynetwork:1,gpu:a100:2", 2, "a100")])
 def test_gres_strings(gres, gpus, kind):
-    assert (gpus_in_gres(gres), gpu_type(gres)) == (gpus, kind)
+    assert (parse_gres(gres).gpus, parse_gres(gres).gpu_type) == (gpus, kind)
 
 
 def test_times_format_and_parse():
@@ -50,7 +52,8 @@ def make_run(root, name, submitted, **fields):
     run_dir = root / name
     run_dir.mkdir(parents=True)
     rec = RunRecord(name=name, run_dir=str(run_dir), model=fields.get("model", "gpt_tiny"), gpus=2, nodes=1,
-                    gpus_per_node=2, steps=10, cluster="local", submitted_at=submitted, job_id=fields.get("job_id", "1"))
+                    gpus_per_node=2, steps=10, cluster="local", submitted_at=submitted, job_id=fields.get("job_id", "1"),
+                    sweep=fields.get("sweep"))
     save_record(rec)
     os.utime(run_dir / "run.json", (submitted, submitted))
     return run_dir
@@ -83,12 +86,13 @@ def test_last_metrics_skips_a_torn_line_and_run_dir_marks_the_end(tmp_path):
     [
         (["runs", "--status", "DONE"], "--status DONE: allowed PENDING"),
         (["runs", "--limit", "0"], "--limit must be positive, got 0"),
+        (["runs", "--watch", "--interval", "0"], "--interval must be positive, got 0"),
         (["runs", "--since", "yesterday"], "--since 'yesterday'"),
         (["runs", "--bogus"], "launcher runs: unrecognized arguments: --bogus; see --help"),
         (["describe", "nosuchrun"], "no run named 'nosuchrun'"),
         (["logs", "nosuchrun"], "no run named 'nosuchrun'"),
         (["stop"], "name at least one run, or --sweep ID"),
-        (["stop", "--sweep", "sweep-x"], "no runs of sweep 'sweep-x'"),
+        (["stop", "--sweep", "sweep-x"], "no sweep 'sweep-x'"),
         (["delete", "r"], "delete r: confirm with --yes"),
     ],
 )
@@ -106,8 +110,67 @@ def test_a_settled_slurm_state_is_kept_and_slurm_not_asked_again(tmp_path, monke
     (run_dir / "slurm_state.json").write_text(json.dumps(
         {"job_id": "42", "state": "COMPLETED", "source": "sacct", "elapsed": "00:01:10", "exit_code": "0:0"}))
     rec = list_records(tmp_path)[0]
-    monkeypatch.setattr("launcher.state.run", lambda *a, **k: pytest.fail("Slurm was asked"))
+    monkeypatch.setattr("launcher.slurm.Slurm.run", lambda *a, **k: pytest.fail("Slurm was asked"))
     state = job_states([rec])["done"]
     assert (state.state, state.source, state.elapsed) == ("COMPLETED", "sacct", "00:01:10")
     rec.job_id = "43"  # a cached answer about another job is ignored
     assert settled_state(rec) is None
+
+
+def settled(run_dir, state):
+    """Slurm's final answer about the run's job, as job_states keeps it (so Slurm is not asked)."""
+    (run_dir / "slurm_state.json").write_text(json.dumps({"job_id": "1", "state": state, "source": "sacct"}))
+
+
+def test_sweep_ids_take_a_unique_prefix(tmp_path, capsys):
+    for i, (name, sweep) in enumerate([("a1", "sweep-0101-aa"), ("a2", "sweep-0101-aa"), ("b1", "sweep-0102-bb"),
+                                       ("c1", "sweep-0103-cc")]):
+        settled(make_run(tmp_path, name, 1000 + i, sweep=sweep), "COMPLETED")
+    assert cli.main(["runs", "--sweep", "sweep-0101", "--json", "--root", str(tmp_path)]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["a2", "a1"]
+    assert cli.main(["runs", "--sweep", "sweep-0102-bb", "--json", "--root", str(tmp_path)]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["b1"]
+    for args, message in [
+        (["runs", "--sweep", "sweep-010"], "error: sweep 'sweep-010' is ambiguous: sweep-0101-aa, sweep-0102-bb, "
+                                           "sweep-0103-cc"),
+        (["compare", "--sweep", "sweep-0104-cc"], f"error: no sweep 'sweep-0104-cc' in {tmp_path}; did you mean "
+                                                  "sweep-0103-cc, sweep-0102-bb, sweep-0101-aa?"),
+        (["stop", "--sweep", "zzz"], f"error: no sweep 'zzz' in {tmp_path}"),
+    ]:
+        assert cli.main([*args, "--root", str(tmp_path)]) == 2
+        assert capsys.readouterr().err.splitlines() == [message]
+
+
+def test_watch_into_a_pipe_is_plain_text_and_ends_when_nothing_is_active(tmp_path, capsys):
+    for i, state in enumerate(["COMPLETED", "FAILED"]):
+        settled(make_run(tmp_path, f"r{i}", 1000 + i), state)
+    start = time.time()
+    assert cli.main(["runs", "--watch", "--interval", "30", "--root", str(tmp_path)]) == 0
+    assert time.time() - start < 10  # no refresh: nothing was active
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    lines = out.splitlines()
+    assert re.fullmatch(r"\d\d:\d\d:\d\d  no run active: final table", lines[0])
+    assert lines[1].split()[:2] == ["NAME", "JOB"] and [line.split()[0] for line in lines[3:]] == ["r1", "r0"]
+
+
+def test_watch_on_a_terminal_redraws_in_place_until_the_runs_end(tmp_path, monkeypatch):
+    """The drawing only: Slurm's answer is stood in by the run's own events, which the pause between refreshes
+    turns from started to finished (tests/test_status_slurm.py watches a real job)."""
+    from launcher.commands import runs
+
+    run_dir = make_run(tmp_path, "r", 1000)
+    (run_dir / "events.jsonl").write_text('{"event": "started"}\n')
+    monkeypatch.setattr(runs, "job_states", lambda records: {"r": from_run_dir(run_dir) or JobState("RUNNING")})
+    monkeypatch.setattr(runs.time, "sleep", lambda s: (run_dir / "events.jsonl").write_text('{"event": "finished"}\n'))
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stdout", Terminal())
+    assert cli.main(["runs", "--watch", "--root", str(tmp_path)]) == 0
+    frames = sys.stdout.getvalue().split("\x1b[H\x1b[2J")
+    assert frames[0] == "" and len(frames) == 3
+    assert "1 of 1 runs active; every 2s" in frames[1] and "RUNNING" in frames[1]
+    assert "no run active: final table" in frames[2] and "COMPLETED" in frames[2]

@@ -1,11 +1,14 @@
 """Loop pieces: the LR schedule, batch splitting, and halving the micro-batch on out-of-memory."""
+import dataclasses
 import math
 
 import pytest
 
 import train_workers
 from launcher.core.config import TrainConfig
-from train.loop import Batching, lr_factor
+from launcher.core.plan import read_plan
+from train.loop import Batching
+from train.optim import lr_factor
 from train_harness import launch_forked, make_run_dir, make_tokens, metrics, tiny_config
 
 
@@ -18,8 +21,11 @@ def test_lr_warmup_then_cosine_to_min():
     assert all(a >= b for a, b in zip(f[10:], f[11:]))
 
 
-def test_batching_from_plan_and_halving():
-    plan = {"world_size": 2, "global_batch": 16, "micro_batch": 8, "grad_accum": 1}
+def test_batching_from_plan_and_halving(tmp_path):
+    run_dir = make_run_dir(tmp_path, tiny_config(tmp_path / "tokens.bin", global_batch=16), world_size=2,
+                           micro_batch=8)
+    plan = read_plan(run_dir)
+    assert (plan.world_size, plan.global_batch, plan.micro_batch, plan.grad_accum) == (2, 16, 8, 1)
     b = Batching.from_plan(plan, TrainConfig(micro_batch="auto"), world_size=2)
     assert b.auto
     seen = []
@@ -35,7 +41,7 @@ def test_batching_from_plan_and_halving():
     with pytest.raises(RuntimeError, match="made for 2 ranks but the job has 4"):
         Batching.from_plan(plan, TrainConfig(), world_size=4)
     with pytest.raises(ValueError, match="!= global_batch"):
-        Batching.from_plan({**plan, "grad_accum": 3}, TrainConfig(), world_size=2)
+        Batching.from_plan(dataclasses.replace(plan, grad_accum=3), TrainConfig(), world_size=2)
 
 
 def test_auto_micro_batch_halves_on_out_of_memory(tmp_path):

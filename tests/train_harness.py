@@ -9,6 +9,7 @@ costs no 4 x 4 s of imports on a 2-core machine.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -21,6 +22,8 @@ import torch
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
+from launcher.core.config import load_run_config
+from launcher.core.plan import PLAN, Plan, single_node_plan
 from train.data import encode_bytes, stdlib_sources, write_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,14 +47,19 @@ def make_tokens(path: Path, files: int = 20) -> Path:
 
 
 def make_run_dir(run_dir: Path, config: dict, world_size: int, micro_batch: int) -> Path:
-    """config.yaml and the plan.json keys that train/ reads, as the launcher would write them."""
+    """config.yaml and plan.json as the launcher would write them, for ``world_size`` ranks on one node
+    starting at ``micro_batch``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(config), run_dir / "config.yaml")
-    global_batch = config["train"]["global_batch"]
-    plan = {"world_size": world_size, "micro_batch": micro_batch,
-            "grad_accum": global_batch // (world_size * micro_batch), "global_batch": global_batch}
-    (run_dir / "plan.json").write_text(json.dumps(plan))
+    (run_dir / PLAN).write_text(json.dumps(plan_for(run_dir, world_size, micro_batch).to_dict()))
     return run_dir
+
+
+def plan_for(run_dir: Path, world_size: int, micro_batch: int) -> Plan:
+    """The plan of ``run_dir``'s config.yaml on ``world_size`` ranks at ``micro_batch`` (``auto`` kept)."""
+    cfg = load_run_config(run_dir / "config.yaml")
+    fixed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch=micro_batch))
+    return dataclasses.replace(single_node_plan(fixed, world_size), micro_batch_auto=cfg.train.micro_batch == "auto")
 
 
 def free_port() -> int:

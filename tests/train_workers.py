@@ -11,7 +11,8 @@ from launcher.core.config import DataConfig, ModelConfig, ParallelConfig, RunCon
 from train import checkpoint, task
 from train.data import StepSampler, TokenData
 from train.dist import check_allreduce, init_distributed
-from train.loop import build_model, build_optimizer, forward_backward, global_mean, optimizer_step
+from train.loop import build_model, forward_backward, global_mean
+from train.optim import build_optimizer, optimizer_step
 
 
 def run_config(raw: dict) -> RunConfig:

@@ -1,4 +1,4 @@
-"""The training loop: AdamW, warmup + cosine LR, clipping, accumulation, eval, checkpoints.
+"""The training loop: accumulation, eval, checkpoints, metrics (the optimizer is train/optim.py).
 
 One optimizer step consumes ``global_batch`` sequences: each rank takes its share
 in ``grad_accum`` micro-batches of ``micro_batch`` (values from plan.json). Each
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -25,16 +24,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 
-from launcher.core.config import RunConfig, TrainConfig
-from launcher.core.plan import flops_per_token, largest_divisor
+from launcher.core.config import RunConfig, TrainConfig, compute_precision
+from launcher.core.plan import Plan, flops_per_token, halved_micro_batch
 from train.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
 from train.data import StepSampler, TokenData, token_file, val_indices
 from train.dist import DistEnv
 from train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
 from train.model import GPT
-from train.parallel import compute_precision, parallelize
+from train.optim import build_optimizer, optimizer_step
+from train.parallel import parallelize
 from train.progress import job_comment
 from launcher.core.rundir import append_event
 
@@ -57,10 +56,10 @@ class Batching:
     auto: bool  # halve micro_batch on out-of-memory
 
     @classmethod
-    def from_plan(cls, plan: dict[str, Any], cfg: TrainConfig, world_size: int) -> "Batching":
-        if plan["world_size"] != world_size:
-            raise RuntimeError(f"plan.json was made for {plan['world_size']} ranks but the job has {world_size}")
-        batching = cls(plan["global_batch"], plan["micro_batch"], plan["grad_accum"], cfg.micro_batch == "auto")
+    def from_plan(cls, plan: Plan, cfg: TrainConfig, world_size: int) -> "Batching":
+        if plan.world_size != world_size:
+            raise RuntimeError(f"plan.json was made for {plan.world_size} ranks but the job has {world_size}")
+        batching = cls(plan.global_batch, plan.micro_batch, plan.grad_accum, cfg.micro_batch == "auto")
         if batching.micro_batch * batching.grad_accum * world_size != batching.global_batch:
             raise ValueError(f"plan.json: micro_batch {batching.micro_batch} x grad_accum {batching.grad_accum} "
                              f"x world_size {world_size} != global_batch {batching.global_batch}")
@@ -69,29 +68,8 @@ class Batching:
     def halve(self) -> None:
         """The largest micro-batch at most half the current one that still divides the rank's share."""
         per_rank = self.micro_batch * self.grad_accum
-        self.micro_batch = largest_divisor(per_rank, self.micro_batch // 2)
+        self.micro_batch = halved_micro_batch(per_rank, self.micro_batch)
         self.grad_accum = per_rank // self.micro_batch
-
-
-def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
-    """LR multiplier for optimizer step ``step`` (0-based): linear warmup, then cosine down to ``min_lr_ratio``."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def build_optimizer(model: nn.Module,
-                    cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (fused: one kernel per step, on CPU as on CUDA) with weight decay on matrices only
-    (not LayerNorm weights), and its LR schedule."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
-    return optimizer, scheduler
 
 
 def forward_backward(model: nn.Module, micro_batches: list[Batch]) -> torch.Tensor:
@@ -111,16 +89,6 @@ def forward_backward(model: nn.Module, micro_batches: list[Batch]) -> torch.Tens
         loss.backward()
         total += loss.detach()
     return total
-
-
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer,
-                   scheduler: torch.optim.lr_scheduler.LRScheduler, grad_clip: float) -> torch.Tensor:
-    """Clip, step, advance the LR, clear gradients; returns the gradient norm before clipping."""
-    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
 
 
 def global_mean(value: torch.Tensor, env: DistEnv) -> float:
@@ -149,7 +117,7 @@ def build_model(cfg: RunConfig, env: DistEnv) -> nn.Module:
     return parallelize(model, cfg.parallel, env, seed=cfg.train.seed)
 
 
-def train(cfg: RunConfig, plan: dict[str, Any], run_dir: Path, env: DistEnv) -> dict[str, Any]:
+def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     """Train to ``cfg.train.steps``, resuming from the newest complete checkpoint; returns the final record."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
@@ -176,7 +144,7 @@ def train(cfg: RunConfig, plan: dict[str, Any], run_dir: Path, env: DistEnv) -> 
 
     metrics = MetricsLog(Path(run_dir) / "metrics.jsonl" if env.is_main else None)
     comment = job_comment(env.is_main)
-    fpt, peak = flops_per_token(cfg.model), peak_flops(env.device, compute_precision(cfg.parallel, env.device))
+    fpt, peak = flops_per_token(cfg.model), peak_flops(env.device, compute_precision(cfg.parallel.precision, env.device.type == "cuda"))
     tokens_per_step = batching.global_batch * cfg.model.seq_len
     intervals: list[dict[str, Any]] = []
     record: dict[str, Any] = {}

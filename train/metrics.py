@@ -1,10 +1,7 @@
 """Model FLOPs utilisation and the metrics records of a run.
 
-MFU follows the convention of the public reference numbers (llm-foundry,
-Megatron, torchtitan): FLOPs per token = 6N + 12*L*d*T with N the non-embedding
-parameters (``launcher.core.plan.flops_per_token``, the one formula the planner uses
-too), against the GPU's dense bf16 peak, so our numbers can be set beside
-theirs. It is reported only where the peak is known (not on CPU).
+MFU follows the convention stated once in launcher/core/hardware.py, which the planner's predicted
+MFU follows too, so the two can be set beside each other and beside the public reference numbers.
 """
 from __future__ import annotations
 

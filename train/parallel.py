@@ -13,17 +13,11 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from launcher.core.config import CHECKPOINTING, PRECISIONS, SHARDINGS, ParallelConfig
+from launcher.core.config import CHECKPOINTING, PRECISIONS, SHARDINGS, ParallelConfig, checkpointed, compute_precision
 from train.dist import DistEnv
 from train.model import GPT
 
 log = logging.getLogger(__name__)
-
-def compute_precision(cfg: ParallelConfig, device: torch.device) -> str:
-    """``bf16`` (parameters gathered in bf16, gradients reduced in fp32) on CUDA unless fp32 is asked for;
-    ``fp32`` on CPU, where bf16 matmuls are slow or missing."""
-    return "bf16" if device.type == "cuda" and cfg.precision in ("auto", "bf16") else "fp32"
-
 
 def parallelize(model: GPT, cfg: ParallelConfig, env: DistEnv, seed: int) -> nn.Module:
     """Shard ``model`` over the process group and give it real, initialised weights.
@@ -45,7 +39,7 @@ def parallelize(model: GPT, cfg: ParallelConfig, env: DistEnv, seed: int) -> nn.
     _check_choice("precision", cfg.precision, PRECISIONS)
 
     mesh = _device_mesh(cfg.sharding, env)
-    bf16 = compute_precision(cfg, env.device) == "bf16"
+    bf16 = compute_precision(cfg.precision, env.device.type == "cuda") == "bf16"
     if cfg.precision == "bf16" and not bf16:
         log.warning("precision bf16 asked for on %s: training in fp32", env.device.type)
     mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
@@ -55,7 +49,7 @@ def parallelize(model: GPT, cfg: ParallelConfig, env: DistEnv, seed: int) -> nn.
     reshard_after_forward = cfg.sharding != "grad_op" and mesh.shape[-1] > 1
 
     for i, block in enumerate(model.blocks):
-        if cfg.activation_checkpointing == "full" or (cfg.activation_checkpointing == "selective" and i % 2 == 0):
+        if checkpointed(cfg.activation_checkpointing, i):
             block = checkpoint_wrapper(block)
         if cfg.compile:
             block.compile()

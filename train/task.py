@@ -7,7 +7,6 @@ from the newest periodic checkpoint.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -17,6 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from launcher.core.config import load_run_config
+from launcher.core.plan import read_plan
 from launcher.core.rundir import append_event
 from train.dist import check_allreduce, global_rank_from_environ, init_distributed
 from train.loop import train
@@ -30,7 +30,7 @@ def run(run_dir: str | Path) -> dict[str, Any]:
     rank = global_rank_from_environ()
     setup_logging(run_dir, rank)
     cfg = load_run_config(run_dir / "config.yaml")
-    plan = json.loads((run_dir / "plan.json").read_text())
+    plan = read_plan(run_dir)
     try:
         env = init_distributed()
         check_allreduce(env)

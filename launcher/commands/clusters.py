@@ -1,19 +1,24 @@
-"""``launcher clusters``: per partition, its GPUs and how much of it is free, from ``sinfo``.
+"""``launcher clusters``: every configured cluster (conf/cluster/*.yaml), each partition's GPUs and how much of
+it is free, and whether the cluster answers at all.
 
 The two MAX columns answer "where does a 16- or 128-GPU run fit": the largest run the partition can
 start right now (whole idle nodes, or the free GPUs of one node) and the largest it can ever hold.
+Clusters are asked at once, each with short timeouts, so one that is down shows as unreachable within
+seconds. Clusters that resolve to the same slurm.conf are asked once and shown as one.
 """
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import threading
 from dataclasses import asdict, dataclass, field
-from typing import List
+from typing import Dict, List, Optional
 
-from launcher.commands.common import Parser
-from launcher.errors import LaunchError
-from launcher.slurm import SlurmError, gpus_in_gres, run, use_cluster
+from launcher.slurm import Node, Slurm, SlurmError, slurm_conf_for
 
 DOWN_WORDS = ("down", "drain", "fail", "not_responding", "maint", "reboot", "power", "unknown", "inval")
+SINFO_TIMEOUT_S = 5
 
 
 @dataclass
@@ -33,29 +38,20 @@ class PartitionUsage:
     free_per_node: List[int] = field(default_factory=list, repr=False)
 
 
-def gpu_type(gres: str) -> str:
-    for item in gres.split(","):
-        parts = item.split("(")[0].split(":")
-        if parts[0] == "gpu":
-            return parts[1] if len(parts) == 3 else "gpu"
-    return "-"
-
-
-def usage() -> List[PartitionUsage]:
-    out = run(["sinfo", "-h", "-N", "-O", "NodeList:|,Partition:|,Gres:|,GresUsed:|,StateLong:|,Time:"])
-    parts: dict[str, PartitionUsage] = {}
-    for line in out.splitlines():
-        node, partition, gres, used, state, limit = line.split("|")[:6]
-        name = partition.rstrip("*")
-        total = gpus_in_gres(gres)
-        part = parts.setdefault(name, PartitionUsage(name, partition.endswith("*"), gpu_type(gres), total, limit))
-        part.gpus_per_node = max(part.gpus_per_node, total)
-        part.gpus_total += total
-        state = state.lower()
+def usage(nodes: List[Node]) -> List[PartitionUsage]:
+    """Per partition: nodes idle/allocated/down and GPUs free/total."""
+    parts: Dict[str, PartitionUsage] = {}
+    for node in nodes:
+        kind = node.gpu_type or ("gpu" if node.gpus else "-")
+        part = parts.setdefault(node.partition, PartitionUsage(node.partition, node.default, kind, node.gpus,
+                                                               node.max_time))
+        part.gpus_per_node = max(part.gpus_per_node, node.gpus)
+        part.gpus_total += node.gpus
+        state = node.state.lower()
         if any(word in state for word in DOWN_WORDS):
             part.nodes_down += 1
             continue
-        free = total - gpus_in_gres(used)
+        free = node.gpus - node.gpus_used
         part.gpus_free += free
         part.free_per_node.append(free)
         if state.startswith("idle"):
@@ -70,28 +66,94 @@ def usage() -> List[PartitionUsage]:
     return list(parts.values())
 
 
-HEADERS = ["PARTITION", "GPU", "GPUS/NODE", "NODES IDLE/ALLOC/DOWN", "GPUS FREE/TOTAL", "MAX RUN NOW", "MAX RUN",
-           "TIME LIMIT"]
+@dataclass
+class ClusterUsage:
+    """One cluster as listed: its names (clusters sharing a slurm.conf), whether it answered, its partitions."""
+
+    cluster: str
+    also: List[str]
+    slurm_conf: Optional[str]
+    reachable: bool = False
+    error: str = ""
+    partitions: List[PartitionUsage] = field(default_factory=list)
 
 
-def main(argv: List[str]) -> int:
-    parser = Parser("clusters", "Show each partition's GPUs, free and total, from sinfo.", about_runs=False)
-    parser.add_argument("--cluster-conf", metavar="SLURM_CONF",
-                        help="slurm.conf of the cluster to show (default: $SLURM_CONF, else the local cluster)")
+def configured() -> Dict[str, Optional[str]]:
+    """Every cluster of conf/cluster/*.yaml (its ``name``) with its slurm.conf, ``local`` first."""
+    from omegaconf import OmegaConf
+
+    from launcher.catalog import options, CONF_DIR
+
+    found: Dict[str, Optional[str]] = {}
+    for option in sorted(options("cluster"), key=lambda o: (o != "local", o)):
+        cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "cluster" / f"{option}.yaml"), resolve=True)
+        name = cfg.get("name") or option
+        found[name] = slurm_conf_for(name, cfg.get("slurm_conf"))
+    return found
+
+
+def survey(clusters: Dict[str, Optional[str]]) -> List[ClusterUsage]:
+    """Ask every distinct cluster at once; a silent one is unreachable within a few seconds."""
+    listed: Dict[Optional[str], ClusterUsage] = {}
+    for name, conf in clusters.items():
+        key = conf or os.environ.get("SLURM_CONF")  # None: Slurm's default, which $SLURM_CONF sets
+        if key in listed:
+            listed[key].also.append(name)
+        else:
+            listed[key] = ClusterUsage(name, [], conf)
+
+    def ask(entry: ClusterUsage) -> None:
+        slurm = Slurm(entry.slurm_conf)
+        try:
+            slurm.ping()
+            entry.partitions = usage(slurm.nodes(timeout=SINFO_TIMEOUT_S))
+            entry.reachable = True
+        except SlurmError as err:
+            entry.error = str(err)
+
+    threads = [threading.Thread(target=ask, args=(entry,)) for entry in listed.values()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return list(listed.values())
+
+
+HEADERS = ["CLUSTER", "PARTITION", "GPU", "GPUS/NODE", "NODES IDLE/ALLOC/DOWN", "GPUS FREE/TOTAL", "MAX RUN NOW",
+           "MAX RUN", "TIME LIMIT"]
+
+
+def table_rows(entry: ClusterUsage) -> List[list]:
+    name = entry.cluster + "".join(f", {other}" for other in entry.also)
+    if not entry.reachable:
+        return [[name, "unreachable (below)"] + [""] * (len(HEADERS) - 2)]
+    return [[name, p.name + ("*" if p.default else ""), p.gpu_type, p.gpus_per_node,
+             f"{p.nodes_idle}/{p.nodes_allocated}/{p.nodes_down}", f"{p.gpus_free}/{p.gpus_total}",
+             p.max_run_now, p.max_run, p.time_limit] for p in entry.partitions]
+
+
+def to_json(entry: ClusterUsage) -> dict:
+    data = asdict(entry)
+    for part in data["partitions"]:
+        part.pop("free_per_node")
+    return data
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster-conf", metavar="SLURM_CONF", help="show only the cluster of this slurm.conf")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
-    args = parser.parse_args(argv)
-    use_cluster("local", args.cluster_conf)
-    try:
-        parts = usage()
-    except SlurmError as err:
-        raise LaunchError(f"{err}; start the local cluster with 'bash slurm/up.sh' or set SLURM_CONF") from None
+
+
+def main(args: argparse.Namespace) -> int:
+    clusters = {args.cluster_conf: args.cluster_conf} if args.cluster_conf else configured()
+    entries = survey(clusters)
     if args.json:
-        print(json.dumps([{k: v for k, v in asdict(p).items() if k != "free_per_node"} for p in parts], indent=1))
+        print(json.dumps([to_json(entry) for entry in entries], indent=1))
         return 0
     from tabulate import tabulate
 
-    rows = [[p.name + ("*" if p.default else ""), p.gpu_type, p.gpus_per_node,
-             f"{p.nodes_idle}/{p.nodes_allocated}/{p.nodes_down}", f"{p.gpus_free}/{p.gpus_total}",
-             p.max_run_now, p.max_run, p.time_limit] for p in parts]
-    print(tabulate(rows, headers=HEADERS, disable_numparse=True))
+    print(tabulate([row for entry in entries for row in table_rows(entry)], headers=HEADERS, disable_numparse=True))
+    for entry in entries:
+        if not entry.reachable:
+            print(f"{entry.cluster}: {entry.error}")
     return 0

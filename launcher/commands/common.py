@@ -1,27 +1,14 @@
-"""What every status command shares: an argument parser whose mistakes are one-line errors, the run
-root option, run lookup by name or prefix, and human formatting of times."""
+"""What every status command shares: the run root option's value, run lookup by name or prefix, and human
+formatting of times."""
 from __future__ import annotations
 
 import argparse
 import time
 from pathlib import Path
-from typing import List, NoReturn, Optional
+from typing import List, Optional
 
 from launcher.errors import LaunchError
-from launcher.core.rundir import RunRecord, default_root, find_run, list_records
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument raises LaunchError (one line, exit 2) instead of printing usage."""
-
-    def __init__(self, prog: str, description: str, about_runs: bool = True) -> None:
-        super().__init__(prog=f"launcher {prog}", description=description)
-        if about_runs:
-            self.add_argument("--root", type=Path, default=None,
-                              help="run root (default: $LAUNCHER_RUN_ROOT or ~/.launcher/runs)")
-
-    def error(self, message: str) -> NoReturn:
-        raise LaunchError(f"{self.prog}: {message}; see --help")
+from launcher.core.rundir import RunRecord, default_root, find_run, list_records, unique_prefix
 
 
 def root_of(args: argparse.Namespace) -> Path:
@@ -35,13 +22,20 @@ def lookup(root: Path, name: str) -> RunRecord:
         raise LaunchError(str(err)) from None
 
 
+def sweep_runs(root: Path, sweep: str) -> List[RunRecord]:
+    """Every run of the sweep whose id is ``sweep`` or starts with it (a unique prefix, as for run names)."""
+    records = list_records(root)
+    try:
+        sweep_id = unique_prefix(sweep, (rec.sweep for rec in records if rec.sweep), "sweep", root)
+    except LookupError as err:
+        raise LaunchError(str(err)) from None
+    return [rec for rec in records if rec.sweep == sweep_id]
+
+
 def chosen_runs(root: Path, names: List[str], sweep: Optional[str]) -> List[RunRecord]:
-    """The runs named (by name or unique prefix), or every run of a sweep."""
+    """The runs named (by name or unique prefix), or every run of a sweep (by id or unique prefix)."""
     if sweep:
-        records = [rec for rec in list_records(root) if rec.sweep == sweep]
-        if not records:
-            raise LaunchError(f"no runs of sweep '{sweep}' in {root}")
-        return records
+        return sweep_runs(root, sweep)
     if not names:
         raise LaunchError("name at least one run, or --sweep ID")
     return [lookup(root, name) for name in names]

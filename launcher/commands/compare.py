@@ -1,9 +1,10 @@
 """``launcher compare RUN... | --sweep ID``: how model sizes and GPU counts actually compared.
 
-Everything comes from the runs' own ``metrics.jsonl`` and ``plan.json``:
+Everything comes from the runs' own ``metrics.jsonl``, ``run.json`` and ``config.yaml``:
 - step time: the median over log intervals, leaving out the first (warm-up, compilation) when there are
-  others;
-- tokens/s and MFU: the final record's steady-state figures, or the median over intervals so far;
+  others; tokens/s, tokens/s/GPU and MFU are taken at that same median step time (what an interval does
+  per step, divided by it), so TOK/S x STEP TIME is exactly the tokens of one step;
+- MFU: "n/a" with the reason where training measured none (a CPU has no peak FLOP/s to divide by);
 - speedup: tokens/s against the run of the same model with the fewest GPUs; scaling efficiency is the
   speedup divided by the GPU ratio (1.0 is linear scaling);
 - time to the same step: the training time each run needed to reach the highest step all runs reached.
@@ -11,18 +12,20 @@ Runs still going are compared on their steps so far and marked as such.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
-from launcher.commands.common import Parser, chosen_runs, duration, root_of
-from launcher.errors import LaunchError
+from launcher.commands.common import chosen_runs, duration, root_of
 from launcher.core.rundir import METRICS, RunRecord, read_jsonl
 from launcher.state import job_states
+
+LOCAL_HARDWARE = "local cluster: CPU processes stand in for GPUs"
 
 
 @dataclass
@@ -35,10 +38,14 @@ class RunStats:
     steps_done: int
     steps_total: int
     median_step_time: Optional[float]
+    tokens_per_step: Optional[float]
     tokens_per_s: Optional[float]
     tokens_per_s_per_gpu: Optional[float]
     mfu: Optional[float]
+    mfu_note: Optional[str]  # why mfu is None
     final_loss: Optional[float]
+    hardware: str
+    sweep: Optional[str]
     time_to_common_step: Optional[float] = None
     speedup: Optional[float] = None
     scaling_efficiency: Optional[float] = None
@@ -47,6 +54,42 @@ class RunStats:
     @property
     def finished(self) -> bool:
         return self.status == "COMPLETED"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a run trained on, as far as its record and config.yaml tell."""
+
+    cluster: str
+    gpu_type: Optional[str]
+
+    @classmethod
+    def of(cls, rec: RunRecord) -> "Hardware":
+        import yaml
+
+        try:
+            config = yaml.safe_load((Path(rec.run_dir) / "config.yaml").read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            config = {}
+        return cls(rec.cluster, (config.get("cluster") or {}).get("gpu_type"))
+
+    @property
+    def local(self) -> bool:
+        return self.cluster == "local" and not self.gpu_type
+
+    def describe(self, mfu_measured: bool = False) -> str:
+        """For a title: the cluster and GPU type; on the local cluster, whether its "GPUs" were CPU processes
+        (no MFU measured) or the machine's real GPUs (training found their peak FLOP/s)."""
+        if self.local:
+            return "local cluster: real GPUs" if mfu_measured else LOCAL_HARDWARE
+        return f"cluster {self.cluster}: " + (f"{self.gpu_type} GPUs" if self.gpu_type else "GPU type not set")
+
+    def mfu_missing(self) -> str:
+        """Why training reported no MFU: it does only where the device's peak FLOP/s is known."""
+        if self.local:
+            return "on the local cluster CPU processes stand in for GPUs, and a CPU has no peak FLOP/s to divide by"
+        return ("no peak FLOP/s known for the device it trained on (a CPU, or a GPU missing from "
+                "launcher/core/hardware.py)")
 
 
 def intervals(records: List[dict]) -> List[tuple[int, int, dict]]:
@@ -62,21 +105,40 @@ def steady(records: List[dict]) -> List[dict]:
     return records[1:] if len(records) > 1 else records
 
 
+RATES = ("tokens_per_s", "tokens_per_s_per_gpu", "mfu")
+
+
+def median_figures(logged: List[dict]) -> Dict[str, Optional[float]]:
+    """The median step time of the steady intervals, and every rate at that step time.
+
+    A rate times its interval's step time is what one step does (tokens, or a share of peak FLOPs), the
+    same in every interval; dividing it by the median step time makes the columns agree exactly, where
+    a median of each column on its own would not (nor would a whole-run mean beside a median)."""
+    rows = steady(logged)
+    if not rows:
+        return {"median_step_time": None, "tokens_per_step": None, **{key: None for key in RATES}}
+    step_time = statistics.median(r["step_time"] for r in rows)
+    per_step = {key: [r[key] * r["step_time"] for r in rows if r.get(key) is not None] for key in RATES}
+    figures = {key: statistics.median(v) / step_time if v else None for key, v in per_step.items()}
+    tokens = statistics.median(per_step["tokens_per_s"]) if per_step["tokens_per_s"] else None
+    return {"median_step_time": step_time, "tokens_per_step": tokens, **figures}
+
+
 def stats_of(rec: RunRecord, status: str) -> tuple[RunStats, List[dict]]:
     """The run's figures, and its interval records (for the time to a step)."""
     records = list(read_jsonl(Path(rec.run_dir) / METRICS))
     final = next((r for r in records if r.get("final")), None)
     logged = [r for r in records if not r.get("final") and r.get("step_time")]
-    median = lambda key: statistics.median(r[key] for r in steady(logged)) if logged else None  # noqa: E731
-    source = final if final else {"tokens_per_s": median("tokens_per_s"),
-                                  "tokens_per_s_per_gpu": median("tokens_per_s_per_gpu"),
-                                  "mfu": median("mfu") if logged and logged[-1].get("mfu") is not None else None}
     last = final or (logged[-1] if logged else {})
+    figures = median_figures(logged)
+    hardware = Hardware.of(rec)
+    note = None
+    if figures["mfu"] is None:
+        note = hardware.mfu_missing() if logged else "no metrics logged yet"
     return RunStats(
         name=rec.name, model=rec.model, gpus=rec.gpus, nodes=rec.nodes, status=status,
-        steps_done=last.get("step", 0), steps_total=rec.steps, median_step_time=median("step_time"),
-        tokens_per_s=source.get("tokens_per_s"), tokens_per_s_per_gpu=source.get("tokens_per_s_per_gpu"),
-        mfu=source.get("mfu"), final_loss=last.get("loss"),
+        steps_done=last.get("step", 0), steps_total=rec.steps, **figures, mfu_note=note,
+        final_loss=last.get("loss"), hardware=hardware.describe(figures["mfu"] is not None), sweep=rec.sweep,
         loss_curve=[[r["step"], r["loss"]] for r in logged if r.get("loss") is not None],
     ), logged
 
@@ -107,8 +169,10 @@ def compare(records: List[RunRecord]) -> List[RunStats]:
     return sorted(stats, key=lambda s: (s.model, s.gpus, s.name))
 
 
-HEADERS = ["NAME", "MODEL", "GPUS", "NODES", "STEP TIME", "TOK/S", "TOK/S/GPU", "MFU", "TIME TO STEP",
-           "SPEEDUP", "SCALING EFF", "FINAL LOSS", "STATUS"]
+HEADERS = ["NAME", "MODEL", "GPUS", "NODES", "STEP TIME (median)", "TOK/S (median)", "TOK/S/GPU (median)", "MFU",
+           "TIME TO STEP", "SPEEDUP", "SCALING EFF", "FINAL LOSS", "STATUS"]
+MEDIAN_NOTE = ("(median): STEP TIME is the median over the log intervals after the first (warm-up); TOK/S and "
+               "TOK/S/GPU are taken at that step time, so TOK/S x STEP TIME = tokens per step")
 
 
 def table_rows(stats: List[RunStats]) -> List[list]:
@@ -117,15 +181,35 @@ def table_rows(stats: List[RunStats]) -> List[list]:
 
     common = min((s.steps_done for s in stats), default=0)
     return [[
-        s.name, s.model, s.gpus, s.nodes, num(s.median_step_time, ".3f") + (" s" if s.median_step_time else ""),
+        s.name, s.model, s.gpus, s.nodes, step_time(s.median_step_time),
         num(s.tokens_per_s, ",.0f"), num(s.tokens_per_s_per_gpu, ",.0f"),
-        num(s.mfu and 100 * s.mfu, ".1f") + ("%" if s.mfu else ""),
+        "n/a" if s.mfu is None else f"{100 * s.mfu:.1f}%",
         f"{duration(s.time_to_common_step)} @{common}" if s.time_to_common_step is not None else "",
         num(s.speedup, ".2f") + ("x" if s.speedup else ""), num(s.scaling_efficiency and 100 * s.scaling_efficiency,
                                                                  ".0f") + ("%" if s.scaling_efficiency else ""),
         num(s.final_loss, ".4f"),
         s.status if s.finished else f"{s.status} (so far {s.steps_done}/{s.steps_total})",
     ] for s in stats]
+
+
+def step_time(seconds: Optional[float]) -> str:
+    """``1.750 s``, or below a second ``4.3 ms``, so a CPU's few-millisecond steps keep their digits."""
+    if seconds is None:
+        return ""
+    return f"{seconds:.3f} s" if seconds >= 1 else f"{1000 * seconds:.1f} ms"
+
+
+def notes(stats: List[RunStats]) -> List[str]:
+    """The lines under the table: what the median columns mean, and why an MFU is n/a."""
+    lines = [MEDIAN_NOTE]
+    reasons: Dict[str, List[str]] = {}
+    for s in stats:
+        if s.mfu_note:
+            reasons.setdefault(s.mfu_note, []).append(s.name)
+    for reason, names in reasons.items():
+        which = "" if len(names) == len(stats) else f" ({', '.join(names)})"
+        lines.append(f"MFU n/a{which}: {reason}")
+    return lines
 
 
 def to_csv(stats: List[RunStats]) -> str:
@@ -138,52 +222,21 @@ def to_csv(stats: List[RunStats]) -> str:
     return out.getvalue()
 
 
-def plot(stats: List[RunStats], path: Path) -> None:
-    """Tokens/s against GPU count per model, with the ideal linear line; and the loss curves."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise LaunchError("--plot needs matplotlib: pip install 'slurm-gpt-launcher[plot]'") from None
-    fig, (speed, loss) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for model in sorted({s.model for s in stats}):
-        runs = sorted((s for s in stats if s.model == model and s.tokens_per_s), key=lambda s: s.gpus)
-        if not runs:
-            continue
-        gpus = [s.gpus for s in runs]
-        line, = speed.plot(gpus, [s.tokens_per_s for s in runs], "o-", label=model)
-        base = runs[0]
-        speed.plot(gpus, [base.tokens_per_s * g / base.gpus for g in gpus], "--", color=line.get_color(),
-                   alpha=0.5, label=f"{model} ideal (linear)")
-    speed.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="tokens/s", title="Throughput vs GPUs")
-    speed.minorticks_off()
-    speed.set_xticks(sorted({s.gpus for s in stats}), labels=[str(g) for g in sorted({s.gpus for s in stats})])
-    speed.legend(fontsize=8)
-    for s in stats:
-        if s.loss_curve:
-            steps, losses = zip(*s.loss_curve)
-            loss.plot(steps, losses, ".-", label=f"{s.name} ({s.gpus} GPUs)")
-    loss.set(xlabel="step", ylabel="training loss", title="Loss")
-    loss.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def main(argv: List[str]) -> int:
-    parser = Parser("compare", "Compare runs' speed, scaling and loss (a sweep, or named runs).")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("names", nargs="*", metavar="RUN", help="runs to compare (names or unique prefixes)")
-    parser.add_argument("--sweep", help="compare every run of this sweep id")
-    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also draw throughput and loss curves")
+    parser.add_argument("--sweep", help="compare every run of this sweep (its id or a unique prefix)")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also draw throughput against GPUs (with the ideal linear line) and the loss curves")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON")
     out.add_argument("--csv", action="store_true", help="print CSV")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     records = chosen_runs(root_of(args), args.names, args.sweep)
     stats = compare(records)
     if args.plot:
+        from launcher.commands.compare_plot import plot
+
         plot(stats, args.plot)
     if args.json:
         print(json.dumps([asdict(s) for s in stats], indent=1))
@@ -193,6 +246,7 @@ def main(argv: List[str]) -> int:
         from tabulate import tabulate
 
         print(tabulate(table_rows(stats), headers=HEADERS, disable_numparse=True))
+        print("\n".join(notes(stats)))
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0

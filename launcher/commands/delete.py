@@ -1,20 +1,21 @@
 """``launcher delete``: cancel runs' jobs if active, then remove their directories."""
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
-from typing import List
 
-from launcher.commands.common import Parser, chosen_runs, root_of
+from launcher.commands.common import chosen_runs, root_of
 from launcher.commands.stop import cancel, run_args
 from launcher.errors import LaunchError
 
 
-def main(argv: List[str]) -> int:
-    parser = Parser("delete", "Cancel runs' jobs if active, then remove their directories.")
+def configure(parser: argparse.ArgumentParser) -> None:
     run_args(parser)
     parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     records = chosen_runs(root_of(args), args.names, args.sweep)
     names = ", ".join(rec.name for rec in records)
     if not args.yes:

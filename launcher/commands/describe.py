@@ -1,14 +1,16 @@
 """``launcher describe RUN``: everything about one run, from its directory and from Slurm."""
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from launcher.commands.common import Parser, lookup, root_of
+from launcher.commands.common import lookup, root_of
+from launcher.core.plan import read_plan
 from launcher.core.rundir import METRICS, RunRecord, read_events, read_jsonl
-from launcher.slurm import SlurmError, run, use_cluster
+from launcher.slurm import Slurm, SlurmError
 from launcher.state import JobState, job_states
 
 
@@ -16,11 +18,10 @@ def node_states(rec: RunRecord, nodelist: str) -> Dict[str, str]:
     """Each node of the job with its current Slurm state."""
     if not nodelist:
         return {}
-    use_cluster(rec.cluster, rec.slurm_conf)
+    slurm = Slurm(rec.slurm_conf)
     try:
-        hosts = run(["scontrol", "show", "hostnames", nodelist]).split()
-        states = dict(line.split("|") for line in run(["sinfo", "-h", "-N", "-n", ",".join(hosts),
-                                                        "-o", "%N|%T"]).splitlines())
+        hosts = slurm.hostnames(nodelist)
+        states = slurm.node_states(nodelist)
     except SlurmError as err:
         return {nodelist: f"unknown ({err})"}
     return {host: states.get(host, "unknown") for host in hosts}
@@ -51,7 +52,7 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
             "sbatch_script": str(run_dir / "sbatch.sh"), "logs": str(run_dir / "logs"),
             "submitit": str(run_dir / "submitit"), "metrics": str(run_dir / METRICS),
         },
-        "plan": json.loads((run_dir / "plan.json").read_text()),
+        "plan": read_plan(run_dir).to_dict(),
         "nodes": node_states(rec, state.nodes),
         "events": read_events(run_dir),
         "checkpoints": checkpoints(run_dir),
@@ -101,11 +102,12 @@ def render(info: Dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def main(argv: List[str]) -> int:
-    parser = Parser("describe", "Show a run's config, plan, paths, nodes, events, checkpoints and metrics.")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     rec = lookup(root_of(args), args.name)
     info = gather(rec, job_states([rec])[rec.name])
     print(json.dumps(info, indent=1) if args.json else render(info))

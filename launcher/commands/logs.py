@@ -1,17 +1,18 @@
 """``launcher logs RUN``: a rank's output (rank 0 by default), optionally followed until the job ends."""
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 import time
 from collections import deque
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from launcher.commands.common import Parser, lookup, root_of
+from launcher.commands.common import lookup, root_of
 from launcher.errors import LaunchError
+from launcher.core.plan import read_plan
 from launcher.core.rundir import RunRecord
-from launcher.slurm import SlurmError, run, use_cluster
+from launcher.slurm import Slurm, SlurmError
 from launcher.state import job_states
 
 
@@ -29,18 +30,17 @@ def log_file(rec: RunRecord, rank: int, err: bool) -> Path:
 
 def ranks_on_node(rec: RunRecord, node: str) -> List[int]:
     """Ranks placed on ``node``: Slurm places tasks in blocks, ``tasks_per_node`` per node in order."""
-    plan = json.loads((Path(rec.run_dir) / "plan.json").read_text())
+    plan = read_plan(rec.run_dir)
     nodelist = job_states([rec])[rec.name].nodes
     if not nodelist:
         raise LaunchError(f"{rec.name} has no nodes yet (job {rec.job_id} has not started)")
-    use_cluster(rec.cluster, rec.slurm_conf)
     try:
-        hosts = run(["scontrol", "show", "hostnames", nodelist]).split()
+        hosts = Slurm(rec.slurm_conf).hostnames(nodelist)
     except SlurmError as err:
         raise LaunchError(str(err)) from None
     if node not in hosts:
         raise LaunchError(f"{rec.name} did not run on node '{node}'; its nodes: {', '.join(hosts)}")
-    per = plan["tasks_per_node"]
+    per = plan.tasks_per_node
     first = hosts.index(node) * per
     return list(range(first, first + per))
 
@@ -77,8 +77,7 @@ def follow(rec: RunRecord, files: Dict[int, Path], offsets: Offsets, err: bool) 
         time.sleep(0.5)
 
 
-def main(argv: List[str]) -> int:
-    parser = Parser("logs", "Show a run's output: rank 0 by default.")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--rank", type=int, default=None, help="this global rank's output")
@@ -86,7 +85,9 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     parser.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines")
     parser.add_argument("--err", action="store_true", help="stderr (tracebacks) instead of the log")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     rec = lookup(root_of(args), args.name)
     if args.rank is not None and not 0 <= args.rank < rec.gpus:  # one rank per GPU
         raise LaunchError(f"--rank {args.rank}: {rec.name} has ranks 0..{rec.gpus - 1}")

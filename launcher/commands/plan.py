@@ -10,23 +10,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-from typing import List, NoReturn
+from pathlib import Path
+from typing import List
 
-from launcher.errors import LaunchError
+from launcher.core.hardware import DEFAULT_GPU, GPUS
 from launcher.core.config import CHECKPOINTING
 from launcher.planning.estimate import Estimate, estimate, set_scaling
 from launcher.planning.hardware import GIB, Assumptions, hardware_for, precision_of
-from launcher.planning.memory import activation_components, checkpointed_blocks, param_shapes, shard_group
+from launcher.planning.memory import activation_components, activation_terms, shard_group
 
 DEFAULTS = Assumptions()
 
-DESCRIPTION = """Estimate each composed run on its GPUs without submitting it: memory per GPU (sharded
+DESCRIPTION = f"""Estimate each composed run on its GPUs without submitting it: memory per GPU (sharded
 parameters, gradients and AdamW state, gathered FSDP units, activations, margin) against the GPU's
 memory, the largest micro-batch that fits, FLOPs and step time at a stated MFU, FSDP communication
 and its time, and scaling efficiency across a sweep's GPU counts. A run that does not fit gets the
 changes that would make it fit. GPU memory comes from cluster.gpu_memory_gb, else cluster.gpu_type or
-the partition's gres type; the local cluster's virtual GPUs are planned as H100 80 GiB.
+the partition's gres type; the local cluster's virtual GPUs are planned as {DEFAULT_GPU.upper()} \
+{GPUS[DEFAULT_GPU].memory_gib:g} GiB.
 Formulas and sources: docs/planning.md."""
 
 EPILOG = """examples:
@@ -36,21 +37,17 @@ EPILOG = """examples:
   launcher plan --json --inter-gbps 400 cluster.gpu_type=h200 model=gpt_7b gpus=64"""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise LaunchError(f"{self.prog}: {message}; see --help")
-
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="launcher plan", description=DESCRIPTION, epilog=EPILOG,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description, p.epilog, p.formatter_class = DESCRIPTION, EPILOG, argparse.RawDescriptionHelpFormatter
     p.add_argument("overrides", nargs="*", metavar="key=value", help="Hydra overrides, as for a launch")
+    p.add_argument("-f", "--file", type=Path, metavar="RUN.yaml", help="start from a run file, as for a launch")
     p.add_argument("-m", "--multirun", action="store_true",
                    help="sweep: one row per combination of comma-separated values")
     p.add_argument("--json", action="store_true", help="one JSON object per run, one per line")
     p.add_argument("--detail", action="store_true", help="with -m: also the full tables of every run")
     p.add_argument("--mfu", type=float, default=DEFAULTS.mfu,
-                   help="fraction of the GPU's dense bf16 peak sustained on the FLOPs executed (default %(default)s)")
+                   help="fraction of the GPU's dense peak (in the run's precision) sustained on the FLOPs executed "
+                        "(default %(default)s)")
     p.add_argument("--intra-gbps", type=float, default=DEFAULTS.intra_gbps,
                    help="effective NVLink bandwidth per GPU inside a node, GB/s (default %(default)g)")
     p.add_argument("--inter-gbps", type=float, default=DEFAULTS.inter_gbps,
@@ -59,21 +56,17 @@ def parser() -> argparse.ArgumentParser:
                    help="memory margin for allocator fragmentation, fraction of the need (default %(default)g)")
     p.add_argument("--overhead-gib", type=float, default=DEFAULTS.overhead_gib,
                    help="fixed memory per GPU for CUDA context and NCCL/cuBLAS workspaces, GiB (default %(default)g)")
-    return p
 
 
-def main(argv: List[str]) -> int:
-    try:
-        args = parser().parse_intermixed_args(argv)
-    except SystemExit as done:  # --help (mistakes raise LaunchError)
-        return int(done.code or 0)
+def main(args: argparse.Namespace) -> int:
     opts = Assumptions(mfu=args.mfu, intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps, margin=args.margin,
                        overhead_gib=args.overhead_gib)
     opts.check()
 
+    from launcher.commands.launch import overrides_of
     from launcher.compose import compose_runs
 
-    runs = compose_runs(args.overrides, multirun=args.multirun)
+    runs = compose_runs(overrides_of(args), multirun=args.multirun)
     estimates = [estimate(run.config, run.plan, hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True), opts,
                           overrides=run.overrides) for run in runs]
     set_scaling(estimates)
@@ -150,19 +143,35 @@ def _notes(estimates: List[Estimate]) -> List[str]:
             "scaling eff. = tok/s/GPU vs the fewest-GPU run with the same other overrides"]
 
 
+MEMORY_ROWS = [("parameters", "params"), ("gradients", "grads"), ("optimizer (AdamW)", "optimizer"),
+               ("gathered params", "gathered"), ("gradient buffers", "grad_buffers"), ("activations", "activations"),
+               ("margin", "margin")]
+
+TIME_ROWS = [
+    ("model FLOPs / step", "model_flops", lambda x: f"{x:.3e}"),
+    ("hardware FLOPs / step", "hardware_flops", lambda x: f"{x:.3e}"),
+    ("compute / step", "compute_s", _time),
+    ("all-gather / GPU", "allgather_bytes", lambda x: f"{x / 1e9:,.2f} GB"),
+    ("reduce-scatter / GPU", "reduce_scatter_bytes", lambda x: f"{x / 1e9:,.2f} GB"),
+    ("all-reduce / GPU", "allreduce_bytes", lambda x: f"{x / 1e9:,.2f} GB"),
+    ("communication / step", "comm_s", _time),
+    ("exposed communication", "exposed_comm_s", _time),
+    ("step time", "step_s", _time),
+    ("tokens/s/GPU", "tokens_per_s_per_gpu", lambda x: f"{x:,.0f}"),
+    ("predicted MFU", "mfu", lambda x: f"{100 * x:.1f}%"),
+]
+
+
 def detail(est: Estimate) -> str:
-    """The full estimate of one run: memory, activations by checkpointing level, time and communication."""
+    """The full estimate of one run: memory, activations by checkpointing level, time and communication,
+    each figure beside the formula the planner computed it with (planning/memory.py, planning/timing.py)."""
     from tabulate import tabulate
 
-    cfg, plan, m, t, hw, a = est.cfg, est.plan, est.memory, est.timing, est.hardware, est.assumptions
+    cfg, plan, m, t, hw = est.cfg, est.plan, est.memory, est.timing, est.hardware
     model = cfg.model
     sharding, level = cfg.parallel.sharding, cfg.parallel.activation_checkpointing
     n = shard_group(plan, sharding)
-    root, block = param_shapes(model)
-    root_numel = sum(math.prod(s) for s in root)
-    block_numel = sum(math.prod(s) for s in block)
-    cb = 2 if est.precision == "bf16" else 4
-    per_rank = plan.micro_batch * plan.grad_accum
+    per_rank = plan.per_rank_batch
     head = [
         f"# plan {plan.model}: {' '.join(est.overrides) or '(defaults)'}",
         f"{plan.gpus} GPUs = {plan.nodes} node(s) x {plan.tasks_per_node}; sharding {sharding} (over {n} GPUs"
@@ -173,55 +182,31 @@ def detail(est: Estimate) -> str:
         f"{model.n_heads} heads, seq {model.seq_len}, vocab {model.vocab_size}",
         f"batch: micro-batch {plan.micro_batch} x grad_accum {plan.grad_accum} = {per_rank} sequences per GPU; "
         f"global {plan.global_batch} ({plan.tokens_per_step:,} tokens) per step",
-        f"GPU: {hw.gpu_type}, {hw.memory_gib:g} GiB ({hw.memory_source}); peak bf16 {hw.peak_flops / 1e12:g} "
-        f"TFLOP/s ({hw.peak_source})",
+        f"GPU: {hw.gpu_type}, {hw.memory_gib:g} GiB ({hw.memory_source}); peak {est.precision} "
+        f"{hw.peak_flops / 1e12:g} TFLOP/s ({hw.peak_source})",
     ]
-    shard = f"/ {n}" if n > 1 else "(1 GPU)"
-    gathered = (f"{cb} B x P (grad_op: all units stay gathered)" if sharding == "grad_op"
-                else f"{cb} B x (root {root_numel:,} + 2 x block {block_numel:,})")
-    memory_rows = [
-        ["parameters", f"4 B x P {shard} (fp32 shards)", _gib(m.params)],
-        ["gradients", f"4 B x P {shard} (fp32 shards)", _gib(m.grads)],
-        ["optimizer (AdamW)", f"8 B x P {shard} (m, v fp32) + 4 B per tensor", _gib(m.optimizer)],
-        ["gathered params", gathered, _gib(m.gathered)],
-        ["gradient buffers", f"{cb} B x root + ({cb} + 4) B x block", _gib(m.grad_buffers)],
-        [f"activations ({level})", f"micro-batch {plan.micro_batch}, see below", _gib(m.activations)],
-        ["margin", f"{100 * a.margin:g}% + {a.overhead_gib:g} GiB", _gib(m.margin)],
+    memory_rows = [[label, m.formulas[part], _gib(getattr(m, part))] for label, part in MEMORY_ROWS]
+    memory_rows[MEMORY_ROWS.index(("activations", "activations"))][0] = f"activations ({level})"
+    memory_rows += [
         ["total", "", _gib(m.total)],
         ["GPU memory", hw.memory_source, _gib(m.capacity)],
         ["fits", _fits(est) + f" ({100 * m.total / m.capacity:.0f}% of the GPU)", ""],
         ["largest micro-batch", f"{est.max_micro_batch or 'none'} (dividing {per_rank}); memory allows "
          f"{est.micro_batch_limit} whatever the batch", ""],
     ]
-    s, h, r, b = model.seq_len, model.d_model, model.mlp_ratio, plan.micro_batch
+    b = plan.micro_batch
     act_rows = []
     for lvl in CHECKPOINTING:
         c = activation_components(model, b, lvl, est.precision)
         act_rows.append([lvl + (" *" if lvl == level else ""), _gib(c["layers"]), _gib(c["recompute"]),
                          _gib(c["final_norm"]), _gib(c["loss_saved"] + c["loss_transient"]), _gib(sum(c.values()))])
-    act_note = "\n".join([
-        f"layer: s*b*h*(8+2r) values = {(8 + 2 * r) * cb}*s*b*h B in {est.precision} (Korthikanti et al. 2022's "
-        "(34*s*b*h + 5*a*s^2*b) B less dropout masks and the",
-        "  s^2 scores SDPA does not keep) + 4*a*s*b B log-sum-exp + 16*s*b B LayerNorm statistics; a checkpointed "
-        f"block keeps its input, s*b*h*{cb} B,",
-        "  and one block is rebuilt at a time in backward (recompute); loss: fp32 log-probs 4*s*b*V B kept, "
-        "8*s*b*V B more in its backward;",
-        f"  s={s} b={b} h={h} a={model.n_heads} r={r} V={model.vocab_size}"])
-    comm_rows = [
-        ["model FLOPs / step", f"{t.model_flops:.3e}", "(6N + 12*L*d*T) x tokens"],
-        ["hardware FLOPs / step", f"{t.hardware_flops:.3e}", f"+ forward of {checkpointed_blocks(model.n_layers, level)} "
-         "checkpointed blocks again"],
-        ["compute / step", _time(t.compute_s), f"hardware FLOPs / GPUs / ({a.mfu:g} x peak)"],
-        ["all-gather / GPU", f"{t.allgather_bytes / 1e9:,.2f} GB",
-         f"{plan.grad_accum} x {1 if sharding == 'grad_op' else 2} x {cb} B x P x (n-1)/n"],
-        ["reduce-scatter / GPU", f"{t.reduce_scatter_bytes / 1e9:,.2f} GB", f"{plan.grad_accum} x 4 B x P x (n-1)/n"],
-        ["all-reduce / GPU", f"{t.allreduce_bytes / 1e9:,.2f} GB",
-         f"hybrid: {plan.grad_accum} x 2 x 4 B x P/n x (m-1)/m across nodes"],
-        ["communication / step", _time(t.comm_s), f"NVLink {a.intra_gbps:g} GB/s/GPU, network {a.inter_gbps:g} GB/s/node"],
-        ["step time", _time(t.step_s), f"{_time(t.exposed_comm_s)} exposed + max(compute, rest of comm)"],
-        ["tokens/s/GPU", f"{t.tokens_per_s_per_gpu:,.0f}", f"predicted MFU {100 * t.mfu:.1f}%"],
-        ["scaling efficiency", _pct(est.scaling_efficiency), "vs the fewest-GPU run of the sweep"],
-    ]
+    terms = activation_terms(model, b, level, est.precision)
+    act_note = "\n".join(
+        [f"{level} * by part, s={model.seq_len} b={b} h={model.d_model} a={model.n_heads} r={model.mlp_ratio} "
+         f"V={model.vocab_size} (docs/planning.md, \"Activations\"):"]
+        + [f"  {name.replace('_', ' '):<16}{term.formula}" for name, term in terms.items()])
+    comm_rows = [[label, fmt(getattr(t, part)), t.formulas[part]] for label, part, fmt in TIME_ROWS]
+    comm_rows.append(["scaling efficiency", _pct(est.scaling_efficiency), "vs the fewest-GPU run of the sweep"])
     parts = ["\n".join(head), tabulate(memory_rows, headers=["memory per GPU", "formula", "GiB"],
                                        disable_numparse=True),
              tabulate(act_rows, headers=[f"activations GiB, micro-batch {b}", "layers", "recompute", "final norm",
@@ -231,5 +216,21 @@ def detail(est: Estimate) -> str:
     if not est.fits:
         parts.append("DOES NOT FIT. To fit:\n" + "\n".join(f"  {s}" for s in est.suggestions)
                      if est.suggestions else "DOES NOT FIT, and no change found up to 4096 GPUs.")
+    parts += _host(est)
     return "\n\n".join(parts)
+
+
+def _host(est: Estimate) -> List[str]:
+    """On the local cluster, whose ranks all share this machine's memory: what they need of it
+    (planning/host.py, the same check a launch makes)."""
+    from launcher.core.config import LOCAL_CLUSTER
+    from launcher.planning.host import host_memory, machine_memory, to_fit
+
+    machine = machine_memory()
+    if est.cfg.cluster.name != LOCAL_CLUSTER or not machine:
+        return []
+    host = host_memory(est.cfg, est.plan, machine)
+    if host.fits:
+        return [f"this machine: {host.need()}; it has {machine / GIB:.1f} GiB (MemTotal): fits"]
+    return [f"this machine: {host.summary()}; a launch is refused; to fit: {to_fit(est.cfg, est.plan, machine)}"]
 

@@ -1,17 +1,18 @@
 """``launcher runs``: one row per run, newest first, with its true Slurm state and its progress."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, TextIO
 
-from launcher.commands.common import Parser, clock, duration, parse_since, root_of, slurm_seconds
+from launcher.commands.common import clock, duration, parse_since, root_of, slurm_seconds, sweep_runs
 from launcher.errors import LaunchError
 from launcher.core.rundir import RunRecord, last_metrics, list_records, load_record, record_paths
-from launcher.state import STATES, JobState, job_states
+from launcher.state import ACTIVE, STATES, JobState, job_states
 
 
 @dataclass
@@ -20,6 +21,7 @@ class RunRow:
 
     name: str
     job_id: Optional[str]
+    cluster: str
     model: str
     gpus: int
     nodes: int
@@ -47,7 +49,7 @@ def build_row(rec: RunRecord, state: JobState) -> RunRow:
     if state.state == "RUNNING" and step is not None and metrics.get("step_time"):
         eta = max(0, rec.steps - step) * metrics["step_time"]
     return RunRow(
-        name=rec.name, job_id=rec.job_id, model=rec.model, gpus=rec.gpus, nodes=rec.nodes,
+        name=rec.name, job_id=rec.job_id, cluster=rec.cluster, model=rec.model, gpus=rec.gpus, nodes=rec.nodes,
         gpus_per_node=rec.gpus_per_node, status=state.state, reason=state.reason, step=step, steps=rec.steps,
         loss=metrics.get("loss"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
         submitted_at=rec.submitted_at, elapsed_s=elapsed, eta_s=eta, sweep=rec.sweep, run_dir=rec.run_dir,
@@ -60,7 +62,7 @@ def rows_for(records: List[RunRecord]) -> List[RunRow]:
     return [build_row(rec, states[rec.name]) for rec in records]
 
 
-HEADERS = ["NAME", "JOB ID", "MODEL", "GPUS", "STATUS", "PROGRESS", "LOSS", "TOK/S", "MFU", "SUBMITTED",
+HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "PROGRESS", "LOSS", "TOK/S", "MFU", "SUBMITTED",
            "ELAPSED/ETA"]
 
 
@@ -70,7 +72,7 @@ def table_row(row: RunRow) -> list:
     progress = f"{row.step}/{row.steps} ({100 * row.step // row.steps}%)" if row.step is not None else f"-/{row.steps}"
     time_col = f"ETA {duration(row.eta_s)}" if row.eta_s is not None else duration(row.elapsed_s)
     return [
-        row.name, row.job_id, row.model, f"{row.nodes}x{row.gpus_per_node}", status, progress,
+        row.name, row.job_id, row.cluster, row.model, f"{row.nodes}x{row.gpus_per_node}", status, progress,
         f"{row.loss:.4f}" if row.loss is not None else "",
         f"{row.tokens_per_s:,.0f}" if row.tokens_per_s is not None else "",
         f"{100 * row.mfu:.1f}%" if row.mfu is not None else "",
@@ -81,25 +83,32 @@ def table_row(row: RunRow) -> list:
 def select(root: Path, args) -> List[RunRow]:
     """The runs the filters choose, newest first, at most ``--limit`` unless ``--all``."""
     limit = None if args.all else args.limit
-    record_filters = args.model or args.gpus or args.sweep
     since = parse_since(args.since) if args.since else None
-    if not (record_filters or since or args.status):
+    if args.sweep:
+        records = [rec for rec in sweep_runs(root, args.sweep)
+                   if wanted(rec, args) and (since is None or rec.submitted_at >= since)]
+    elif not (args.model or args.gpus or since or args.status):
         return rows_for(list_records(root, limit))
-    records = []
-    for mtime, path in record_paths(root):
-        if since is not None and mtime < since:
-            break  # newest first: everything after this is older
-        rec = load_record(path)
-        if rec is None or (args.model and rec.model != args.model) or (args.gpus and rec.gpus != args.gpus) \
-                or (args.sweep and rec.sweep != args.sweep):
-            continue
-        records.append(rec)
-        if limit is not None and not args.status and len(records) >= limit:
-            break
+    else:
+        records = []
+        for mtime, path in record_paths(root):
+            if since is not None and mtime < since:
+                break  # newest first: everything after this is older
+            rec = load_record(path)
+            if rec is None or not wanted(rec, args):
+                continue
+            records.append(rec)
+            if limit is not None and not args.status and len(records) >= limit:
+                break
     rows = rows_for(records)
     if args.status:
         rows = [row for row in rows if row.status in args.status]
     return rows if limit is None else rows[:limit]
+
+
+def wanted(rec: RunRecord, args) -> bool:
+    """Whether the record passes ``--model`` and ``--gpus``."""
+    return (not args.model or rec.model == args.model) and (not args.gpus or rec.gpus == args.gpus)
 
 
 def statuses(text: str) -> set:
@@ -120,30 +129,52 @@ def render(rows: List[RunRow], as_json: bool) -> str:
     return tabulate([table_row(row) for row in rows], headers=HEADERS, disable_numparse=True)
 
 
-def main(argv: List[str]) -> int:
-    parser = Parser("runs", "List runs, newest first, with their Slurm state and progress.")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status", type=statuses, help=f"comma-separated states: {', '.join(STATES)}")
     parser.add_argument("--model", help="only this model, e.g. gpt_1b")
     parser.add_argument("--gpus", type=int, help="only runs with this many GPUs")
     parser.add_argument("--since", help="submitted since: 30m, 2h, 3d, 1w, or a date")
-    parser.add_argument("--sweep", help="only the runs of this sweep id")
+    parser.add_argument("--sweep", help="only the runs of this sweep (its id or a unique prefix)")
     parser.add_argument("--limit", type=int, default=50, help="at most N runs (default 50)")
     parser.add_argument("--all", action="store_true", help="every run, no limit")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
-    parser.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
+    parser.add_argument("--watch", action="store_true",
+                        help="refresh every --interval seconds until none of the listed runs is PENDING, RUNNING "
+                             "or REQUEUED, then print the final table and exit (Ctrl-C stops earlier); redrawn in "
+                             "place on a terminal, appended as plain text (a time line and the table) otherwise")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between --watch refreshes")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     if args.limit <= 0:
         raise LaunchError(f"--limit must be positive, got {args.limit}")
+    if args.interval <= 0:
+        raise LaunchError(f"--interval must be positive, got {args.interval:g}")
     root = root_of(args)
     if not args.watch:
         print(render(select(root, args), args.json))
         return 0
     try:
-        while True:
-            text = render(select(root, args), args.json)
-            sys.stdout.write("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + f"every {args.interval:g}s\n" + text + "\n")
-            sys.stdout.flush()
-            time.sleep(args.interval)
+        watch(root, args, sys.stdout)
     except KeyboardInterrupt:
-        return 0
+        pass
+    return 0
+
+
+def watch(root: Path, args, out: TextIO) -> None:
+    """Print the listing every ``--interval`` seconds until none of its runs is active, ending with the
+    final table. Only a terminal gets the escape codes that redraw in place: a pipe or a file gets each
+    refresh appended as plain text, so ``runs --watch | tee log`` reads as a log and ends by itself."""
+    in_place = out.isatty()
+    while True:
+        rows = select(root, args)
+        active = sum(row.status in ACTIVE for row in rows)
+        stamp = time.strftime("%H:%M:%S")
+        head = (f"{stamp}  {active} of {len(rows)} runs active; every {args.interval:g}s, Ctrl-C to stop" if active
+                else f"{stamp}  no run active: final table")
+        out.write(("\x1b[H\x1b[2J" if in_place else "") + head + "\n" + render(rows, args.json) + "\n"
+                  + ("" if in_place or not active else "\n"))
+        out.flush()
+        if not active:
+            return
+        time.sleep(args.interval)

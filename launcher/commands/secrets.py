@@ -7,25 +7,8 @@
     launcher secrets list [--json]
     launcher secrets delete NAME [NAME ...]
 
-Kinds
-    ``env``   the task sees ``VAR=<value>`` in its environment. ``VAR`` is ``--env VAR``, or the secret's
-              name when that is a valid variable name. ``NAME=VALUE`` on the command line also works, as
-              with ``mcli create secret env``, but it lands in shell history and ``ps``: prefer stdin,
-              ``--value -``, or ``--from FILE``. One trailing newline of the value (as ``echo`` adds) is
-              dropped; the value must be UTF-8 text without NUL bytes, at most 64 KiB.
-    ``file``  the contents (any bytes, at most 1 MiB, kept exactly) are a file on every task; the
-              variable named by ``--env VAR`` (required) holds its absolute path.
-    ``ssh``   an SSH private key (the ``-----BEGIN ... PRIVATE KEY-----`` file, not the ``.pub``); its
-              path is in ``--env VAR``, default ``SSH_KEY_PATH``. Use it as e.g.
-              ``GIT_SSH_COMMAND="ssh -i $SSH_KEY_PATH -o IdentitiesOnly=yes"``. A passphrase-protected
-              key cannot be unlocked by a batch job.
-
-    Without ``--from`` or ``--value -``, the value is read from stdin when stdin is not a terminal;
-    on a terminal an ``env`` value is prompted for without echo. Each variable can be set by one
-    secret only, and variables the launcher, Slurm or the dynamic loader rely on (``PATH``,
-    ``LD_PRELOAD``, ``RANK``, ``SLURM_*``, ...) cannot be secrets.
-
-Storage and injection: see launcher/core/secrets.py.
+The kinds (env, file, ssh) and where values come from: ``launcher secrets create --help``. Storage and
+injection: launcher/core/secrets.py.
 
 Every user mistake is one line ``error: ...`` and exit status 2, with nothing written.
 """
@@ -38,7 +21,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import NoReturn, Optional, Sequence
+from typing import Optional
 
 from launcher.core.secrets import (ENV_VAR, DEFAULT_ENV, check_env_var, check_kind, check_name, create, delete,
                                    load_all, secrets_dir, check_free)
@@ -47,23 +30,27 @@ from launcher.errors import LaunchError
 
 # --- command line -------------------------------------------------------------------------------------
 
+EPILOG = """kinds:
+  env   tasks see VAR=<value> in their environment; VAR is --env VAR, or the secret's name when that is
+        a valid variable name. The value is UTF-8 text (one trailing newline dropped), at most 64 KiB.
+  file  the contents (any bytes, at most 1 MiB, kept exactly) are a file on every task; the variable
+        named by --env VAR (required) holds its path.
+  ssh   an SSH private key (not the .pub); its path is in --env VAR, default SSH_KEY_PATH. Use it as
+        GIT_SSH_COMMAND="ssh -i $SSH_KEY_PATH -o IdentitiesOnly=yes". A key with a passphrase cannot be
+        unlocked by a batch job.
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose mistakes are LaunchErrors (one line, exit 2) instead of usage dumps."""
+The value comes from --from FILE, or stdin (--value -, or whenever stdin is not a terminal); on a
+terminal an env value is prompted for without echo. NAME=VALUE also works for env secrets but lands in
+shell history and ps. Each variable can be set by one secret only; variables the launcher, Slurm or the
+dynamic loader rely on (PATH, LD_PRELOAD, RANK, SLURM_*, ...) cannot be secrets."""
 
-    def error(self, message: str) -> NoReturn:
-        raise LaunchError(f"{self.prog}: {message}; see --help")
 
-
-def _parser() -> argparse.ArgumentParser:
-    doc = __doc__ or ""
-    parser = _Parser(
-        prog="launcher secrets", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Secrets every task of every run sees, stored 0600 under $LAUNCHER_HOME/secrets "
-                    "(default ~/.launcher/secrets) and never passed through Slurm.",
-        epilog=doc[doc.index("Kinds"):doc.index("Every user mistake")].rstrip().replace("``", ""),
-    )
-    sub = parser.add_subparsers(dest="command", metavar="{list,create,delete}", parser_class=_Parser)
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = ("Secrets every task of every run sees, stored 0600 under $LAUNCHER_HOME/secrets "
+                          "(default ~/.launcher/secrets) and never passed through Slurm.")
+    parser.epilog = EPILOG
+    sub = parser.add_subparsers(dest="action", metavar="{list,create,delete}")
     sub.required = True
 
     ls = sub.add_parser("list", help="list secrets: name, kind, variable, created (never values)",
@@ -98,19 +85,14 @@ examples:
 
     rm = sub.add_parser("delete", help="delete secrets", description="Delete the named secrets (all or none).")
     rm.add_argument("names", nargs="+", metavar="NAME")
-    return parser
 
 
-def main(argv: Sequence[str]) -> int:
+def main(args: argparse.Namespace) -> int:
     """``launcher secrets ...``; returns the exit status (user mistakes raise LaunchError)."""
-    try:
-        args = _parser().parse_args(list(argv))
-    except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) else 0
     directory = secrets_dir()
-    if args.command == "list":
+    if args.action == "list":
         return _list(directory, args.json)
-    if args.command == "delete":
+    if args.action == "delete":
         for name in delete(directory, args.names):
             print(f"Deleted secret {name!r}")
         return 0
@@ -125,7 +107,9 @@ def _list(directory: Path, as_json: bool) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     if not secrets:
-        print(f"No secrets in {directory}. Create one with: launcher secrets create env NAME < value.txt")
+        from launcher.cli import invocation
+
+        print(f"No secrets in {directory}. Create one with: {invocation()} secrets create env NAME < value.txt")
         return 0
     from tabulate import tabulate
 

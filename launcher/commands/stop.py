@@ -1,13 +1,14 @@
 """``launcher stop``: cancel runs' jobs; their directories (logs, checkpoints) stay."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import List
 
-from launcher.commands.common import Parser, chosen_runs, root_of
+from launcher.commands.common import chosen_runs, root_of
 from launcher.errors import LaunchError
 from launcher.core.rundir import RunRecord, append_event
-from launcher.slurm import SlurmError, run, use_cluster
+from launcher.slurm import Slurm, SlurmError
 from launcher.state import job_states
 
 
@@ -16,23 +17,23 @@ def cancel(records: List[RunRecord]) -> List[RunRecord]:
     states = job_states(records)
     active = [rec for rec in records if states[rec.name].active]
     for rec in active:
-        use_cluster(rec.cluster, rec.slurm_conf)
         try:
-            run(["scancel", str(rec.job_id)])
+            Slurm(rec.slurm_conf).cancel(str(rec.job_id))
         except SlurmError as err:
             raise LaunchError(f"could not cancel {rec.name} (job {rec.job_id}): {err}") from None
     return active
 
 
-def run_args(parser: Parser) -> None:
+def run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("names", nargs="*", metavar="RUN", help="run names (or unique prefixes)")
     parser.add_argument("--sweep", help="every run of this sweep id")
 
 
-def main(argv: List[str]) -> int:
-    parser = Parser("stop", "Cancel runs' Slurm jobs; their directories (logs, checkpoints) stay.")
+def configure(parser: argparse.ArgumentParser) -> None:
     run_args(parser)
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
     records = chosen_runs(root_of(args), args.names, args.sweep)
     stopped = cancel(records)
     for rec in records:

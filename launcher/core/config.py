@@ -28,6 +28,20 @@ CHOICES = {
 }
 
 
+def compute_precision(precision: str, cuda: bool) -> str:
+    """The dtype a run computes in: ``bf16`` (parameters gathered in bf16, gradients reduced in fp32) on
+    CUDA unless fp32 is asked for; ``fp32`` on CPU, where bf16 matmuls are slow or missing. Training
+    applies it (train/parallel.py); the planner sizes GPUs (cuda) and the local cluster's CPU ranks with it."""
+    return "bf16" if cuda and precision in ("auto", "bf16") else "fp32"
+
+
+def checkpointed(level: str, block: int) -> bool:
+    """Whether block ``block`` (0-based) is wrapped for activation checkpointing at ``level``: every block
+    (full), those with an even index (selective), none. Training wraps them (train/parallel.py); the
+    planner counts them."""
+    return level == "full" or (level == "selective" and block % 2 == 0)
+
+
 @dataclass
 class ModelConfig:
     """A decoder-only GPT's shape (MPT shapes for the public sizes)."""
@@ -105,11 +119,16 @@ class DataConfig:
     cache_dir: str = "~/.cache/slurm-gpt-launcher"
 
 
+# The project's own Slurm cluster (slurm/, conf/cluster/local.yaml): every one of its nodes runs on this
+# machine, and its "GPUs" are CPU processes.
+LOCAL_CLUSTER = "local"
+
+
 @dataclass
 class ClusterConfig:
     """Where and how the job is submitted (see conf/cluster/*.yaml)."""
 
-    name: str = "local"
+    name: str = LOCAL_CLUSTER
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None

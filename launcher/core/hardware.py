@@ -2,6 +2,12 @@
 
 The planner (launcher/planning/) sizes runs against it, and training (train/metrics.py) quotes MFU
 against the same peaks, so a GPU the planner predicts an MFU for is one training measures it on.
+
+The MFU convention, planned and measured alike: model FLOPs per token from
+``launcher.core.plan.flops_per_token`` (6N + 12*L*d*T, N the non-embedding parameters, as llm-foundry,
+Megatron and torchtitan count; docs/performance.md) over the dense peak of this table in the precision
+the run computes in (``launcher.core.config.compute_precision``: bf16 on a GPU unless fp32 is asked for).
+No MFU without a known peak (a CPU, a GPU the table lacks).
 Names are matched loosely: Slurm's gres type (``h100``), ``cluster.gpu_type`` (``a100-80gb``) and
 ``torch.cuda.get_device_name()`` (``NVIDIA H100 80GB HBM3``) all find their row; the longest key
 contained in the name wins (``h100nvl`` before ``h100``), and a memory size written in the name

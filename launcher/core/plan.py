@@ -9,12 +9,16 @@ formulas must match train/model.py exactly.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from launcher.catalog import model_micro_batch
-from launcher.core.config import ModelConfig, RunConfig
+from launcher.core.config import LayoutConfig, ModelConfig, RunConfig
 from launcher.errors import LaunchError
+
+PLAN = "plan.json"  # in the run directory
 
 
 @dataclass(frozen=True)
@@ -23,8 +27,6 @@ class Plan:
     gpus: int
     nodes: int
     tasks_per_node: int
-    gpus_per_node: int  # GPUs requested per node (one per task)
-    world_size: int
     micro_batch: int  # the starting micro-batch when micro_batch_auto
     micro_batch_auto: bool
     grad_accum: int
@@ -56,8 +58,6 @@ class Plan:
             gpus=gpus,
             nodes=nodes,
             tasks_per_node=tasks_per_node,
-            gpus_per_node=tasks_per_node,
-            world_size=gpus,
             micro_batch=micro_batch,
             micro_batch_auto=auto,
             grad_accum=global_batch // (gpus * micro_batch),
@@ -70,9 +70,46 @@ class Plan:
             sharding=cfg.parallel.sharding,
         )
 
+    @property
+    def world_size(self) -> int:
+        """Ranks of the job: one per GPU."""
+        return self.gpus
+
+    @property
+    def per_rank_batch(self) -> int:
+        """Sequences each rank takes per optimizer step, in grad_accum micro-batches."""
+        return self.micro_batch * self.grad_accum
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs requested per node: one per task."""
+        return self.tasks_per_node
+
     def to_dict(self) -> Dict[str, Any]:
         """The plan.json object."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "Plan":
+        """The plan of a plan.json object. Keys it no longer has (``world_size`` and ``gpus_per_node``
+        of older runs) are ignored; a missing key is a ValueError naming it."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [name for name in names if name not in data]
+        if missing:
+            raise ValueError(f"plan.json lacks {', '.join(missing)}")
+        return cls(**{name: data[name] for name in names})
+
+
+def read_plan(run_dir: str | Path) -> Plan:
+    """The plan a run was launched with, from its directory's plan.json."""
+    return Plan.from_dict(json.loads((Path(run_dir) / PLAN).read_text()))
+
+
+def single_node_plan(cfg: RunConfig, ranks: int) -> Plan:
+    """The plan of ``cfg`` on ``ranks`` ranks of one machine, as the launcher would make it: for run
+    directories made without the launcher (the train tests, scripts/bench_train.py, scripts/gpu_check.sh)."""
+    return Plan.from_config(dataclasses.replace(
+        cfg, layout=LayoutConfig(gpus=ranks, nodes=1), cluster=dataclasses.replace(cfg.cluster, gpus_per_node=ranks)))
 
 
 def parameter_counts(model: ModelConfig) -> Tuple[int, int]:
@@ -83,8 +120,12 @@ def parameter_counts(model: ModelConfig) -> Tuple[int, int]:
     return non_embedding, non_embedding + model.vocab_size * d + model.seq_len * d
 
 
+FLOPS_PER_TOKEN = "6N + 12*L*d*T"  # the formula of flops_per_token, as printed
+
+
 def flops_per_token(model: ModelConfig) -> int:
-    """Training FLOPs per token, 6N + 12*L*H*Q*T with H*Q = d_model."""
+    """Training FLOPs per token, FLOPS_PER_TOKEN: 6N + 12*L*H*Q*T with H*Q = d_model. MFU, planned and
+    measured, counts these (launcher/core/hardware.py)."""
     non_embedding, _ = parameter_counts(model)
     return 6 * non_embedding + 12 * model.n_layers * model.d_model * model.seq_len
 
@@ -131,5 +172,11 @@ def divisors(n: int) -> List[int]:
 def largest_divisor(n: int, at_most: int) -> int:
     """The largest divisor of ``n`` not above ``at_most`` (at least 1): the micro-batch rule. A rank's
     share of the batch is split into equal micro-batches, so ``auto`` starts at the largest that divides
-    it, and training's out-of-memory fallback (train/loop.py) halves to the largest that still does."""
+    it, and the out-of-memory fallback halves to the largest that still does (halved_micro_batch)."""
     return max(d for d in divisors(n) if d <= max(1, at_most))
+
+
+def halved_micro_batch(per_rank: int, micro_batch: int) -> int:
+    """The micro-batch after an out-of-memory at ``micro_batch``: the largest at most half of it that
+    divides the rank's share. Training steps down so (train/loop.py); the planner's ``auto`` follows it."""
+    return largest_divisor(per_rank, micro_batch // 2)

@@ -13,7 +13,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 RECORD = "run.json"
 EVENTS = "events.jsonl"
@@ -205,16 +205,26 @@ def find_run(root: Path, name: str) -> RunRecord:
     if exact is not None:
         return exact
     names = [path.name for _, path in record_paths(root)]
-    matches = [n for n in names if n.startswith(name)]
+    return load_record(root / unique_prefix(name, names, "run named", root))  # type: ignore[return-value]
+
+
+def unique_prefix(text: str, candidates: Iterable[str], what: str, root: Path) -> str:
+    """The candidate equal to ``text``, or the only one starting with it: how run names and sweep ids
+    are typed. Raises LookupError naming the matches (ambiguous) or the closest candidates (unknown)."""
+    candidates = sorted(set(candidates))
+    if text in candidates:
+        return text
+    matches = [c for c in candidates if c.startswith(text)]
     if len(matches) == 1:
-        return load_record(root / matches[0])  # type: ignore[return-value]
+        return matches[0]
     if matches:
-        raise LookupError(f"run name '{name}' is ambiguous: {', '.join(sorted(matches)[:5])}")
+        raise LookupError(f"{what} '{text}' is ambiguous: {', '.join(matches[:5])}"
+                          + (f" (and {len(matches) - 5} more)" if len(matches) > 5 else ""))
     import difflib
 
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    close = difflib.get_close_matches(text, candidates, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise LookupError(f"no run named '{name}' in {root}{hint}")
+    raise LookupError(f"no {what} '{text}' in {root}{hint}")
 
 
 def last_metrics(run_dir: Path) -> Optional[dict]:

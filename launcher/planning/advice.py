@@ -11,7 +11,7 @@ from launcher.core.config import CHECKPOINTING, ClusterConfig, RunConfig
 from launcher.core.plan import Plan, divisors
 from launcher.errors import LaunchError
 from launcher.planning.hardware import GIB, Assumptions, Hardware
-from launcher.planning.memory import Memory, max_micro_batch, memory, per_rank_batch
+from launcher.planning.memory import Memory, max_micro_batch, memory
 
 MAX_GPUS = 4096  # how far the suggestions look for a GPU count that fits
 
@@ -86,7 +86,7 @@ def suggestions(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions) -> 
     def gib(mem: Memory) -> float:
         return mem.total / GIB
 
-    per_rank = per_rank_batch(plan)
+    per_rank = plan.per_rank_batch
     best = max_micro_batch(cfg, plan, hw, opts)
     if best and best != plan.micro_batch:
         mem = memory(cfg, plan, hw, opts, best)
@@ -135,7 +135,7 @@ def _combined(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions, count
                     trial_plan = Plan.from_config(trial)
                 except LaunchError:
                     continue
-                per_rank = per_rank_batch(trial_plan)
+                per_rank = trial_plan.per_rank_batch
                 for micro in sorted(divisors(per_rank), reverse=True):
                     mem = memory(trial, trial_plan, hw, opts, micro)
                     if mem.fits:

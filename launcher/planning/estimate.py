@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from launcher.core.config import CHECKPOINTING, RunConfig
-from launcher.core.plan import Plan, largest_divisor
+from launcher.core.plan import Plan, halved_micro_batch
 from launcher.planning.advice import Suggestion, suggestions
 from launcher.planning.hardware import GIB, Assumptions, Hardware, precision_of
-from launcher.planning.memory import Memory, activation_bytes, max_micro_batch, memory, micro_batch_limit, per_rank_batch, shard_group
+from launcher.planning.memory import Memory, activation_bytes, max_micro_batch, memory, micro_batch_limit, shard_group
 from launcher.planning.timing import Timing, timing
 
 
@@ -42,9 +42,9 @@ class Estimate:
         """Fits as configured; with ``train.micro_batch=auto``, at a micro-batch its halving reaches."""
         if self.memory.fits or self.cfg.train.micro_batch != "auto":
             return self.memory.fits
-        per_rank, micro = per_rank_batch(self.plan), self.plan.micro_batch
-        while micro > 1:  # as train/loop.py Batching.halve does on out-of-memory
-            micro = largest_divisor(per_rank, micro // 2)
+        per_rank, micro = self.plan.per_rank_batch, self.plan.micro_batch
+        while micro > 1:  # as training steps down on out-of-memory
+            micro = halved_micro_batch(per_rank, micro)
             if memory(self.cfg, self.plan, self.hardware, self.assumptions, micro).fits:
                 return True
         return False

@@ -3,10 +3,10 @@ stated assumptions of the estimate. The GPU facts themselves live in launcher/co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 from launcher.core import hardware
-from launcher.core.config import ClusterConfig, RunConfig
+from launcher.core.config import LOCAL_CLUSTER, ClusterConfig, RunConfig, compute_precision
 from launcher.errors import LaunchError
 
 GIB = 2**30
@@ -46,58 +46,46 @@ class Hardware:
 
 
 def precision_of(cfg: RunConfig) -> str:
-    """The precision on a GPU: ``auto`` is bf16 there (train/parallel.py)."""
-    return "fp32" if cfg.parallel.precision == "fp32" else "bf16"
+    """The precision ``cfg`` computes in on a GPU."""
+    return compute_precision(cfg.parallel.precision, cuda=True)
 
 
-_GRES_CACHE: Dict[Tuple[str, Optional[str], Optional[str]], Optional[str]] = {}
+def dtype_bytes(precision: str) -> int:
+    """Bytes per element of the compute dtype."""
+    return 2 if precision == "bf16" else 4
 
 
 def gres_gpu_type(cluster: ClusterConfig) -> Optional[str]:
     """The GPU type in the gres of the cluster's partition (``gpu:h100:8`` -> ``h100``); None if the
-    gres names no type or Slurm does not answer within a few seconds."""
-    key = (cluster.name, cluster.partition, cluster.slurm_conf)
-    if key not in _GRES_CACHE:
-        from launcher import slurm
+    gres names no type or Slurm does not answer. The partitions are asked once per process (a launch
+    reuses them)."""
+    from launcher import slurm
 
-        found = None
-        try:
-            slurm.use_cluster(cluster.name, cluster.slurm_conf)
-            args = ["sinfo", "-h", "-o", "%P|%G"] + (["-p", cluster.partition] if cluster.partition else [])
-            for line in slurm.run(args, timeout=5).splitlines():
-                name, _, gres = line.partition("|")
-                if cluster.partition is None and not name.endswith("*"):
-                    continue  # the default partition
-                for item in gres.split(","):
-                    parts = item.split("(")[0].split(":")
-                    if parts[0] == "gpu" and len(parts) == 3:
-                        found = parts[1]
-                        break
-                if found:
-                    break
-        except (slurm.SlurmError, ValueError, OSError):
-            found = None
-        _GRES_CACHE[key] = found
-    return _GRES_CACHE[key]
+    try:
+        return slurm.for_cluster(cluster).partition(cluster.partition).gpu_type
+    except slurm.SlurmError:
+        return None
 
 
 def hardware_for(cluster: ClusterConfig, precision: str = "bf16", query_slurm: bool = False) -> Hardware:
     """The GPU of ``cluster``: memory from ``cluster.gpu_memory_gb``, else from the GPU type
     (``cluster.gpu_type``, else the partition's gres type when ``query_slurm``), else a stated
-    default. The local cluster's virtual GPUs have no memory; they are planned as an H100 80 GiB,
-    and the launch check applies to them too (so a model that fits no 80 GiB GPU is refused)."""
-    local = cluster.name == "local"
+    default. The local cluster's virtual GPUs have no memory; they are planned as the stand-in GPU
+    (core/hardware.py DEFAULT_GPU), and the launch check applies to them too (so a model that fits no
+    such GPU is refused)."""
+    local = cluster.name == LOCAL_CLUSTER
     gpu_type, type_source = cluster.gpu_type, "cluster.gpu_type"
     if gpu_type is None and query_slurm and not local:
         gpu_type, type_source = gres_gpu_type(cluster), "sinfo gres"
-    stand_in = hardware.GPUS[hardware.DEFAULT_GPU]
+    stand_in, name = hardware.GPUS[hardware.DEFAULT_GPU], hardware.DEFAULT_GPU.upper()
     typed_memory = hardware.memory_gib(gpu_type) if gpu_type else None
     if cluster.gpu_memory_gb:
         memory, memory_source, enforce = float(cluster.gpu_memory_gb), "cluster.gpu_memory_gb", True
     elif typed_memory:
         memory, memory_source, enforce = typed_memory, f"{type_source} {gpu_type}", True
     elif local:
-        memory, memory_source, enforce = stand_in.memory_gib, "default: local cluster's virtual GPUs as H100 80 GiB", True
+        memory, memory_source, enforce = (stand_in.memory_gib,
+                                          f"default: local cluster's virtual GPUs as {name} {stand_in.memory_gib:g} GiB", True)
     else:
         memory, memory_source, enforce = stand_in.memory_gib, "assumed (GPU memory unknown: set cluster.gpu_memory_gb)", False
     peak = hardware.peak_flops(gpu_type, precision) if gpu_type else None
@@ -105,7 +93,7 @@ def hardware_for(cluster: ClusterConfig, precision: str = "bf16", query_slurm: b
         peak_source = f"{type_source} {gpu_type}, {precision}"
     else:
         peak = stand_in.peak(precision)
-        peak_source = (f"default: local cluster's virtual GPUs as H100, {precision}" if local
-                       else f"assumed H100 {precision} (GPU type unknown: set cluster.gpu_type)")
-    return Hardware(gpu_type=gpu_type or ("h100 (stand-in)" if local else "unknown"), memory_gib=memory,
+        peak_source = (f"default: local cluster's virtual GPUs as {name}, {precision}" if local
+                       else f"assumed {name} {precision} (GPU type unknown: set cluster.gpu_type)")
+    return Hardware(gpu_type=gpu_type or (f"{hardware.DEFAULT_GPU} (stand-in)" if local else "unknown"), memory_gib=memory,
                     memory_source=memory_source, enforce=enforce, peak_flops=peak, peak_source=peak_source)

@@ -5,12 +5,12 @@ byte against a real run."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from launcher.core.config import ModelConfig, RunConfig
+from launcher.core.config import ModelConfig, RunConfig, checkpointed
 from launcher.core.plan import Plan, divisors
-from launcher.planning.hardware import GIB, Assumptions, Hardware, precision_of
+from launcher.planning.hardware import GIB, Assumptions, Hardware, dtype_bytes, precision_of
 
 
 def param_shapes(model: ModelConfig) -> Tuple[List[Tuple[int, ...]], List[Tuple[int, ...]]]:
@@ -47,15 +47,24 @@ def shard_group(plan: Plan, sharding: str) -> int:
 
 
 def checkpointed_blocks(n_layers: int, level: str) -> int:
-    """Blocks wrapped by checkpoint_wrapper: all (full), those with an even index (selective), none."""
-    return {"none": 0, "selective": (n_layers + 1) // 2, "full": n_layers}[level]
+    """Blocks wrapped by checkpoint_wrapper at ``level`` (launcher.core.config.checkpointed)."""
+    return sum(checkpointed(level, block) for block in range(n_layers))
 
 
 # ----------------------------------------------------------------------------------------------
 # Memory
 
 
-def activation_components(model: ModelConfig, micro_batch: int, level: str, precision: str) -> Dict[str, int]:
+@dataclass(frozen=True)
+class Term:
+    """A number and the formula that produced it, written where the number is computed, so that what
+    ``launcher plan`` prints beside a figure is the arithmetic that made it."""
+
+    value: int
+    formula: str
+
+
+def activation_terms(model: ModelConfig, micro_batch: int, level: str, precision: str) -> Dict[str, Term]:
     """Activation bytes of one micro-batch on one GPU, by part (docs/planning.md, "Activations").
 
     Korthikanti et al. 2022 count s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit. This model has
@@ -70,17 +79,23 @@ def activation_components(model: ModelConfig, micro_batch: int, level: str, prec
     """
     s, h, a, r, n_layers, vocab = (model.seq_len, model.d_model, model.n_heads, model.mlp_ratio, model.n_layers,
                                    model.vocab_size)
-    act = 2 if precision == "bf16" else 4
+    act = dtype_bytes(precision)
     tokens = s * micro_batch
     layer = tokens * h * (8 + 2 * r) * act + 4 * a * tokens + 16 * tokens
+    layer_text = f"s*b*h*{(8 + 2 * r) * act} + 4*a*s*b + 16*s*b B"
     kept = checkpointed_blocks(n_layers, level)
     return {
-        "layers": (n_layers - kept) * layer + kept * tokens * h * act,
-        "recompute": layer if kept else 0,
-        "final_norm": 2 * tokens * h * act + 8 * tokens,
-        "loss_saved": 4 * tokens * vocab,
-        "loss_transient": 8 * tokens * vocab,
+        "layers": Term((n_layers - kept) * layer + kept * tokens * h * act,
+                       f"{n_layers - kept} x layer ({layer_text}) + {kept} checkpointed x s*b*h*{act} B"),
+        "recompute": Term(layer if kept else 0, "one layer rebuilt at a time in backward" if kept else "none"),
+        "final_norm": Term(2 * tokens * h * act + 8 * tokens, f"2*s*b*h*{act} + 8*s*b B"),
+        "loss_saved": Term(4 * tokens * vocab, "4*s*b*V B fp32 log-probs"),
+        "loss_transient": Term(8 * tokens * vocab, "8*s*b*V B more in the loss's backward"),
     }
+
+
+def activation_components(model: ModelConfig, micro_batch: int, level: str, precision: str) -> Dict[str, int]:
+    return {name: term.value for name, term in activation_terms(model, micro_batch, level, precision).items()}
 
 
 def activation_bytes(model: ModelConfig, micro_batch: int, level: str, precision: str) -> int:
@@ -89,7 +104,8 @@ def activation_bytes(model: ModelConfig, micro_batch: int, level: str, precision
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes per GPU at the peak (the start of backward), by part; ``total`` includes the margin."""
+    """Bytes per GPU at the peak (the start of backward), by part; ``total`` includes the margin.
+    ``formulas`` holds, by part, the formula each was computed with."""
 
     params: int  # fp32 parameter shards (FSDP2 keeps the original dtype; bf16 is cast for the all-gather)
     grads: int  # fp32 gradient shards
@@ -100,6 +116,7 @@ class Memory:
     margin: int
     total: int
     capacity: int
+    formulas: Dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def states(self) -> int:
@@ -118,35 +135,42 @@ def memory(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions, micro_ba
     model, sharding = cfg.model, cfg.parallel.sharding
     micro_batch = micro_batch or plan.micro_batch
     precision = precision_of(cfg)
-    compute_bytes = 2 if precision == "bf16" else 4
+    cb = dtype_bytes(precision)
     root, block = param_shapes(model)
     root_numel, block_numel = sum(map(_numel, root)), sum(map(_numel, block))
     total_numel = root_numel + model.n_layers * block_numel
-    local = local_param_numel(model, shard_group(plan, sharding))
+    n = shard_group(plan, sharding)
+    local = local_param_numel(model, n)
+    shard = f"/ {n}" if n > 1 else "(1 GPU)"
     tensors = len(root) + model.n_layers * len(block)
     if sharding == "grad_op":  # reshard_after_forward=False: every unit stays gathered until its backward
-        gathered = compute_bytes * total_numel
+        gathered = Term(cb * total_numel, f"{cb} B x P (grad_op: all units stay gathered)")
     else:  # the root (embedding, used again by the head) for the whole pass, a block and the prefetched next
-        gathered = compute_bytes * (root_numel + 2 * block_numel)
-    # The root's gradient (tied embedding, produced first in backward by the head) lives through backward;
-    # a block's unsharded gradient and its fp32 reduce-scatter input exist while it is reduced.
-    grad_buffers = compute_bytes * root_numel + (compute_bytes + 4) * block_numel
-    activations = activation_bytes(model, micro_batch, cfg.parallel.activation_checkpointing, precision)
-    need = 4 * local + 4 * local + 8 * local + 4 * tensors + gathered + grad_buffers + activations
-    margin = int(opts.margin * need + opts.overhead_gib * GIB)
-    return Memory(params=4 * local, grads=4 * local, optimizer=8 * local + 4 * tensors, gathered=gathered,
-                  grad_buffers=grad_buffers, activations=activations, margin=margin,
-                  total=need + margin, capacity=int(hw.memory_gib * GIB))
-
-
-def per_rank_batch(plan: Plan) -> int:
-    return plan.micro_batch * plan.grad_accum
+        gathered = Term(cb * (root_numel + 2 * block_numel),
+                        f"{cb} B x (root {root_numel:,} + 2 x block {block_numel:,})")
+    level = cfg.parallel.activation_checkpointing
+    terms = {
+        "params": Term(4 * local, f"4 B x P {shard} (fp32 shards)"),
+        "grads": Term(4 * local, f"4 B x P {shard} (fp32 shards)"),
+        "optimizer": Term(8 * local + 4 * tensors, f"8 B x P {shard} (m, v fp32) + 4 B x {tensors} tensors"),
+        "gathered": gathered,
+        # The root's gradient (tied embedding, produced first in backward by the head) lives through backward;
+        # a block's unsharded gradient and its fp32 reduce-scatter input exist while it is reduced.
+        "grad_buffers": Term(cb * root_numel + (cb + 4) * block_numel, f"{cb} B x root + ({cb} + 4) B x block"),
+        "activations": Term(activation_bytes(model, micro_batch, level, precision),
+                            f"micro-batch {micro_batch}, {level} checkpointing, by part below"),
+    }
+    need = sum(term.value for term in terms.values())
+    terms["margin"] = Term(int(opts.margin * need + opts.overhead_gib * GIB),
+                           f"{100 * opts.margin:g}% + {opts.overhead_gib:g} GiB")
+    return Memory(**{name: term.value for name, term in terms.items()}, total=need + terms["margin"].value,
+                  capacity=int(hw.memory_gib * GIB), formulas={name: term.formula for name, term in terms.items()})
 
 
 def max_micro_batch(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions) -> int:
     """The largest micro-batch dividing the per-GPU batch that fits; 0 if none does (memory grows
     with the micro-batch and not with grad_accum, so if micro-batch 1 does not fit, nothing does)."""
-    fitting = [m for m in divisors(per_rank_batch(plan)) if memory(cfg, plan, hw, opts, m).fits]
+    fitting = [m for m in divisors(plan.per_rank_batch) if memory(cfg, plan, hw, opts, m).fits]
     return max(fitting, default=0)
 
 

@@ -2,11 +2,12 @@
 (docs/planning.md, "Time")."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Dict
 
 from launcher.core.config import RunConfig
-from launcher.core.plan import Plan, flops_per_token
-from launcher.planning.hardware import GB, Assumptions, Hardware, precision_of
+from launcher.core.plan import FLOPS_PER_TOKEN, Plan, flops_per_token
+from launcher.planning.hardware import GB, Assumptions, Hardware, dtype_bytes, precision_of
 from launcher.planning.memory import _numel, checkpointed_blocks, param_shapes, shard_group
 
 
@@ -23,6 +24,7 @@ class Timing:
     step_s: float
     tokens_per_s_per_gpu: float
     mfu: float  # predicted model FLOPs utilisation, communication included
+    formulas: Dict[str, str] = field(default_factory=dict, compare=False, repr=False)  # by field: how it was computed
 
     @property
     def comm_bytes(self) -> float:
@@ -47,11 +49,12 @@ def timing(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions) -> Timin
     # A block's forward per token: 2 FLOPs per weight plus 4*s*d for QK^T and AV (a third of 6N + 12LdT).
     _, block = param_shapes(model)
     block_forward = 2 * sum(map(_numel, block)) + 4 * model.seq_len * model.d_model
-    recompute = checkpointed_blocks(model.n_layers, cfg.parallel.activation_checkpointing) * block_forward * tokens
+    kept = checkpointed_blocks(model.n_layers, cfg.parallel.activation_checkpointing)
+    recompute = kept * block_forward * tokens
     hardware_flops = model_flops + recompute
     compute_s = hardware_flops / plan.world_size / (opts.mfu * hw.peak_flops)
 
-    compute_bytes = 2 if precision_of(cfg) == "bf16" else 4
+    cb = dtype_bytes(precision_of(cfg))
     root, _ = param_shapes(model)
     root_numel = sum(map(_numel, root))
     block_numel = sum(map(_numel, block))
@@ -61,7 +64,7 @@ def timing(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions) -> Timin
     gathers = 1 if sharding == "grad_op" else 2  # per micro-batch: forward, and again in backward
     # Per step: grad_accum micro-batches, each gathering every unit `gathers` times in the compute dtype
     # and reduce-scattering every gradient in fp32 (reduce_dtype) into the shards (train/loop.py).
-    ag_size = plan.grad_accum * gathers * compute_bytes * total_numel
+    ag_size = plan.grad_accum * gathers * cb * total_numel
     rs_size = plan.grad_accum * 4.0 * total_numel
     frac = (n - 1) / n
     allgather_bytes, reduce_scatter_bytes = ag_size * frac, rs_size * frac
@@ -81,9 +84,23 @@ def timing(cfg: RunConfig, plan: Plan, hw: Hardware, opts: Assumptions) -> Timin
     exposed = min(comm_s, first * ag_s + last * (rs_s + ar_s))
     step_s = exposed + max(compute_s, comm_s - exposed)
     per_gpu = tokens / plan.world_size / step_s
+    ga = plan.grad_accum
+    formulas = {
+        "model_flops": f"({FLOPS_PER_TOKEN}) x tokens",
+        "hardware_flops": f"+ forward of {kept} checkpointed blocks again",
+        "compute_s": f"hardware FLOPs / {plan.world_size} GPUs / ({opts.mfu:g} x peak)",
+        "allgather_bytes": f"{ga} x {gathers} x {cb} B x P x (n-1)/n, n = {n}",
+        "reduce_scatter_bytes": f"{ga} x 4 B x P x (n-1)/n",
+        "allreduce_bytes": (f"hybrid: {ga} x 2 x 4 B x P/n x (m-1)/m across {plan.nodes} nodes" if allreduce_bytes
+                            else "none (no replicas across nodes)"),
+        "comm_s": f"NVLink {opts.intra_gbps:g} GB/s/GPU, network {opts.inter_gbps:g} GB/s/node",
+        "exposed_comm_s": "first all-gather and last reduction of each micro-batch",
+        "step_s": "exposed + max(compute, rest of comm)",
+        "tokens_per_s_per_gpu": "tokens / GPUs / step time",
+        "mfu": "model FLOPs / GPUs / step time / peak",
+    }
     return Timing(model_flops=model_flops, hardware_flops=hardware_flops, compute_s=compute_s,
                   allgather_bytes=allgather_bytes, reduce_scatter_bytes=reduce_scatter_bytes,
                   allreduce_bytes=allreduce_bytes, comm_s=comm_s, exposed_comm_s=exposed, step_s=step_s,
-                  tokens_per_s_per_gpu=per_gpu, mfu=model_flops / plan.world_size / step_s / hw.peak_flops)
-
-
+                  tokens_per_s_per_gpu=per_gpu, mfu=model_flops / plan.world_size / step_s / hw.peak_flops,
+                  formulas=formulas)

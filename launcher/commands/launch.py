@@ -1,0 +1,113 @@
+"""``launcher [launch]``: compose the runs the overrides (and a run file) describe; print them or submit them.
+
+``launcher gpus=16 model=gpt_1b`` composes one run and submits it; ``-m`` sweeps; ``-f run.yaml`` starts
+from a run file; ``dry_run=true`` prints the plan and sbatch script instead, ``dry_run=json`` the plan as
+JSON. Heavy imports (Hydra, submitit, tabulate) happen only on the paths that need them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, List
+
+from launcher.errors import LaunchError
+
+if TYPE_CHECKING:
+    from launcher.compose import ComposedRun
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.usage = "launcher [launch] [-m] [-f RUN.yaml] [key=value ...]"
+    parser.epilog = epilog()
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="Hydra overrides (see below)")
+    parser.add_argument("-m", "--multirun", action="store_true",
+                        help="sweep: gpus=8,16,128 model=gpt_125m,gpt_1b launches 6 runs")
+    parser.add_argument("-f", "--file", type=Path, metavar="RUN.yaml",
+                        help="start from a run file (a run directory's run.yaml, say); overrides win over it")
+
+
+def epilog() -> str:
+    """The config groups and override forms, for ``launcher --help`` and ``launcher launch --help``."""
+    from launcher.catalog import GROUPS, options
+
+    groups = "\n".join(f"  {group:<8} {', '.join(options(group))}" for group in GROUPS)
+    return f"""launch (the default command: launcher key=value ... is launcher launch key=value ...):
+  -m, --multirun       sweep: gpus=8,16,128 model=gpt_125m,gpt_1b launches 6 runs
+  -f, --file RUN.yaml  start from a run file; every run directory keeps its own as run.yaml
+
+config groups (key=option):
+{groups}
+  gpus also takes any other count: gpus=3 is one node, gpus=24 three nodes of 8.
+
+overrides: any key of launcher/core/config.py, e.g. train.steps=200 cluster.partition=gpu
+  +cluster.sbatch_flags.mail-type=END  adds an extra #SBATCH option
+  dry_run=true   print the plan and the sbatch script; submit nothing
+  dry_run=json   print the plan as JSON (one object per line for a sweep)
+  name=NAME      run name (letters, digits, . _ -)
+
+examples:
+  launcher gpus=16 model=gpt_1b
+  launcher -m gpus=8,16,128 model=gpt_125m,gpt_1b dry_run=json
+  launcher -f ~/.launcher/runs/gpt_1b-16g-ab12/run.yaml gpus=32"""
+
+
+def overrides_of(args: argparse.Namespace) -> List[str]:
+    """The command line's overrides, after those of the run file (which they win over)."""
+    if args.file is None:
+        return list(args.overrides)
+    from launcher.runfile import merge, read_run_file
+
+    return merge(read_run_file(args.file), args.overrides)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Compose the runs the arguments describe; print them (dry run) or submit them."""
+    from launcher.compose import compose_runs
+
+    runs = compose_runs(overrides_of(args), multirun=args.multirun)
+    modes = {run.config.dry_run for run in runs}
+    if len(modes) > 1:
+        raise LaunchError("dry_run must be the same for every run of a sweep")
+    mode = modes.pop()
+    # Refuse (exit 2, before anything is submitted) a run that cannot fit its GPUs' memory, unless force=true;
+    # a dry run only warns. See launcher/planning/gate.py and docs/planning.md.
+    from launcher.planning.gate import check_launch
+
+    for warning in check_launch(runs, dry_run=mode is not False):
+        print(f"warning: {warning}", file=sys.stderr)
+    if mode == "json":
+        for run in runs:
+            print(json.dumps({**run.plan.to_dict(), "name": display_name(run), "overrides": run.overrides}))
+        return 0
+    if mode is True:
+        print_dry_run(runs)
+        return 0
+    from launcher.submit import launch
+
+    return launch(runs, sweep=args.multirun)
+
+
+def display_name(run: ComposedRun) -> str:
+    """The run's name, or its stem where the launch would add a random suffix."""
+    from launcher.core.rundir import base_name
+
+    return run.config.name or base_name(run.plan.model, run.plan.gpus)
+
+
+def print_dry_run(runs: List[ComposedRun]) -> None:
+    from tabulate import tabulate
+
+    from launcher.sbatch import render_sbatch
+
+    for index, run in enumerate(runs):
+        name = display_name(run)
+        folder = Path(run.config.run_root).expanduser() / name / "submitit"
+        if index:
+            print()
+        print(f"# run {name}: {' '.join(run.overrides) or '(defaults)'}")
+        print(tabulate(run.plan.to_dict().items(), headers=["plan", ""], intfmt=","))
+        print(f"\n# sbatch script (submitit folder {folder})")
+        print(render_sbatch(run.config, run.plan, name, folder))

@@ -1,0 +1,118 @@
+"""The Slurm adapter's parsers and the launch checks' messages (Slurm's output given as text, no cluster)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import launcher
+
+from launcher.compose import compose_runs
+from launcher.fit import explain_rejection, mem_mb, refusal
+from launcher.slurm_output import (Partition, SlurmError, field_rows, max_job_nodes, minutes, parse_nodes,
+                                   parse_sacct, parse_squeue, partitions_of, sbatch_reason)
+
+SINFO = """\
+a-node1|gpu*|gpu:h100:8(S:0-1)|gpu:h100:3(IDX:0-2)|mixed|64|512000|2-00:00:00|1-4|
+a-node2|gpu*|gpu:h100:8(S:0-1)|gpu:h100:0(IDX:N/A)|idle|64|512000|2-00:00:00|1-4|
+a-node2|debug|gpu:h100:8(S:0-1)|gpu:h100:0(IDX:N/A)|idle|64|512000|30:00|1-infinite|
+a-cpu1|cpu|(null)|gpu:0|down*|128|256000|infinite|1-infinite|
+"""
+
+
+def test_sinfo_nodes_are_parsed_by_field_name():
+    nodes = parse_nodes(SINFO)
+    first = nodes[0]
+    assert (first.name, first.partition, first.default, first.gpus, first.gpu_type, first.gpus_used, first.state,
+            first.cpus, first.mem_mb, first.max_time, first.max_nodes) == \
+        ("a-node1", "gpu", True, 8, "h100", 3, "mixed", 64, 512000, "2-00:00:00", 4)
+    assert (nodes[3].gpus, nodes[3].gpu_type, nodes[3].max_nodes) == (0, None, None)
+
+
+def test_partitions_are_summed_from_nodes():
+    parts = {p.name: p for p in partitions_of(parse_nodes(SINFO))}
+    assert parts["gpu"] == Partition(name="gpu", default=True, nodes=2, gpus_per_node=8, gpu_type="h100",
+                                     cpus_per_node=64, mem_mb_per_node=512000, max_nodes=4, max_time="2-00:00:00")
+    assert (parts["gpu"].max_time_min, parts["debug"].max_time_min, parts["cpu"].max_time_min) == (2880, 30, None)
+    assert (parts["debug"].nodes, parts["debug"].default, parts["cpu"].gpus_per_node) == (1, False, 0)
+
+
+@pytest.mark.parametrize("text, expected", [("infinite", None), ("30:00", 30), ("4:00:00", 240), ("1-00:00:00", 1440),
+                                            ("2-12:30:00", 3630), ("UNLIMITED", None)])
+def test_time_limits_in_minutes(text, expected):
+    assert minutes(text) == expected
+
+
+def test_job_size_and_short_rows():
+    assert (max_job_nodes("1-infinite"), max_job_nodes("1-16")) == (None, 16)
+    with pytest.raises(SlurmError, match="unexpected Slurm output"):
+        field_rows("a|b", ("A", "B", "C"))
+
+
+def test_sacct_and_squeue_rows_by_name():
+    (row,) = parse_sacct("42|FAILED|None|1:0|2026-01-01T00:00:00|2026-01-01T00:01:00|00:01:00|n[1-2]\n")
+    assert (row.job_id, row.state, row.exit_code, row.nodes, row.elapsed, row.source) == \
+        ("42", "FAILED", "1:0", "n[1-2]", "00:01:00", "sacct")
+    (row,) = parse_squeue("7|PENDING|JobHeldUser||N/A|0:00|\n")
+    assert (row.job_id, row.state, row.reason, row.start, row.source) == ("7", "PENDING", "JobHeldUser", "N/A", "squeue")
+
+
+def test_sbatch_reason_is_slurms_words_alone():
+    err = ("sbatch: error: CPU count per node can not be satisfied\n"
+           "sbatch: error: Batch job submission failed: Requested node configuration is not available\n")
+    assert sbatch_reason(err) == "Requested node configuration is not available"
+    assert sbatch_reason("") == "sbatch failed"
+
+
+@pytest.mark.parametrize("text, mb", [("100G", 102400), ("512M", 512), ("2048", 2048), ("1T", 1048576), ("x", None)])
+def test_memory_sizes(text, mb):
+    assert mem_mb(text) == mb
+
+
+PART = Partition(name="gpu", default=True, nodes=4, gpus_per_node=8, gpu_type=None, cpus_per_node=16,
+                 mem_mb_per_node=65536, max_nodes=2, max_time="1:00:00")
+
+
+def run_of(*overrides):
+    (run,) = compose_runs(["model=gpt_tiny", "cluster=slurm", "cluster.time_limit_min=60", "cluster.mem_per_gpu=8G",
+                           "cluster.cpus_per_gpu=2", *overrides])
+    return run
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([], None),
+    (["gpus=32"], "gpus=32 needs 4 nodes; partition 'gpu' allows at most 2 per job (MaxNodes)"),
+    (["cluster.time_limit_min=90"], "cluster.time_limit_min=90 is above partition 'gpu''s MaxTime of 60 min"),
+    (["cluster.cpus_per_gpu=4"], "gpus=8 as 1 node x 8 tasks x 4 CPUs, 8G per GPU needs 32 CPUs per node; "
+                                 "partition 'gpu' nodes have 16 CPUs; lower cluster.cpus_per_gpu (at most 2)"),
+    (["cluster.cpus_per_gpu=4", "cluster.overcommit=true"], None),
+    (["cluster.mem_per_gpu=10G"], "needs 81920 MB per node (cluster.mem_per_gpu=10G); partition 'gpu' nodes have "
+                                  "65536 MB; lower cluster.mem_per_gpu (at most 8192M)"),
+])
+def test_refusals_name_the_value_and_what_to_change(overrides, message):
+    run = run_of(*overrides)
+    found = refusal(run.plan, run.config.cluster, PART)
+    assert found is None if message is None else message in found, found
+
+
+def test_an_sbatch_rejection_is_explained_in_one_line():
+    run = run_of()
+    text = explain_rejection("Invalid account or account/partition combination specified", run.plan,
+                             run.config.cluster, PART)
+    assert text == ("Slurm refused gpus=8 as 1 node x 8 tasks x 2 CPUs, 8G per GPU on partition 'gpu' "
+                    "(4 nodes x 8 GPUs, 16 CPUs, 65536 MB each): Invalid account or account/partition combination "
+                    "specified; set cluster.account to an account you may use on this partition")
+    small = dataclasses.replace(PART, cpus_per_node=4)  # a refusal the checks know is said in their words
+    assert explain_rejection("Requested node configuration is not available", run.plan, run.config.cluster,
+                             small).startswith("gpus=8 as 1 node x 8 tasks x 2 CPUs, 8G per GPU needs 16 CPUs")
+    assert "\n" not in explain_rejection("x", run.plan, run.config.cluster, None)
+
+
+def test_only_the_adapter_runs_slurm_tools():
+    """launcher/slurm.py is the one module that starts a process, and the only one naming a tool to run."""
+    package = Path(launcher.__file__).parent
+    tools = [f'["{tool}"' for tool in ("sinfo", "squeue", "sacct", "scontrol", "scancel", "sbatch")]
+    offenders = [str(path.relative_to(package)) for path in package.rglob("*.py") if path.name != "slurm.py"
+                 and ("subprocess" in path.read_text() or any(tool in path.read_text() for tool in tools))]
+    assert offenders == []
