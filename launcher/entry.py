@@ -11,6 +11,7 @@ from typing import Any
 
 import submitit
 
+from launcher.core.heartbeats import steps_by_rank
 from launcher.core.rundir import append_event, read_events
 from launcher.core.secrets import inject, secrets_dir
 
@@ -21,6 +22,23 @@ def being_requeued(run_dir: Path) -> bool:
     events = read_events(run_dir)
     return bool(events) and events[-1].get("event") == "requeued" \
         and events[-1].get("job_id") == os.environ.get("SLURM_JOB_ID")
+
+
+def record_failure(run_dir: Path, err: BaseException, secret_vars: list[str]) -> None:
+    """The run's own record of this rank's failure: rank, node, step and the error's first line (never a
+    secret's value). Status commands read it once Slurm has forgotten the job, and the attempt's end
+    (launcher/recovery.py) weighs it against the other ranks' to find the cause."""
+    first_line = (str(err).strip().splitlines() or [""])[0][:300]
+    error = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
+    for var in secret_vars:
+        if os.environ.get(var):
+            error = error.replace(os.environ[var], "***")
+    rank = os.environ.get("SLURM_PROCID")
+    step = getattr(err, "train_step", None)
+    if step is None and rank is not None:
+        step = steps_by_rank(run_dir).get(int(rank))
+    append_event(run_dir, "failed", rank=rank, node=os.environ.get("SLURMD_NODENAME"), step=step,
+                 job_id=os.environ.get("SLURM_JOB_ID"), error=error)
 
 
 class TrainTask(submitit.helpers.Checkpointable):
@@ -46,16 +64,9 @@ class TrainTask(submitit.helpers.Checkpointable):
             from train.task import run
 
             return run(run_dir)
-        except Exception as err:
-            # The run's own exit marker: status commands read it once Slurm has forgotten the job.
-            first_line = (str(err).strip().splitlines() or [""])[0][:300]
-            error = f"{type(err).__name__}: {first_line}"
-            for var in names:  # an error message must not carry a secret into the run directory
-                if os.environ.get(var):
-                    error = error.replace(os.environ[var], "***")
-            if not being_requeued(Path(run_dir)):
-                append_event(Path(run_dir), "failed", rank=os.environ.get("SLURM_PROCID"),
-                             job_id=os.environ.get("SLURM_JOB_ID"), error=error)
+        except BaseException as err:  # DCP's CheckpointException, among others, is not an Exception
+            if not isinstance(err, (SystemExit, KeyboardInterrupt)) and not being_requeued(Path(run_dir)):
+                record_failure(Path(run_dir), err, names)
             raise
 
     def checkpoint(self, run_dir: str) -> submitit.helpers.DelayedSubmission:  # type: ignore[override]

@@ -10,7 +10,8 @@ import pytest
 import torch.multiprocessing as mp
 
 import train_workers
-from train.watchdog import EXIT_STALLED, Pulse, describe_stall, read_pulses
+from launcher.core.heartbeats import Pulse, read_pulses
+from train.watchdog import EXIT_STALLED, describe_stall
 from train_harness import launch_forked
 
 TIMEOUT_S = 4.0

@@ -35,6 +35,7 @@ from train.model import GPT
 from train.optim import build_optimizer, optimizer_step
 from train.parallel import parallelize
 from train.progress import job_comment
+from train.watchdog import SLOW_PHASE_S, Watchdog
 from launcher.core.rundir import append_event
 
 log = logging.getLogger(__name__)
@@ -117,8 +118,11 @@ def build_model(cfg: RunConfig, env: DistEnv) -> nn.Module:
     return parallelize(model, cfg.parallel, env, seed=cfg.train.seed)
 
 
-def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv) -> dict[str, Any]:
-    """Train to ``cfg.train.steps``, resuming from the newest complete checkpoint; returns the final record."""
+def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Watchdog) -> dict[str, Any]:
+    """Train to ``cfg.train.steps``, resuming from the newest good checkpoint; returns the final record.
+
+    ``watchdog`` hears of every step; an exception leaves the loop with the step it happened at
+    (``train_step``), for the failure's record."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     np.random.seed(tc.seed)
@@ -151,6 +155,7 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv) -> dict[str, 
     timer = _IntervalTimer(env.device)
     try:
         for step in range(start, tc.steps):
+            watchdog.step(step)
             batches = functools.partial(_rank_batches, data, sampler, env, step)
             lr = scheduler.get_last_lr()[0]
             if batching.auto and step < start + AUTO_PROBE_STEPS:
@@ -173,12 +178,13 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv) -> dict[str, 
                           **throughput(tokens_per_step * steps, seconds, env.world_size, fpt, peak),
                           "peak_mem_gb": peak_memory_gb(env.device)}
                 metrics.write(record)
+                watchdog.measured(record["step_time"])
                 intervals.append({"steps": steps, "seconds": seconds})
                 comment.update(f"step {done}/{tc.steps} loss {record['loss']:.3f} tok/s {record['tokens_per_s']:.0f}")
                 timer.reset()
 
             if last or (tc.checkpoint_every > 0 and done % tc.checkpoint_every == 0):
-                with timer.paused():
+                with timer.paused(), watchdog.phase(SLOW_PHASE_S):
                     save_checkpoint(run_dir, done, model, optimizer, scheduler, env, tc.keep_checkpoints,
                                     record={"loss": global_mean(loss, env), "grad_norm": grad_norm.item()})
 
@@ -188,6 +194,9 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv) -> dict[str, 
         metrics.write(final)
         comment.update(f"done {tc.steps}/{tc.steps} loss {record['loss']:.3f}")
         return final
+    except BaseException as err:
+        err.train_step = watchdog.pulse.step  # type: ignore[attr-defined]
+        raise
     finally:
         comment.close()
 

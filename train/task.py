@@ -7,6 +7,7 @@ from the newest periodic checkpoint.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -16,10 +17,12 @@ from typing import Any
 import torch.distributed as dist
 
 from launcher.core.config import load_run_config
+from launcher.core.heartbeats import Pulse
 from launcher.core.plan import read_plan
 from launcher.core.rundir import append_event
 from train.dist import check_allreduce, global_rank_from_environ, init_distributed
 from train.loop import train
+from train.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +40,26 @@ def run(run_dir: str | Path) -> dict[str, Any]:
         if env.is_main:
             append_event(run_dir, "started", job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
                       nodes=env.nodes)
-        final = train(cfg, plan, run_dir, env)
+        watchdog = Watchdog(run_dir, env.rank, env.node, cfg.train.stall_timeout_s,
+                            on_stall=functools.partial(_record_stall, run_dir)).start(0)
+        try:
+            final = train(cfg, plan, run_dir, env, watchdog)
+        finally:
+            watchdog.stop()
         if env.is_main:
             append_event(run_dir, "finished", step=final["step"], loss=final.get("loss"))
         return final
-    except Exception:
+    except BaseException:
         log.exception("rank %d failed", rank)
         raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _record_stall(run_dir: Path, cause: str, frozen: list[Pulse]) -> None:
+    append_event(run_dir, "stalled", cause=cause, ranks=[p.rank for p in frozen], nodes=[p.node for p in frozen],
+                 step=min((p.step for p in frozen), default=None), job_id=os.environ.get("SLURM_JOB_ID"))
 
 
 def setup_logging(run_dir: Path, rank: int) -> None:

@@ -24,42 +24,24 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator, Optional
+
+from launcher.core.heartbeats import Pulse, heartbeat_path, read_pulses
 
 log = logging.getLogger(__name__)
 
 EXIT_STALLED = 75  # EX_TEMPFAIL: the attempt failed, the run may go on elsewhere
-HEARTBEATS = "heartbeats"
 INTERVAL_S = 2.0
+STALL_FLOOR_S = 300.0  # the derived limit never goes below this
+STEP_TIMES = 20  # a step this many times slower than the measured step time is a hang
+SLOW_PHASE_S = 900.0  # the first step (data, compile) and a checkpoint save may take this long
 
 
-@dataclass
-class Pulse:
-    """One rank's heartbeat, as written to ``heartbeats/rank_<N>.json``."""
-
-    rank: int
-    node: str
-    pid: int
-    step: int
-    step_since: float
-    alive: float
-
-
-def heartbeat_path(run_dir: Path, rank: int) -> Path:
-    return Path(run_dir) / HEARTBEATS / f"rank_{rank:05d}.json"
-
-
-def read_pulses(run_dir: Path) -> list[Pulse]:
-    """Every rank's last heartbeat (unreadable files skipped: a rank may be writing one)."""
-    pulses = []
-    for path in sorted((Path(run_dir) / HEARTBEATS).glob("rank_*.json")):
-        try:
-            pulses.append(Pulse(**json.loads(path.read_text())))
-        except (OSError, ValueError, TypeError):
-            continue
-    return pulses
+def derived_timeout(step_time: float) -> float:
+    """The stall limit when none is configured: generous against the step time measured so far."""
+    return max(STALL_FLOOR_S, STEP_TIMES * step_time)
 
 
 def frozen(pulses: list[Pulse], now: float, stale_s: float) -> list[Pulse]:
@@ -90,11 +72,12 @@ def _process_state(pulse: Pulse) -> str:
 class Watchdog:
     """A rank's heartbeat writer and stall detector; call :meth:`step` as training advances."""
 
-    def __init__(self, run_dir: Path, rank: int, node: str, stall_timeout_s: float,
+    def __init__(self, run_dir: Path, rank: int, node: str, stall_timeout_s: Optional[float],
                  on_stall: Callable[[str, list[Pulse]], None], interval_s: float = INTERVAL_S,
                  exit: Callable[[int], None] = os._exit) -> None:
         self.run_dir, self.rank, self.node = Path(run_dir), rank, node
-        self.stall_timeout_s, self.interval_s = stall_timeout_s, interval_s
+        self.derive = stall_timeout_s is None  # follow the measured step time (see measured())
+        self.stall_timeout_s, self.interval_s = stall_timeout_s or STALL_FLOOR_S, interval_s
         self.on_stall, self.exit = on_stall, exit
         self.pulse = Pulse(rank, node, os.getpid(), step=0, step_since=time.time(), alive=time.time())
         self.limit_s = stall_timeout_s  # how long the current step (or phase) may take
@@ -102,8 +85,10 @@ class Watchdog:
         self._thread: Optional[threading.Thread] = None
 
     def start(self, step: int) -> "Watchdog":
+        """Beat from now on; the first step (data, model, compile) gets the allowance of a slow phase."""
         heartbeat_path(self.run_dir, self.rank).parent.mkdir(parents=True, exist_ok=True)
         self.step(step)
+        self.limit_s = max(self.stall_timeout_s, SLOW_PHASE_S)
         self._write(time.time())
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
         self._thread.start()
@@ -112,6 +97,11 @@ class Watchdog:
     def step(self, step: int) -> None:
         """Training reached ``step`` (the main thread; the watchdog writes it at its next beat)."""
         self.pulse.step, self.pulse.step_since, self.limit_s = step, time.time(), self.stall_timeout_s
+
+    def measured(self, step_time: float) -> None:
+        """The loop measured its step time: a derived limit follows it."""
+        if self.derive:
+            self.stall_timeout_s = derived_timeout(step_time)
 
     @contextmanager
     def phase(self, allowance_s: float) -> Iterator[None]:

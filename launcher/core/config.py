@@ -106,6 +106,9 @@ class TrainConfig:
     eval_batches: int = 2
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
+    # A step (or a save/eval phase) that has not ended after this long is a hang: the attempt ends with the
+    # frozen ranks named (train/watchdog.py). Null: derived from the measured step time, at least 300 s.
+    stall_timeout_s: Optional[float] = None
 
 
 @dataclass
@@ -143,6 +146,8 @@ class ClusterConfig:
     overcommit: bool = False
     signal_delay_s: int = 120
     max_requeues: int = 3
+    # Failed or stalled attempts retried from the newest good checkpoint (docs/recovery.md).
+    max_retries: int = 3
     sbatch_flags: Dict[str, Any] = field(default_factory=dict)
     setup: List[str] = field(default_factory=list)
     container_image: Optional[str] = None
