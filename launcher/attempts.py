@@ -48,6 +48,7 @@ class Cause:
     node: Optional[str] = None
     step: Optional[int] = None
     short: str = ""  # a word or two for `runs`: "rank 2 killed", "stalled", "OSError"
+    error: str = ""  # the rank's own exception ("OSError: ..."), where the cause is one
 
 
 def expand_ranks(text: str) -> List[int]:
@@ -90,7 +91,7 @@ def attribute(events: List[dict], task_ends: List[TaskEnd], steps: Dict[int, int
         rank = _int(first.get("rank"))
         error = str(first.get("error", "unknown error"))
         return Cause("FAILED", _where(rank, first.get("node"), first.get("step")) + error, rank=rank,
-                     node=first.get("node"), step=first.get("step"), short=error.split(":")[0])
+                     node=first.get("node"), step=first.get("step"), short=error.split(":")[0], error=error)
     reported = {_int(e.get("rank")) for e in failures}
     for end in task_ends:
         silent = [r for r in end.ranks if r not in reported]

@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict
+from typing import Any, Dict, Sequence
 
 from launcher.core.config import RunConfig
 from launcher.errors import LaunchError
@@ -76,10 +76,26 @@ def request_params(cfg: RunConfig, plan: Plan) -> Dict[str, Any]:
     return params
 
 
-def executor_params(cfg: RunConfig, plan: Plan, run_name: str) -> Dict[str, Any]:
-    """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``."""
+def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | None = None,
+                    exclude: Sequence[str] = (), python: str | None = None) -> Dict[str, Any]:
+    """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``.
+
+    With the run's directory, the job also records its attempt around the ranks and recovers from a
+    failure (launcher/recovery.py): ``begin`` before srun, ``end`` with srun's exit status after it; and
+    srun ends every rank as soon as one dies (``--kill-on-bad-exit``), so an attempt fails in seconds, not
+    after a collective's timeout. ``exclude``: nodes the job must not run on (an earlier attempt's culprits).
+    """
     check_run_name(run_name)
-    return {**request_params(cfg, plan), "job_name": run_name, "comment": f"launcher:{run_name}"}
+    params = {**request_params(cfg, plan), "job_name": run_name, "comment": f"launcher:{run_name}"}
+    if run_dir is not None:
+        recovery = f"{python or shlex.quote(sys.executable)} -m launcher.recovery"
+        where = shlex.quote(str(Path(run_dir).absolute()))
+        params["setup"] = [*params.get("setup", []), f"{recovery} begin {where}"]
+        params["teardown"] = [f"{recovery} end {where} $?"]
+        params["srun_args"] = ["--kill-on-bad-exit=1", *params.get("srun_args", [])]
+    if exclude:
+        params["exclude"] = _token("exclude", ",".join(exclude))
+    return params
 
 
 def render_sbatch(cfg: RunConfig, plan: Plan, run_name: str, folder: str | Path, python: str | None = None) -> str:
@@ -93,7 +109,8 @@ def render_sbatch(cfg: RunConfig, plan: Plan, run_name: str, folder: str | Path,
     # submitit's own command line (SlurmExecutor cannot be built where srun is absent).
     executor = SimpleNamespace(python=python or shlex.quote(sys.executable), folder=folder)
     command = SlurmExecutor._submitit_command_str.fget(executor)  # type: ignore[attr-defined]
-    return _make_sbatch_string(command=command, folder=folder, **executor_params(cfg, plan, run_name))
+    return _make_sbatch_string(command=command, folder=folder,
+                               **executor_params(cfg, plan, run_name, folder.parent, python=python))
 
 
 def _token(key: str, value: Any) -> str:

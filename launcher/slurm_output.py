@@ -164,3 +164,13 @@ def sbatch_reason(stderr: str) -> str:
 def field_list(names: Sequence[str]) -> str:
     """``-O`` / ``--Format`` argument for these fields, each value followed by ``|``."""
     return ",".join(f"{name}:|" for name in names)
+
+
+# Words of a node state (sinfo's StateLong) that mean no job can run there now.
+UNUSABLE = ("down", "drain", "fail", "not_responding", "maint", "reboot", "power", "unknown", "inval")
+
+
+def unusable(state: str) -> bool:
+    """A node in this state runs nothing: down, drained, failing, not responding, ... (``*`` is no response)."""
+    state = state.lower()
+    return state.endswith("*") or any(word in state for word in UNUSABLE)

@@ -10,6 +10,7 @@ all the jobs of a listing, directly (never through submitit's 600 s cache), with
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import asdict, dataclass
@@ -19,8 +20,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 from launcher.core.rundir import RunRecord, read_events, write_json_atomic
 from launcher.slurm import JobRow, Slurm, SlurmError
 
-STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "REQUEUED", "UNKNOWN")
-ACTIVE = {"PENDING", "RUNNING", "REQUEUED"}
+STATES = ("PENDING", "RECOVERING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "REQUEUED",
+          "UNKNOWN")
+ACTIVE = {"PENDING", "RECOVERING", "RUNNING", "REQUEUED"}
 # Final for good: TIMEOUT and PREEMPTED are not, since submitit requeues such jobs.
 SETTLED = {"COMPLETED", "FAILED", "CANCELLED"}
 SETTLED_FILE = "slurm_state.json"
@@ -95,18 +97,36 @@ def _clean_time(value: str) -> str:
 
 
 def from_run_dir(run_dir: Path) -> Optional[JobState]:
-    """What the run itself recorded when it ended (the newest ending event wins)."""
-    for event in reversed(read_events(run_dir)):
+    """What the run itself recorded when it ended (the newest ending event wins). A rank's failure inside an
+    attempt that launcher/recovery.py judges is not the run's end; its verdict (a final ``failed``, or a
+    ``retrying``) is."""
+    events = read_events(run_dir)
+    judged = any(e.get("event") == "attempt" for e in events)
+    for event in reversed(events):
         kind = event.get("event")
         if kind == "finished":
             return JobState("COMPLETED", "", "run directory")
-        if kind == "failed":
-            return JobState("FAILED", str(event.get("error", "")), "run directory")
+        if kind == "failed" and (event.get("final") or not judged):
+            return JobState("FAILED", str(event.get("short") or event.get("error", "")), "run directory")
         if kind == "cancelled":
             return JobState("CANCELLED", "stopped by the user", "run directory")
-        if kind in ("submitted", "started", "requeued", "resumed"):
+        if kind in ("submitted", "started", "requeued", "resumed", "retrying", "attempt"):
             return None
     return None
+
+
+def in_its_words(state: JobState, run_dir: Path) -> JobState:
+    """Slurm's view of a job, told with what the run recorded: a pending retry is RECOVERING, a failure
+    carries its cause ("rank 2 killed", "OSError") instead of an exit code."""
+    events = read_events(run_dir)
+    last = next((e for e in reversed(events) if e.get("event") in ("attempt", "retrying", "failed", "finished")), {})
+    if state.state == "PENDING" and last.get("event") == "retrying":
+        ended = next((e for e in reversed(events) if e.get("event") == "attempt_ended"), {})
+        why = f"attempt {ended.get('attempt', 0) + 1} after {ended.get('short') or 'a failure'}"
+        return dataclasses.replace(state, state="RECOVERING", reason=", ".join(r for r in (why, state.reason) if r))
+    if state.state == "FAILED" and last.get("event") == "failed" and last.get("final"):
+        return dataclasses.replace(state, reason=str(last.get("short") or last.get("error", "")))
+    return state
 
 
 def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:
@@ -189,7 +209,8 @@ def _states_on_cluster(slurm: Slurm, records: List[RunRecord]) -> Dict[str, JobS
     known, failures = ({}, [down, down]) if down else _ask_slurm(slurm, [rec.job_id for rec in records if rec.job_id])
     states: Dict[str, JobState] = {}
     for rec in records:
-        state = known.get(rec.job_id or "") or from_run_dir(Path(rec.run_dir))
+        state = known.get(rec.job_id or "")
+        state = in_its_words(state, Path(rec.run_dir)) if state else from_run_dir(Path(rec.run_dir))
         if state is None:
             if len(failures) == 2:  # neither sacct nor squeue answered
                 why = f"Slurm could not be reached on cluster {rec.cluster} ({failures[-1]})"

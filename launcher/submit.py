@@ -10,8 +10,9 @@ import secrets
 import shutil
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
@@ -19,8 +20,10 @@ from launcher.cli import invocation
 from launcher.compose import ComposedRun
 from launcher.errors import LaunchError
 from launcher.runfile import dump
-from launcher.core.rundir import (RunRecord, append_event, base_name, create_run_dir, ensure_root, save_record,
-                           write_json_atomic)
+from launcher.core.config import RunConfig, load_run_config
+from launcher.core.plan import Plan, read_plan
+from launcher.core.rundir import (RECORD, RunRecord, append_event, base_name, create_run_dir, ensure_root, load_record,
+                                  save_record, write_json_atomic)
 from launcher.fit import explain_rejection, refusal
 from launcher.slurm import Partition, SlurmError, for_cluster, slurm_conf_for
 
@@ -64,9 +67,6 @@ def check_fits(run: ComposedRun, part: Partition) -> None:
 
 def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition] = None) -> RunRecord:
     """Create the run's directory, submit its job, and record it; on failure remove the directory."""
-    from launcher.entry import TrainTask
-    from launcher.sbatch import executor_params
-
     cfg, plan = run.config, run.plan
     try:
         run_dir = create_run_dir(root, cfg.name or base_name(plan.model, plan.gpus), explicit=cfg.name is not None)
@@ -80,9 +80,7 @@ def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Opti
         OmegaConf.save(resolved, run_dir / "config.yaml")
         (run_dir / "run.yaml").write_text(dump(run.run_file))  # `launcher -f RUN_DIR/run.yaml` runs it again
         write_json_atomic(run_dir / "plan.json", plan.to_dict())
-        executor = for_cluster(cfg.cluster).executor(run_dir / "submitit", cfg.cluster.max_requeues)
-        executor.update_parameters(**executor_params(cfg, plan, name))
-        job = executor.submit(TrainTask(), str(run_dir))
+        job_id = submit_job(cfg, plan, run_dir)
     except Exception as err:
         shutil.rmtree(run_dir, ignore_errors=True)
         if isinstance(err, LaunchError):
@@ -90,16 +88,38 @@ def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Opti
         if isinstance(err, SlurmError):
             raise LaunchError(explain_rejection(str(err), plan, cfg.cluster, part)) from None
         raise LaunchError(f"submitting {name} failed: {last_line(err)}") from None
-    shutil.copyfile(run_dir / "submitit" / f"{job.job_id}_submission.sh", run_dir / "sbatch.sh")
+    shutil.copyfile(run_dir / "submitit" / f"{job_id}_submission.sh", run_dir / "sbatch.sh")
     record = RunRecord(
         name=name, run_dir=str(run_dir), model=plan.model, gpus=plan.gpus, nodes=plan.nodes,
         gpus_per_node=plan.gpus_per_node, steps=cfg.train.steps, cluster=cfg.cluster.name,
-        submitted_at=time.time(), job_id=job.job_id, sweep=sweep_id,
+        submitted_at=time.time(), job_id=job_id, sweep=sweep_id,
         slurm_conf=slurm_conf_for(cfg.cluster.name, cfg.cluster.slurm_conf), argv=list(sys.argv[1:]),
     )
     save_record(record)
-    append_event(run_dir, "submitted", job_id=job.job_id)
+    append_event(run_dir, "submitted", job_id=job_id)
     return record
+
+
+def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str] = ()) -> str:
+    """Submit the run in ``run_dir`` as one Slurm job (submitit pickles the task); returns its job id."""
+    from launcher.entry import TrainTask
+    from launcher.sbatch import executor_params
+
+    executor = for_cluster(cfg.cluster).executor(run_dir / "submitit", cfg.cluster.max_requeues)
+    executor.update_parameters(**executor_params(cfg, plan, run_dir.name, run_dir, exclude))
+    return executor.submit(TrainTask(), str(run_dir)).job_id
+
+
+def resubmit(run_dir: Path, exclude: Sequence[str] = ()) -> str:
+    """Submit the run in ``run_dir`` again, as it was composed, as a new job that resumes from its newest good
+    checkpoint (automatic recovery, ``launcher resume``); the record follows the new job. Returns its id."""
+    cfg, plan = load_run_config(run_dir / "config.yaml"), read_plan(run_dir)
+    job_id = submit_job(cfg, plan, run_dir, exclude)
+    record = load_record(run_dir)
+    if record is not None:
+        record.job_id = job_id
+        write_json_atomic(run_dir / RECORD, asdict(record))
+    return job_id
 
 
 def last_line(err: BaseException) -> str:

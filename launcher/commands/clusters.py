@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
 from launcher.slurm import Node, Slurm, SlurmError, slurm_conf_for
+from launcher.slurm_output import unusable
 
-DOWN_WORDS = ("down", "drain", "fail", "not_responding", "maint", "reboot", "power", "unknown", "inval")
 SINFO_TIMEOUT_S = 5
 
 
@@ -48,7 +48,7 @@ def usage(nodes: List[Node]) -> List[PartitionUsage]:
         part.gpus_per_node = max(part.gpus_per_node, node.gpus)
         part.gpus_total += node.gpus
         state = node.state.lower()
-        if any(word in state for word in DOWN_WORDS):
+        if unusable(state):
             part.nodes_down += 1
             continue
         free = node.gpus - node.gpus_used

@@ -1,0 +1,89 @@
+"""The fault loop on the real cluster: a rank SIGKILLed mid-run ends its attempt within seconds, is named with
+its node and signal (not the peers that lost it), and the run recovers from its checkpoint on its own and
+ends with exactly the losses of a run that was never interrupted."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+
+def launch(slurm, root, name, *extra):
+    res = slurm.launcher("model=gpt_tiny", "gpus=4", "train.steps=300", "train.log_every=10",
+                         "train.checkpoint_every=20", f"name={name}", *extra, root=root)
+    assert res.returncode == 0, res.stderr
+    return re.search(r"as Slurm job (\d+)", res.stdout).group(1)
+
+
+def events(run_dir):
+    path = run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"no {what} within {timeout} s")
+
+
+def losses(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if not r.get("final")}
+
+
+def rank_pid(job_id: str, rank: int) -> int:
+    """The process of one rank of this test's own job, by its Slurm variables."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
+            cmdline = (proc / "cmdline").read_text()
+        except OSError:
+            continue
+        if environ.get("SLURM_JOB_ID") == job_id and environ.get("SLURM_PROCID") == str(rank) \
+                and "submitit.core._submit" in cmdline:
+            return int(proc.name)
+    raise AssertionError(f"no process for rank {rank} of job {job_id}")
+
+
+def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, tmp_path):
+    steady_job = launch(slurm, tmp_path, "steady")
+    job = launch(slurm, tmp_path, "victim")
+    run_dir = tmp_path / "victim"
+    wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
+    killed_at = time.time()
+    os.kill(rank_pid(job, 2), signal.SIGKILL)
+
+    ended = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 60, "attempt end")[0]
+    detected = ended["time"] - killed_at
+    assert detected < 30, f"the attempt took {detected:.0f} s to end"
+    assert (ended["outcome"], ended["rank"], ended["short"]) == ("FAILED", 2, "rank 2 killed"), ended
+    assert ended["node"] in slurm.nodes and "killed by a signal (SIGKILL)" in ended["cause"]
+    retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 30, "retry")[0]
+    assert retry["previous_job_id"] == job and retry["job_id"] != job
+    assert retry["exclude"] == []  # a killed rank (the OOM killer, say) does not make its node suspect
+
+    assert slurm.wait(retry["job_id"], timeout=400) == "COMPLETED"
+    assert slurm.wait(steady_job, timeout=300) == "COMPLETED"
+    kinds = [e["event"] for e in events(run_dir)]
+    assert kinds.count("attempt") == 2 and "resumed" in kinds and kinds[-1] == "attempt_ended"
+    interrupted, uninterrupted = losses(run_dir), losses(tmp_path / "steady")
+    assert max(interrupted) == 300 and interrupted == uninterrupted  # a later record of a step wins
+    listed = json.loads(slurm.launcher("runs", "--json", root=tmp_path).stdout)
+    assert {r["name"]: r["status"] for r in listed}["victim"] == "COMPLETED"
+    described = slurm.launcher("describe", "victim", root=tmp_path).stdout
+    assert "rank 2 on " in described and "SIGKILL" in described
+    print(f"detected in {detected:.1f} s; recovered at {retry['time'] - killed_at:.1f} s; "
+          f"completed {time.time() - killed_at:.0f} s after the kill")
