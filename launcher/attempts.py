@@ -80,9 +80,9 @@ def attribute(events: List[dict], task_ends: List[TaskEnd], steps: Dict[int, int
     last known step (heartbeats)."""
     for event in events:
         if event.get("event") == "stalled":
-            ranks = event.get("ranks") or []
+            ranks, nodes = event.get("ranks") or [], event.get("nodes") or []
             return Cause("STALLED", f"stalled: {event.get('cause', 'no step advanced')}",
-                         rank=ranks[0] if ranks else None, step=event.get("step"),
+                         rank=ranks[0] if ranks else None, node=nodes[0] if nodes else None, step=event.get("step"),
                          short=f"rank {ranks[0]} hung" if ranks else "hung")
     failures = [e for e in events if e.get("event") == "failed"]
     own = [e for e in failures if not is_peer_loss(str(e.get("error", "")))]

@@ -28,7 +28,7 @@ from typing import List, Optional, Sequence
 
 from launcher.attempts import Cause, attribute, srun_task_ends
 from launcher.core.heartbeats import steps_by_rank
-from launcher.core.rundir import append_event, read_events
+from launcher.core.rundir import append_event, last_metrics, read_events
 
 
 # Exceptions that may pass on another try or another node: I/O, network, device and collective errors.
@@ -95,7 +95,9 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     from launcher.core.config import load_run_config
 
     unwell = sick_nodes(attempt.get("nodes") if attempt else None)
-    decision = decide(events, cause, load_run_config(Path(run_dir) / "config.yaml").cluster.max_retries, unwell)
+    reached = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *steps_by_rank(run_dir).values()])
+    decision = decide(events, cause, load_run_config(Path(run_dir) / "config.yaml").cluster.max_retries, unwell,
+                      progressed=reached > 0)
     if decision.retry:
         from launcher.submit import resubmit
 
@@ -122,7 +124,8 @@ def sick_nodes(nodelist: Optional[str]) -> List[str]:
     return sorted(node for node, state in states.items() if unusable(state))
 
 
-def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[str] = ()) -> Decision:
+def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[str] = (),
+           progressed: bool = True) -> Decision:
     """Retry or not, and which nodes the next attempt must avoid (``events`` hold every attempt so far,
     the ending one's ``attempt_ended`` not yet among them).
 
@@ -131,9 +134,9 @@ def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[st
     holds down or drained (``sick``); a rank killed by a signal (often the kernel's out-of-memory killer) does
     not make its node suspect. Not retried: an error of the code's own (any other exception), a failure
     before the first step of the first attempt, the same error at the same step twice, or a run whose
-    ``cluster.max_retries`` are spent."""
+    ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or heartbeats)."""
     first = not any(e.get("event") == "attempt_ended" for e in events)
-    if first and not (cause.step or 0) > 0 and not any(e.get("event") == "resumed" for e in events):
+    if first and not progressed:
         return Decision(False, "it failed before its first step: a problem of the code, config or data, not retried")
     if cause.outcome == "FAILED" and cause.error and not INFRASTRUCTURE.search(cause.error):
         return Decision(False, "an error of the code's own, not retried")

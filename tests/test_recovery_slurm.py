@@ -87,3 +87,25 @@ def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, tmp_path):
     assert "rank 2 on " in described and "SIGKILL" in described
     print(f"detected in {detected:.1f} s; recovered at {retry['time'] - killed_at:.1f} s; "
           f"completed {time.time() - killed_at:.0f} s after the kill")
+
+
+def test_a_hung_rank_is_named_with_its_stack_and_the_run_recovers_elsewhere(slurm, tmp_path):
+    job = launch(slurm, tmp_path, "hung", "gpus=2", "layout.nodes=1", "train.stall_timeout_s=30")
+    run_dir = tmp_path / "hung"
+    wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
+    stopped_at = time.time()
+    pid = rank_pid(job, 1)
+    os.kill(pid, signal.SIGSTOP)
+
+    stall = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "stalled"], 90, "stall")[0]
+    assert stall["time"] - stopped_at < 90 and stall["ranks"] == [1], stall
+    assert f"process {pid} state T (stopped)" in stall["cause"]
+    assert "Python stacks follow" in (run_dir / "logs" / "rank_0.log").read_text()
+    ended = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 60, "attempt end")[0]
+    assert (ended["outcome"], ended["rank"]) == ("STALLED", 1)
+    retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 30, "retry")[0]
+    assert retry["exclude"] == [stall["nodes"][0]]  # the hung rank's node is avoided
+    assert slurm.wait(retry["job_id"], timeout=400) == "COMPLETED"
+    attempts = [e for e in events(run_dir) if e["event"] == "attempt"]
+    assert stall["nodes"][0] not in attempts[-1]["nodes"]
+    print(f"stall recorded {stall['time'] - stopped_at:.0f} s after SIGSTOP; retry at {retry['time'] - stopped_at:.0f} s")

@@ -17,7 +17,7 @@ from typing import Any
 import torch.distributed as dist
 
 from launcher.core.config import load_run_config
-from launcher.core.heartbeats import Pulse
+from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.plan import read_plan
 from launcher.core.rundir import append_event
 from train.dist import check_allreduce, global_rank_from_environ, init_distributed
@@ -58,8 +58,9 @@ def run(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _record_stall(run_dir: Path, cause: str, frozen: list[Pulse]) -> None:
+    reached = max((p.step for p in read_pulses(run_dir)), default=None)  # where the waiting ranks are
     append_event(run_dir, "stalled", cause=cause, ranks=[p.rank for p in frozen], nodes=[p.node for p in frozen],
-                 step=min((p.step for p in frozen), default=None), job_id=os.environ.get("SLURM_JOB_ID"))
+                 step=reached, job_id=os.environ.get("SLURM_JOB_ID"))
 
 
 def setup_logging(run_dir: Path, rank: int) -> None:

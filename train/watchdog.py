@@ -53,7 +53,10 @@ def describe_stall(pulses: list[Pulse], now: float, stale_s: float) -> str:
     """The stall in words: which ranks are frozen where, or that every rank is waiting."""
     stuck = frozen(pulses, now, stale_s)
     if stuck:
-        return "; ".join(f"rank {p.rank} on {p.node} froze, last seen at step {p.step} ({_process_state(p)})" for p in stuck)
+        waiting = max((p.step for p in pulses if p not in stuck), default=None)
+        others = f"; the others wait at step {waiting}" if waiting is not None else ""
+        return "; ".join(f"rank {p.rank} on {p.node} froze, last seen at step {p.step} ({_process_state(p)})"
+                         for p in stuck) + others
     steps = sorted({p.step for p in pulses})
     return f"every rank is alive but none advanced (steps {', '.join(map(str, steps))}): a collective never completed"
 
