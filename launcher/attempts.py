@@ -121,3 +121,21 @@ def _int(value: object) -> Optional[int]:
         return int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
+
+
+def history(events: List[dict]) -> List[dict]:
+    """One row per attempt: its job, nodes, start and end, outcome, cause, and what came next."""
+    rows: List[dict] = []
+    for event in events:
+        kind = event.get("event")
+        if kind == "attempt":
+            rows.append({"attempt": event.get("attempt"), "job_id": event.get("job_id"), "nodes": event.get("nodes"),
+                         "start": event.get("time"), "end": None, "outcome": "RUNNING", "cause": "", "then": ""})
+        elif rows and kind == "attempt_ended":
+            rows[-1].update(end=event.get("time"), outcome=event.get("outcome", "?"), cause=event.get("cause", ""))
+        elif rows and kind == "retrying":
+            excluded = f", excluding {','.join(event['exclude'])}" if event.get("exclude") else ""
+            rows[-1]["then"] = f"retried as job {event.get('job_id')}{excluded}"
+        elif rows and kind == "failed" and event.get("final"):
+            rows[-1]["then"] = f"gave up: {event.get('reason', '')}"
+    return rows

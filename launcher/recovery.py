@@ -157,13 +157,16 @@ def main(argv: List[str]) -> int:
         print("usage: python -m launcher.recovery begin RUN_DIR | end RUN_DIR EXIT_CODE", file=sys.stderr)
         return 2
     run_dir = Path(argv[1])
-    if argv[0] == "begin":
-        begin(run_dir)
-        return 0
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a job being ended still gets its attempt recorded
     exit_code = int(argv[2]) if len(argv) > 2 and argv[2].lstrip("-").isdigit() else 1
-    end(run_dir, exit_code)
-    return exit_code
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a job being ended still gets its attempt recorded
+    try:
+        if argv[0] == "begin":
+            begin(run_dir)
+            return 0
+        end(run_dir, exit_code)
+    except OSError as err:  # the run directory is gone or unwritable: the job's own exit status stands
+        print(f"launcher.recovery: cannot record the attempt in {run_dir}: {err.strerror or err}", file=sys.stderr)
+    return 0 if argv[0] == "begin" else exit_code
 
 
 if __name__ == "__main__":

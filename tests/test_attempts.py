@@ -52,3 +52,17 @@ def test_with_nothing_but_peer_losses_the_first_is_reported():
 
 def test_no_evidence_at_all_says_so_with_the_exit_status():
     assert attribute([], [], {}, exit_code=137).text == "srun exited with status 137"
+
+
+def test_history_has_one_row_per_attempt_with_what_came_next():
+    from launcher.attempts import history
+
+    events = [{"event": "attempt", "attempt": 1, "job_id": "7", "nodes": "n[1-2]", "time": 10.0},
+              failed(2, PEER),
+              {"event": "attempt_ended", "outcome": "FAILED", "cause": "rank 2 on n2: killed", "time": 20.0},
+              {"event": "retrying", "job_id": "8", "exclude": ["n2"], "time": 21.0},
+              {"event": "attempt", "attempt": 2, "job_id": "8", "nodes": "n[1,3]", "time": 30.0},
+              {"event": "attempt_ended", "outcome": "COMPLETED", "time": 90.0}]
+    rows = history(events)
+    assert [(r["attempt"], r["job_id"], r["outcome"]) for r in rows] == [(1, "7", "FAILED"), (2, "8", "COMPLETED")]
+    assert rows[0]["then"] == "retried as job 8, excluding n2" and rows[1]["then"] == ""

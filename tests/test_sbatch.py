@@ -47,7 +47,18 @@ def test_script_requests_the_plans_layout(runs, gpus, nodes, tmp_path):
     } <= sbatch_lines(script)
     assert "#SBATCH --partition" not in script  # the local cluster's default partition
     assert "--overcommit" not in script  # the local cluster has a CPU per GPU
-    assert f"-m submitit.core._submit {tmp_path / 'submitit'}" in script.rstrip().splitlines()[-1]
+    lines = script.rstrip().splitlines()
+    srun = next(line for line in lines if line.startswith("srun "))
+    assert "--kill-on-bad-exit=1" in srun and srun.endswith(f"-m submitit.core._submit {tmp_path / 'submitit'}")
+    # The attempt is recorded around the ranks, and its end judged with srun's exit status (launcher/recovery.py).
+    assert lines.index(next(line for line in lines if line.endswith(f"-m launcher.recovery begin {tmp_path}"))) \
+        < lines.index(srun) < lines.index(lines[-1]) and lines[-1].endswith(f"-m launcher.recovery end {tmp_path} $?")
+
+
+def test_a_retry_excludes_nodes(runs, tmp_path):
+    run = runs[(8, "local")]
+    params = executor_params(run.config, run.plan, "x", tmp_path, exclude=["node3", "node7"])
+    assert params["exclude"] == "node3,node7"
 
 
 def test_four_gpus_spread_over_two_nodes(tmp_path):

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
+from launcher.attempts import history
 from launcher.commands.common import lookup, root_of
 from launcher.core.plan import read_plan
 from launcher.core.rundir import METRICS, RunRecord, read_events, read_jsonl
@@ -68,6 +69,20 @@ def event_line(event: Dict[str, Any]) -> str:
     return f"  {when}  {event.get('event', '?'):<10} {details}"
 
 
+def attempt_lines(events: List[Dict[str, Any]]) -> List[str]:
+    """The attempts table (a run that never started an attempt has none), then a blank line."""
+    from tabulate import tabulate
+
+    rows = history(events)
+    if not rows:
+        return []
+    when = lambda t: time.strftime("%H:%M:%S", time.localtime(t)) if t else ""  # noqa: E731
+    table = [[r["attempt"], r["job_id"], r["nodes"], when(r["start"]), when(r["end"]), r["outcome"], r["cause"],
+              r["then"]] for r in rows]
+    return ["Attempts:", tabulate(table, headers=["#", "JOB", "NODES", "START", "END", "OUTCOME", "CAUSE", "THEN"],
+                                  disable_numparse=True), ""]
+
+
 def render(info: Dict[str, Any]) -> str:
     from tabulate import tabulate
 
@@ -87,6 +102,7 @@ def render(info: Dict[str, Any]) -> str:
         "Nodes:" if info["nodes"] else "Nodes: none yet",
         *(f"  {node:<16}{node_state}" for node, node_state in info["nodes"].items()),
         "",
+        *attempt_lines(info["events"]),
         "Events:",
         *(event_line(e) for e in info["events"]),
         "",

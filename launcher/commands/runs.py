@@ -11,7 +11,7 @@ from typing import List, Optional, TextIO
 
 from launcher.commands.common import clock, duration, parse_since, root_of, slurm_seconds, sweep_runs
 from launcher.errors import LaunchError
-from launcher.core.rundir import RunRecord, last_metrics, list_records, load_record, record_paths
+from launcher.core.rundir import RunRecord, last_metrics, list_records, load_record, read_events, record_paths
 from launcher.state import ACTIVE, STATES, JobState, job_states
 
 
@@ -39,6 +39,7 @@ class RunRow:
     sweep: Optional[str]
     run_dir: str
     state_source: str
+    attempts: int  # starts of the run's job: the first, and each requeue or retry (launcher/recovery.py)
 
 
 def build_row(rec: RunRecord, state: JobState) -> RunRow:
@@ -54,6 +55,7 @@ def build_row(rec: RunRecord, state: JobState) -> RunRow:
         loss=metrics.get("loss"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
         submitted_at=rec.submitted_at, elapsed_s=elapsed, eta_s=eta, sweep=rec.sweep, run_dir=rec.run_dir,
         state_source=state.source,
+        attempts=sum(e.get("event") == "attempt" for e in read_events(Path(rec.run_dir))),
     )
 
 
@@ -62,17 +64,18 @@ def rows_for(records: List[RunRecord]) -> List[RunRow]:
     return [build_row(rec, states[rec.name]) for rec in records]
 
 
-HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "PROGRESS", "LOSS", "TOK/S", "MFU", "SUBMITTED",
-           "ELAPSED/ETA"]
+HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "TRY", "PROGRESS", "LOSS", "TOK/S", "MFU",
+           "SUBMITTED", "ELAPSED/ETA"]
 
 
 def table_row(row: RunRow) -> list:
-    status = row.status + (f" ({row.reason})" if row.reason and row.status in ("PENDING", "FAILED", "UNKNOWN",
-                                                                                 "REQUEUED") else "")
+    status = row.status + (f" ({row.reason})" if row.reason and row.status in ("PENDING", "RECOVERING", "FAILED",
+                                                                                 "UNKNOWN", "REQUEUED") else "")
     progress = f"{row.step}/{row.steps} ({100 * row.step // row.steps}%)" if row.step is not None else f"-/{row.steps}"
     time_col = f"ETA {duration(row.eta_s)}" if row.eta_s is not None else duration(row.elapsed_s)
     return [
-        row.name, row.job_id, row.cluster, row.model, f"{row.nodes}x{row.gpus_per_node}", status, progress,
+        row.name, row.job_id, row.cluster, row.model, f"{row.nodes}x{row.gpus_per_node}", status,
+        row.attempts or "", progress,
         f"{row.loss:.4f}" if row.loss is not None else "",
         f"{row.tokens_per_s:,.0f}" if row.tokens_per_s is not None else "",
         f"{100 * row.mfu:.1f}%" if row.mfu is not None else "",
