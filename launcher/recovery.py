@@ -95,7 +95,8 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     from launcher.core.config import load_run_config
 
     unwell = sick_nodes(attempt.get("nodes") if attempt else None)
-    reached = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *steps_by_rank(run_dir).values()])
+    reached = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), cause.step or 0,
+                   *steps_by_rank(run_dir).values()])
     decision = decide(events, cause, load_run_config(Path(run_dir) / "config.yaml").cluster.max_retries, unwell,
                       progressed=reached > 0)
     if decision.retry:

@@ -109,3 +109,19 @@ def test_a_hung_rank_is_named_with_its_stack_and_the_run_recovers_elsewhere(slur
     attempts = [e for e in events(run_dir) if e["event"] == "attempt"]
     assert stall["nodes"][0] not in attempts[-1]["nodes"]
     print(f"stall recorded {stall['time'] - stopped_at:.0f} s after SIGSTOP; retry at {retry['time'] - stopped_at:.0f} s")
+
+
+def test_an_error_of_the_code_own_ends_the_run_after_one_attempt(slurm, tmp_path):
+    res = slurm.launcher("model=gpt_tiny", "gpus=2", "train.steps=50", "name=buggy", root=tmp_path,
+                         env={"LAUNCHER_FAULT": "raise@5"})
+    assert res.returncode == 0, res.stderr
+    job = re.search(r"as Slurm job (\d+)", res.stdout).group(1)
+    assert slurm.wait(job, timeout=120) == "FAILED"
+    run_dir = tmp_path / "buggy"
+    final = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "failed" and e.get("final")], 30, "verdict")[0]
+    kinds = [e["event"] for e in events(run_dir)]
+    assert kinds.count("attempt") == 1 and "retrying" not in kinds
+    assert final["step"] == 5 and final["short"] == "InjectedFault" and "not retried" in final["reason"]
+    assert "at step 5: InjectedFault: fault injected" in final["error"]
+    listed = {r["name"]: r for r in json.loads(slurm.launcher("runs", "--json", root=tmp_path).stdout)}
+    assert (listed["buggy"]["status"], listed["buggy"]["reason"]) == ("FAILED", "InjectedFault")

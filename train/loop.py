@@ -27,6 +27,7 @@ import torch.nn as nn
 
 from launcher.core.config import RunConfig, TrainConfig, compute_precision
 from launcher.core.plan import Plan, flops_per_token, halved_micro_batch
+from train import faults
 from train.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
 from train.data import StepSampler, TokenData, token_file, val_indices
 from train.dist import DistEnv
@@ -156,6 +157,7 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
     try:
         for step in range(start, tc.steps):
             watchdog.step(step)
+            faults.at_step(step, env.rank)
             batches = functools.partial(_rank_batches, data, sampler, env, step)
             lr = scheduler.get_last_lr()[0]
             if batching.auto and step < start + AUTO_PROBE_STEPS:
