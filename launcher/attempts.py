@@ -5,6 +5,7 @@ limit, automatic recovery). When ranks fail, most of them fail *because* another
 leaves no trace of its own while its peers report gloo's "Connection reset by peer". So the cause is chosen
 from all the evidence an attempt leaves, in this order:
 
+0. a ``preflight_failed`` event (a node failed its checks before training);
 1. a ``stalled`` event (the watchdog named the frozen ranks);
 2. a ``failed`` event whose error is the rank's own, not a lost peer (the earliest such);
 3. srun's report of the first task that died (``srun: error: NODE: task N: Killed``), for a rank that left
@@ -42,7 +43,7 @@ class TaskEnd:
 class Cause:
     """Why an attempt ended: the outcome word, the rank and node to blame, the step, and one line."""
 
-    outcome: str  # FAILED or STALLED
+    outcome: str  # FAILED, STALLED or PREFLIGHT
     text: str
     rank: Optional[int] = None
     node: Optional[str] = None
@@ -78,6 +79,11 @@ def attribute(events: List[dict], task_ends: List[TaskEnd], steps: Dict[int, int
               exit_code: Optional[int] = None) -> Cause:
     """The cause of an attempt's end from its events (this attempt's only), srun's reports and each rank's
     last known step (heartbeats)."""
+    for event in events:
+        if event.get("event") == "preflight_failed":
+            node = event.get("node")
+            return Cause("PREFLIGHT", f"node {node} failed its preflight check: {event.get('problem')}",
+                         rank=_int(event.get("rank")), node=node, short=f"{node} failed preflight")
     for event in events:
         if event.get("event") == "stalled":
             ranks, nodes = event.get("ranks") or [], event.get("nodes") or []

@@ -42,6 +42,7 @@ class Decision:
     retry: bool
     reason: str
     exclude: List[str] = field(default_factory=list)
+    preflight: bool = False  # a node failed its preflight: the retry is not counted against max_retries
 
 
 def batch_log(run_dir: Path, job_id: str) -> Path:
@@ -104,7 +105,7 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
 
         new_job = resubmit(Path(run_dir), exclude=decision.exclude)
         append_event(run_dir, "retrying", attempt=number, job_id=new_job, previous_job_id=job_id,
-                     exclude=decision.exclude, reason=decision.reason)
+                     exclude=decision.exclude, reason=decision.reason, preflight=decision.preflight)
     else:
         append_event(run_dir, "failed", final=True, job_id=job_id, error=cause.text, short=cause.short,
                      rank=cause.rank, node=cause.node, step=cause.step, reason=decision.reason)
@@ -136,6 +137,10 @@ def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[st
     not make its node suspect. Not retried: an error of the code's own (any other exception), a failure
     before the first step of the first attempt, the same error at the same step twice, or a run whose
     ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or heartbeats)."""
+    excluded = {node for e in events if e.get("event") == "retrying" for node in e.get("exclude") or []}
+    if cause.outcome == "PREFLIGHT":  # the node's fault, found before training: costs no retry of the run's
+        return Decision(True, f"{cause.node} failed its preflight check: retried without it",
+                        sorted(excluded | {cause.node} | set(sick)), preflight=True)
     first = not any(e.get("event") == "attempt_ended" for e in events)
     if first and not progressed:
         return Decision(False, "it failed before its first step: a problem of the code, config or data, not retried")
@@ -144,13 +149,12 @@ def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[st
     ended = [e for e in events if e.get("event") == "attempt_ended" and e.get("outcome") in ("FAILED", "STALLED")]
     if ended and (ended[-1].get("short"), ended[-1].get("step")) == (cause.short, cause.step):
         return Decision(False, f"the same failure at step {cause.step} twice, not retried again")
-    retries = sum(e.get("event") == "retrying" for e in events)
+    retries = sum(e.get("event") == "retrying" and not e.get("preflight") for e in events)
     if retries >= max_retries:
         return Decision(False, f"all cluster.max_retries={max_retries} retries spent")
     blamed = {cause.node} if cause.node and cause.outcome == "STALLED" else set()
-    excluded = sorted({node for e in events if e.get("event") == "retrying" for node in e.get("exclude") or []}
-                      | blamed | set(sick))
-    return Decision(True, f"retry {retries + 1} of {max_retries} from the newest good checkpoint", excluded)
+    return Decision(True, f"retry {retries + 1} of {max_retries} from the newest good checkpoint",
+                    sorted(excluded | blamed | set(sick)))
 
 
 def main(argv: List[str]) -> int:

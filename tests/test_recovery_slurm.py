@@ -125,3 +125,22 @@ def test_an_error_of_the_code_own_ends_the_run_after_one_attempt(slurm, tmp_path
     assert "at step 5: InjectedFault: fault injected" in final["error"]
     listed = {r["name"]: r for r in json.loads(slurm.launcher("runs", "--json", root=tmp_path).stdout)}
     assert (listed["buggy"]["status"], listed["buggy"]["reason"]) == ("FAILED", "InjectedFault")
+
+
+def test_a_node_failing_preflight_is_left_out_and_the_run_completes_on_another(slurm, tmp_path):
+    wait_for(lambda: not slurm.run("squeue", "-h").stdout.strip(), 120, "idle cluster")  # Slurm then picks node 1
+    sick = slurm.nodes[0]
+    res = slurm.launcher("model=gpt_tiny", "gpus=2", "layout.nodes=1", "train.steps=30", "name=sick", root=tmp_path,
+                         env={"LAUNCHER_FAULT": f"preflight:{sick}"})
+    assert res.returncode == 0, res.stderr
+    run_dir = tmp_path / "sick"
+    retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 120, "retry")[0]
+    failed = [e for e in events(run_dir) if e["event"] == "preflight_failed"]
+    assert failed and {e["node"] for e in failed} == {sick}
+    assert "metrics.jsonl" not in {p.name for p in run_dir.iterdir()}  # caught before training
+    assert retry["exclude"] == [sick] and retry["preflight"] is True
+    assert slurm.wait(retry["job_id"], timeout=300) == "COMPLETED"
+    attempts = [e for e in events(run_dir) if e["event"] == "attempt"]
+    assert [a["nodes"] for a in attempts] == [sick, slurm.nodes[1]]
+    report = next(e for e in events(run_dir) if e["event"] == "preflight")
+    assert set(report["bus_gbps"]) == {"0", "1"} and report["median_gbps"] > 0

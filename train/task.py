@@ -22,6 +22,7 @@ from launcher.core.plan import read_plan
 from launcher.core.rundir import append_event
 from train.dist import check_allreduce, global_rank_from_environ, init_distributed
 from train.loop import train
+from train.preflight import preflight
 from train.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ def run(run_dir: str | Path) -> dict[str, Any]:
     try:
         env = init_distributed()
         check_allreduce(env)
+        preflight(env, run_dir, plan)
         if env.is_main:
             append_event(run_dir, "started", job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
                       nodes=env.nodes)

@@ -1,0 +1,117 @@
+"""Before training: each rank checks its node, and the ranks check their group, so a sick node is found in
+seconds and left out of the next attempt instead of failing or slowing the run later.
+
+- the device computes: a matmul of known integers against its exact answer (on CUDA, also free memory);
+- the network carries: an all-reduce whose time gives each rank's bus bandwidth; a rank far slower than
+  the median is flagged (recorded, not failed: a slow link still trains);
+- the run directory takes a checkpoint: writable, with room for the next one (12 bytes per parameter:
+  fp32 weights and AdamW's two moments).
+
+Rank 0 records one ``preflight`` event with the bandwidth of every rank. A rank whose node fails records a
+``preflight_failed`` event naming the node and the check; every rank then raises :class:`PreflightFailed`,
+and launcher/recovery.py retries the run on other nodes without that node.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from launcher.core.plan import Plan
+from launcher.core.rundir import append_event
+from train import faults
+from train.dist import DistEnv
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_BYTES_PER_PARAM = 12
+ALLREDUCE_MB = 4
+SLOW = 3.0  # a rank this many times slower than the median is flagged
+
+
+class PreflightFailed(RuntimeError):
+    """A node failed its preflight check; the attempt ends so that the run goes on without it."""
+
+
+def device_problem(env: DistEnv) -> Optional[str]:
+    """What is wrong with this rank's device, or None."""
+    if faults.failing_node() == env.node:
+        return f"device check failed on purpose ({faults.VARIABLE})"
+    n = 64
+    a = (torch.arange(n * n, dtype=torch.float64).reshape(n, n) % 7).to(env.device, torch.float32)
+    got = (a @ a.T).cpu().double()
+    want = (a.cpu().double() @ a.cpu().double().T)
+    if not torch.equal(got, want):
+        return f"a {n}x{n} matmul of small integers on {env.device} is wrong (max error {float((got - want).abs().max()):g})"
+    if env.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(env.device)
+        if free < 0.5 * total:
+            return f"{env.device} has only {free / 2**30:.1f} of {total / 2**30:.1f} GiB free (another process?)"
+    return None
+
+
+def disk_problem(run_dir: Path, plan: Plan) -> Optional[str]:
+    """Whether the run directory can take the next checkpoint."""
+    probe = run_dir / f".preflight-{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as err:
+        return f"the run directory {run_dir} cannot be written: {err.strerror or err}"
+    need = CHECKPOINT_BYTES_PER_PARAM * plan.params
+    free = shutil.disk_usage(run_dir).free
+    if free < need:
+        return f"the run directory has {free / 1e9:.2f} GB free; a checkpoint needs about {need / 1e9:.2f} GB"
+    return None
+
+
+def bandwidth(env: DistEnv) -> float:
+    """This rank's all-reduce bus bandwidth in GB/s (nccl-tests' convention: 2(n-1)/n x size / time)."""
+    n = env.world_size
+    if n == 1:
+        return 0.0  # nothing to measure
+    tensor = torch.ones(ALLREDUCE_MB * 2**20 // 4, device=env.device)
+    dist.all_reduce(tensor)  # warm-up: connections, buffers
+    if env.device.type == "cuda":
+        torch.cuda.synchronize(env.device)
+    start = time.perf_counter()
+    for _ in range(3):
+        dist.all_reduce(tensor)
+    if env.device.type == "cuda":
+        torch.cuda.synchronize(env.device)
+    seconds = (time.perf_counter() - start) / 3
+    return 2 * (n - 1) / n * tensor.numel() * 4 / seconds / 1e9
+
+
+def preflight(env: DistEnv, run_dir: Path, plan: Plan) -> None:
+    """Every rank calls this before training; raises PreflightFailed on every rank if any node failed."""
+    problem = device_problem(env) or (disk_problem(run_dir, plan) if env.local_rank == 0 else None)
+    if problem:
+        log.error("preflight failed on %s: %s", env.node, problem)
+        append_event(run_dir, "preflight_failed", rank=env.rank, node=env.node, problem=problem,
+                     job_id=os.environ.get("SLURM_JOB_ID"))
+    failed = torch.tensor([int(problem is not None)], device=env.device)
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    if failed.item():
+        raise PreflightFailed(problem or "another node failed its preflight check")
+    mine = bandwidth(env)
+    everyone: list = [None] * env.world_size
+    dist.all_gather_object(everyone, (env.node, mine))
+    if env.is_main:
+        median = statistics.median(gbps for _, gbps in everyone)
+        slow = [rank for rank, (_, gbps) in enumerate(everyone) if gbps * SLOW < median]
+        append_event(run_dir, "preflight", job_id=os.environ.get("SLURM_JOB_ID"), allreduce_mb=ALLREDUCE_MB,
+                     bus_gbps={str(rank): round(gbps, 3) for rank, (_, gbps) in enumerate(everyone)},
+                     median_gbps=round(median, 3), slow_ranks=slow)
+        log.info("preflight ok: all-reduce bus bandwidth median %.3f GB/s%s", median,
+                 f"; slow ranks {slow}" if slow else "")
