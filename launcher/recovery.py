@@ -80,6 +80,8 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     if exit_code == 0 and "finished" in kinds:
         append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome="COMPLETED")
         return None
+    if "cancelled" not in kinds and cancelled_by_slurm(job_id):  # `launcher stop` records it after scancel
+        kinds.add("cancelled")
     if "requeued" in kinds or "cancelled" in kinds:  # preemption, time limit, or the user: not a failure
         append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id,
                      outcome="REQUEUED" if "requeued" in kinds else "CANCELLED")
@@ -110,6 +112,17 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
         append_event(run_dir, "failed", final=True, job_id=job_id, error=cause.text, short=cause.short,
                      rank=cause.rank, node=cause.node, step=cause.step, reason=decision.reason)
     return decision
+
+
+def cancelled_by_slurm(job_id: str) -> bool:
+    """Whether Slurm has this job as cancelled (by the user or an administrator): never retried."""
+    from launcher.slurm import Slurm, SlurmError
+
+    try:
+        return any(row.job_id == job_id and row.state.startswith("CANCELLED")
+                   for row in Slurm(None, timeout=15).squeue())
+    except SlurmError:
+        return False
 
 
 def sick_nodes(nodelist: Optional[str]) -> List[str]:

@@ -110,7 +110,7 @@ def from_run_dir(run_dir: Path) -> Optional[JobState]:
             return JobState("FAILED", str(event.get("short") or event.get("error", "")), "run directory")
         if kind == "cancelled":
             return JobState("CANCELLED", "stopped by the user", "run directory")
-        if kind in ("submitted", "started", "requeued", "resumed", "retrying", "attempt"):
+        if kind in ("submitted", "started", "requeued", "resumed", "retrying", "resubmitted", "attempt"):
             return None
     return None
 

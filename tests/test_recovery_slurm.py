@@ -144,3 +144,26 @@ def test_a_node_failing_preflight_is_left_out_and_the_run_completes_on_another(s
     assert [a["nodes"] for a in attempts] == [sick, slurm.nodes[1]]
     report = next(e for e in events(run_dir) if e["event"] == "preflight")
     assert set(report["bus_gbps"]) == {"0", "1"} and report["median_gbps"] > 0
+
+
+def test_a_failed_run_resumes_from_its_checkpoint_and_completes(slurm, tmp_path):
+    res = slurm.launcher("model=gpt_tiny", "gpus=2", "train.steps=40", "train.checkpoint_every=10",
+                         "train.log_every=5", "name=again", root=tmp_path, env={"LAUNCHER_FAULT": "raise@25"})
+    job = re.search(r"as Slurm job (\d+)", res.stdout).group(1)
+    assert slurm.wait(job, timeout=120) == "FAILED"
+    run_dir = tmp_path / "again"
+    wait_for(lambda: [e for e in events(run_dir) if e["event"] == "failed" and e.get("final")], 30, "verdict")
+
+    resumed = slurm.launcher("resume", "again", root=tmp_path)  # without the fault this time
+    assert resumed.returncode == 0, resumed.stderr
+    assert "from its checkpoint of step 20; it was FAILED" in resumed.stdout
+    new_job = re.search(r"as Slurm job (\d+)", resumed.stdout).group(1)
+    assert new_job != job
+    status = lambda: {r["name"]: r["status"] for r in json.loads(slurm.launcher("runs", "--json", root=tmp_path).stdout)}
+    assert wait_for(lambda: status()["again"] in ("PENDING", "RUNNING") and status()["again"], 60, "active")
+    assert slurm.wait(new_job, timeout=300) == "COMPLETED"
+    assert status()["again"] == "COMPLETED"
+    assert [e["step"] for e in events(run_dir) if e["event"] == "resumed"] == [20]
+    assert max(losses(run_dir)) == 40
+    again = slurm.launcher("resume", "again", root=tmp_path)
+    assert again.returncode == 2 and "already trained all 40 steps" in again.stderr

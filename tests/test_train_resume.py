@@ -12,7 +12,7 @@ import pytest
 import torch.multiprocessing as mp
 
 import train_workers
-from train.checkpoint import latest_checkpoint
+from launcher.core.checkpoints import latest_checkpoint
 from train_harness import check_ok, launch, launch_forked, make_run_dir, make_tokens, metrics, step_losses, tiny_config
 
 STEPS, EVERY = 6, 3

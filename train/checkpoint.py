@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -32,37 +31,11 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from launcher.core.checkpoints import DAMAGED, META, checkpoint_root, complete_checkpoints, step_dir, step_of
 from train import manifest
 from train.dist import DistEnv
 
 log = logging.getLogger(__name__)
-
-COMPLETE = re.compile(r"^step_(\d{8})$")
-META = "meta.json"
-
-
-def checkpoint_root(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def step_dir(run_dir: Path, step: int) -> Path:
-    return checkpoint_root(run_dir) / f"step_{step:08d}"
-
-
-def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first; ``*.tmp`` (unfinished) directories are ignored."""
-    root = checkpoint_root(run_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if COMPLETE.match(p.name) and (p / META).is_file()]
-    return sorted(found, key=lambda p: p.name)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint, or None."""
-    found = complete_checkpoints(run_dir)
-    return found[-1] if found else None
-
 
 def resume_checkpoint(run_dir: Path, env: DistEnv, on_damage: Callable[[int, list[str]], None]) -> Path | None:
     """The newest complete checkpoint whose files match their manifests; all ranks call this.
@@ -77,8 +50,8 @@ def resume_checkpoint(run_dir: Path, env: DistEnv, on_damage: Callable[[int, lis
             return path
         if env.is_main:
             log.error("checkpoint %s is damaged: %s", path, "; ".join(problems))
-            on_damage(int(COMPLETE.match(path.name).group(1)), problems)
-            aside = path.with_name(path.name + ".damaged")
+            on_damage(step_of(path), problems)
+            aside = path.with_name(path.name + DAMAGED)
             shutil.rmtree(aside, ignore_errors=True)
             os.rename(path, aside)
         dist.barrier()

@@ -9,6 +9,7 @@ from typing import Any, Dict, List
 
 from launcher.attempts import history
 from launcher.commands.common import lookup, root_of
+from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
 from launcher.core.rundir import METRICS, RunRecord, read_events, read_jsonl
 from launcher.slurm import Slurm, SlurmError
@@ -29,13 +30,11 @@ def node_states(rec: RunRecord, nodelist: str) -> Dict[str, str]:
 
 
 def checkpoints(run_dir: Path) -> List[Dict[str, Any]]:
-    """Complete checkpoints (in-progress saves end in .tmp and are not listed)."""
+    """Complete checkpoints, and those found damaged at a resume (set aside, never used again)."""
     found = []
-    for path in sorted((run_dir / "checkpoints").glob("step_*")):
-        if path.suffix == ".tmp" or not path.is_dir():
-            continue
+    for path in complete_checkpoints(run_dir) + damaged_checkpoints(run_dir):
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        found.append({"step": int(path.name.split("_")[1]), "path": str(path), "bytes": size})
+        found.append({"step": step_of(path), "path": str(path), "bytes": size, "damaged": path.suffix == DAMAGED})
     return found
 
 
@@ -107,7 +106,8 @@ def render(info: Dict[str, Any]) -> str:
         *(event_line(e) for e in info["events"]),
         "",
         "Checkpoints:" if info["checkpoints"] else "Checkpoints: none",
-        *(f"  step {c['step']:>8}  {c['bytes'] / 1e6:9.1f} MB  {c['path']}" for c in info["checkpoints"]),
+        *(f"  step {c['step']:>8}  {c['bytes'] / 1e6:9.1f} MB  {c['path']}" + ("  DAMAGED" if c["damaged"] else "")
+          for c in info["checkpoints"]),
     ]
     for label in ("latest_metrics", "final_metrics"):
         if info[label]:

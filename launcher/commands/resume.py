@@ -1,0 +1,44 @@
+"""``launcher resume RUN``: continue a failed, stopped or finished-early run from its newest good checkpoint.
+
+The run keeps its directory, config and name; it goes on as a new attempt, a new Slurm job submitted exactly
+as the run was composed (launcher.submit.resubmit, the same path automatic recovery takes). Training picks
+the newest checkpoint whose files check out (train/checkpoint.py), so its losses go on as if never stopped.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from launcher.commands.common import lookup, root_of
+from launcher.core.checkpoints import latest_checkpoint, step_of
+from launcher.core.rundir import append_event, last_metrics
+from launcher.errors import LaunchError
+from launcher.state import job_states
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from launcher.slurm import SlurmError
+    from launcher.submit import resubmit
+
+    rec = lookup(root_of(args), args.name)
+    run_dir = Path(rec.run_dir)
+    state = job_states([rec])[rec.name]
+    if state.active:
+        raise LaunchError(f"{rec.name} is {state.state} (job {rec.job_id}); nothing to resume "
+                          f"(stop it first to restart it)")
+    final = last_metrics(run_dir) or {}
+    if final.get("final") and final.get("step", 0) >= rec.steps:
+        raise LaunchError(f"{rec.name} already trained all {rec.steps} steps; nothing to resume")
+    newest = latest_checkpoint(run_dir)
+    try:
+        job_id = resubmit(run_dir)
+    except SlurmError as err:
+        raise LaunchError(f"could not resubmit {rec.name}: {err}") from None
+    append_event(run_dir, "resubmitted", job_id=job_id, previous_job_id=rec.job_id, by="user")
+    start = f"from its checkpoint of step {step_of(newest)}" if newest else "from the start (it has no checkpoint)"
+    print(f"Resumed {rec.name} as Slurm job {job_id}, {start}; it was {state.state}.")
+    return 0
