@@ -13,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
-from launcher.core.rundir import RunRecord, read_events, write_json_atomic
+from launcher.core.heartbeats import stalled_for
+from launcher.core.rundir import RunRecord, last_metrics, read_events, write_json_atomic
 from launcher.slurm import JobRow, Slurm, SlurmError
 
 STATES = ("PENDING", "RECOVERING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "REQUEUED",
@@ -126,7 +128,22 @@ def in_its_words(state: JobState, run_dir: Path) -> JobState:
         return dataclasses.replace(state, state="RECOVERING", reason=", ".join(r for r in (why, state.reason) if r))
     if state.state == "FAILED" and last.get("event") == "failed" and last.get("final"):
         return dataclasses.replace(state, reason=str(last.get("short") or last.get("error", "")))
+    if state.state == "RUNNING":
+        idle = stalled_for(run_dir, _stall_limit(run_dir), (last_metrics(run_dir) or {}).get("step_time"), time.time())
+        if idle is not None:
+            return dataclasses.replace(state, reason=f"stalled? no step for {idle:.0f} s")
     return state
+
+
+def _stall_limit(run_dir: Path) -> Optional[float]:
+    """``train.stall_timeout_s`` of the run (read with PyYAML: a listing must not pay for OmegaConf)."""
+    import yaml
+
+    try:
+        limit = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("train", {}).get("stall_timeout_s")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return float(limit) if isinstance(limit, (int, float)) else None
 
 
 def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:

@@ -66,3 +66,23 @@ def test_history_has_one_row_per_attempt_with_what_came_next():
     rows = history(events)
     assert [(r["attempt"], r["job_id"], r["outcome"]) for r in rows] == [(1, "7", "FAILED"), (2, "8", "COMPLETED")]
     assert rows[0]["then"] == "retried as job 8, excluding n2" and rows[1]["then"] == ""
+
+
+def test_a_running_run_whose_steps_stopped_is_shown_stalled(tmp_path):
+    import json as _json
+
+    from launcher.core.heartbeats import heartbeat_path, stalled_for
+    from launcher.core.rundir import write_json_atomic
+    from launcher.state import JobState, in_its_words
+
+    heartbeat_path(tmp_path, 0).parent.mkdir()
+    for rank, since in ((0, 1000.0), (1, 1010.0)):
+        write_json_atomic(heartbeat_path(tmp_path, rank), {"rank": rank, "node": "n1", "pid": 1, "step": 7,
+                                                           "step_since": since, "alive": 1100.0})
+    assert stalled_for(tmp_path, limit=30, step_time=None, now=1030.0) is None  # 20 s since rank 1's step began
+    assert stalled_for(tmp_path, limit=30, step_time=None, now=1050.0) == 40.0
+    assert stalled_for(tmp_path, limit=None, step_time=1.0, now=1300.0) is None  # derived: at least 300 s
+    assert stalled_for(tmp_path, limit=None, step_time=20.0, now=1420.0) == 410.0  # 20 x 20 s = 400 s
+    (tmp_path / "config.yaml").write_text(_json.dumps({"train": {"stall_timeout_s": 30}}))
+    state = in_its_words(JobState("RUNNING", "", "squeue"), tmp_path)
+    assert state.state == "RUNNING" and state.reason.startswith("stalled? no step for ")

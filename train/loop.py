@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from launcher.core.config import RunConfig, TrainConfig, compute_precision
+from launcher.core.heartbeats import SLOW_PHASE_S
 from launcher.core.plan import Plan, flops_per_token, halved_micro_batch
 from train import faults
 from train.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
@@ -36,7 +37,7 @@ from train.model import GPT
 from train.optim import build_optimizer, optimizer_step
 from train.parallel import parallelize
 from train.progress import job_comment
-from train.watchdog import SLOW_PHASE_S, Watchdog
+from train.watchdog import Watchdog
 from launcher.core.rundir import append_event
 
 log = logging.getLogger(__name__)

@@ -28,22 +28,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from launcher.core.heartbeats import Pulse, heartbeat_path, read_pulses
+from launcher.core.heartbeats import (SLOW_PHASE_S, STALL_FLOOR_S, Pulse, derived_timeout, heartbeat_path,
+                                      read_pulses)
 
 log = logging.getLogger(__name__)
 
 EXIT_STALLED = 75  # EX_TEMPFAIL: the attempt failed, the run may go on elsewhere
 INTERVAL_S = 2.0
-STALL_FLOOR_S = 300.0  # the derived limit never goes below this
-STEP_TIMES = 20  # a step this many times slower than the measured step time is a hang
-SLOW_PHASE_S = 900.0  # the first step (data, compile) and a checkpoint save may take this long
-
-
-def derived_timeout(step_time: float) -> float:
-    """The stall limit when none is configured: generous against the step time measured so far."""
-    return max(STALL_FLOOR_S, STEP_TIMES * step_time)
-
-
 def frozen(pulses: list[Pulse], now: float, stale_s: float) -> list[Pulse]:
     """The ranks whose watchdog has not run for ``stale_s``: their process is not running."""
     return [p for p in pulses if now - p.alive > stale_s]

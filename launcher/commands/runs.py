@@ -69,8 +69,9 @@ HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "TRY", "PROGR
 
 
 def table_row(row: RunRow) -> list:
-    status = row.status + (f" ({row.reason})" if row.reason and row.status in ("PENDING", "RECOVERING", "FAILED",
-                                                                                 "UNKNOWN", "REQUEUED") else "")
+    status = row.status + (f" ({row.reason})" if row.reason and (row.status in ("PENDING", "RECOVERING", "FAILED",
+                                                                                  "UNKNOWN", "REQUEUED")
+                                                                  or row.reason.startswith("stalled")) else "")
     progress = f"{row.step}/{row.steps} ({100 * row.step // row.steps}%)" if row.step is not None else f"-/{row.steps}"
     time_col = f"ETA {duration(row.eta_s)}" if row.eta_s is not None else duration(row.elapsed_s)
     return [

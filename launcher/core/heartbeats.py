@@ -6,9 +6,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 HEARTBEATS = "heartbeats"
+STALL_FLOOR_S = 300.0  # a limit derived from the step time never goes below this
+STEP_TIMES = 20  # a step this many times slower than the measured step time is a hang
+SLOW_PHASE_S = 900.0  # the first step (data, compile) and a checkpoint save may take this long
+
+
+def derived_timeout(step_time: float) -> float:
+    """The stall limit when ``train.stall_timeout_s`` is not set: generous against the measured step time."""
+    return max(STALL_FLOOR_S, STEP_TIMES * step_time)
 
 
 @dataclass
@@ -40,3 +48,14 @@ def read_pulses(run_dir: Path) -> List[Pulse]:
 
 def steps_by_rank(run_dir: Path) -> Dict[int, int]:
     return {pulse.rank: pulse.step for pulse in read_pulses(run_dir)}
+
+
+def stalled_for(run_dir: Path, limit: Optional[float], step_time: Optional[float], now: float) -> Optional[float]:
+    """Seconds since any rank began a step, when that is longer than the stall limit (the configured one,
+    else derived from ``step_time``); None while the run advances or has no heartbeat."""
+    pulses = read_pulses(run_dir)
+    if not pulses:
+        return None
+    idle = now - max(p.step_since for p in pulses)
+    allowed = limit or (derived_timeout(step_time) if step_time else STALL_FLOOR_S)
+    return idle if idle > allowed else None
