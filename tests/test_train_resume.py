@@ -39,7 +39,7 @@ def test_uninterrupted_run_records_everything(reference):
     assert final["loss"] < records[0]["loss"]
     assert [r["eval_loss"] is not None for r in records[:-1]] == [s % EVERY == 0 for s in range(1, STEPS + 1)]
     events = [json.loads(line)["event"] for line in (reference / "events.jsonl").read_text().splitlines()]
-    assert events == ["started", "finished"]
+    assert events == ["preflight", "started", "finished"]
     assert sorted(p.name for p in (reference / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
     assert "allreduce 3 ok" in (reference / "logs" / "rank_1.log").read_text()
 
@@ -56,8 +56,8 @@ def test_crash_during_save_then_resume_matches_uninterrupted(tmp_path, config, r
     launch_forked(train_workers.train_run, (run_dir,), world_size=2)
     assert "resumed at step 3" in (run_dir / "logs" / "rank_0.log").read_text()
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events] == ["started", "started", "resumed", "finished"]
-    assert events[2]["step"] == 3
+    assert [e["event"] for e in events] == ["preflight", "started", "preflight", "started", "resumed", "finished"]
+    assert events[4]["step"] == 3
     resumed = [r for r in metrics(run_dir) if r.get("final")][-1]
     assert resumed["resumed_from"] == 3 and resumed["steps_run"] == 3
     # Exactly the uninterrupted losses (float equality, not approx), eval included.
