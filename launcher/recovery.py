@@ -61,6 +61,13 @@ def this_attempt(events: List[dict]) -> tuple[Optional[dict], List[dict]]:
 def begin(run_dir: Path) -> dict:
     job_id = os.environ.get("SLURM_JOB_ID", "")
     events = read_events(run_dir)
+    previous, since = this_attempt(events)
+    if previous and not any(e.get("event") == "attempt_ended" for e in since):
+        # Its batch script was ended before it could judge: by a requeue, or with its node.
+        requeued = any(e.get("event") == "requeued" for e in since)
+        append_event(run_dir, "attempt_ended", attempt=previous.get("attempt"), job_id=previous.get("job_id"),
+                     outcome="REQUEUED" if requeued else "LOST",
+                     cause="" if requeued else "its batch script ended without judging it (node failure?)")
     number = 1 + sum(e.get("event") == "attempt" for e in events)
     log = batch_log(run_dir, job_id)
     fields = {"attempt": number, "job_id": job_id, "nodes": os.environ.get("SLURM_JOB_NODELIST"),
@@ -77,6 +84,11 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     kinds = {e.get("event") for e in since}
     number = attempt.get("attempt") if attempt else None
     job_id = os.environ.get("SLURM_JOB_ID", "")
+    verdict = next((e for e in since if e.get("event") == "failed" and e.get("final")), None)
+    if verdict:  # the ranks already ended the run (a requeue budget spent): nothing to decide
+        append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome="FAILED",
+                     cause=verdict.get("error"), short=verdict.get("short"), step=verdict.get("step"))
+        return None
     if exit_code == 0 and "finished" in kinds:
         append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome="COMPLETED")
         return None

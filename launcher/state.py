@@ -149,35 +149,45 @@ def _stall_limit(run_dir: Path) -> Optional[float]:
 def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:
     """The state of every record's job, keyed by run name, asking each cluster once per source.
 
-    A job Slurm has reported COMPLETED, FAILED or CANCELLED cannot change any more, so that answer is
-    kept in the run directory (``slurm_state.json``) and the job is not asked about again: listings
-    stay fast and ``runs --watch`` does not poll accounting for history.
+    A job Slurm has reported COMPLETED, FAILED or CANCELLED is not asked about in accounting again: that
+    answer is kept in the run directory (``slurm_state.json``), so listings stay fast and ``runs --watch``
+    does not poll accounting for history. Only the queue, which is cheap, is still asked: a job requeued
+    by hand (``scontrol requeue``) lives again under the same id, and then the kept answer is dropped.
     """
     result: Dict[str, JobState] = {}
     by_conf: Dict[Optional[str], List[RunRecord]] = {}
+    settled_by_conf: Dict[Optional[str], List[RunRecord]] = {}
     for rec in records:
         settled = settled_state(rec)
         if settled is not None:
             result[rec.name] = settled
+            settled_by_conf.setdefault(rec.slurm_conf, []).append(rec)
         else:
             by_conf.setdefault(rec.slurm_conf, []).append(rec)
     answers: Dict[Optional[str], Dict[str, JobState]] = {}
 
     def ask(conf: Optional[str]) -> None:
-        answers[conf] = _states_on_cluster(Slurm(conf, timeout=STATUS_TIMEOUT_S), by_conf[conf])
+        slurm = Slurm(conf, timeout=STATUS_TIMEOUT_S)
+        answers[conf] = _states_on_cluster(slurm, by_conf.get(conf, []), settled_by_conf.get(conf, []))
 
-    _in_threads(ask, list(by_conf))
-    for conf, recs in by_conf.items():
-        states = answers[conf]
-        for rec in recs:
+    _in_threads(ask, list({**by_conf, **settled_by_conf}))
+    for conf, states in answers.items():
+        for rec in by_conf.get(conf, []) + settled_by_conf.get(conf, []):
+            if rec.name not in states:
+                continue
             if states[rec.name].state in SETTLED and states[rec.name].source in ("sacct", "squeue"):
-                try:
-                    write_json_atomic(Path(rec.run_dir) / SETTLED_FILE,
-                                      {"job_id": rec.job_id, **asdict(states[rec.name])})
-                except OSError:  # someone else's run directory, or removed meanwhile: just not cached
-                    pass
+                _keep(rec, states[rec.name])
+            elif rec.name in result:  # kept as settled, but the queue has it alive again
+                (Path(rec.run_dir) / SETTLED_FILE).unlink(missing_ok=True)
         result.update(states)
     return result
+
+
+def _keep(rec: RunRecord, state: JobState) -> None:
+    try:
+        write_json_atomic(Path(rec.run_dir) / SETTLED_FILE, {"job_id": rec.job_id, **asdict(state)})
+    except OSError:  # someone else's run directory, or removed meanwhile: just not cached
+        pass
 
 
 def settled_state(rec: RunRecord) -> Optional[JobState]:
@@ -200,12 +210,12 @@ def _in_threads(fn: Callable[[Any], None], items: List[Any]) -> None:
         thread.join()
 
 
-def _ask_slurm(slurm: Slurm, job_ids: List[str]) -> tuple[Dict[str, JobState], List[str]]:
-    """Ask sacct and squeue at the same time; sacct wins where both know a job, squeue covers a job
-    accounting has not seen yet or a cluster without accounting."""
+def _ask_slurm(slurm: Slurm, job_ids: List[str], queued_ids: List[str] = ()) -> tuple[Dict[str, JobState], List[str]]:
+    """Ask sacct about ``job_ids`` and squeue about them and ``queued_ids`` at the same time; sacct wins where
+    both know a job, squeue covers a job accounting has not seen yet or a cluster without accounting."""
     answers: Dict[str, List[JobRow]] = {}
     failures: List[str] = []
-    sources = {"sacct": lambda: slurm.sacct(job_ids), "squeue": slurm.squeue}
+    sources = {"squeue": slurm.squeue, **({"sacct": lambda: slurm.sacct(job_ids)} if job_ids else {})}
 
     def ask(name: str) -> None:
         try:
@@ -213,17 +223,29 @@ def _ask_slurm(slurm: Slurm, job_ids: List[str]) -> tuple[Dict[str, JobState], L
         except SlurmError as err:
             failures.append(str(err))
 
-    if not job_ids:
+    wanted = set(job_ids) | set(queued_ids)
+    if not wanted:
         return {}, []
     _in_threads(ask, list(sources))
-    wanted = set(job_ids)
     rows = [row for name in ("squeue", "sacct") for row in answers.get(name, []) if row.job_id in wanted]
     return {row.job_id: job_state(row) for row in rows}, failures
 
 
-def _states_on_cluster(slurm: Slurm, records: List[RunRecord]) -> Dict[str, JobState]:
+def _states_on_cluster(slurm: Slurm, records: List[RunRecord], settled: List[RunRecord] = ()) -> Dict[str, JobState]:
+    """The states of ``records``, and of those ``settled`` records whose job the queue has alive again."""
     down = slurm.unreachable()  # a cluster that is down says so at once; sacct and squeue would wait
-    known, failures = ({}, [down, down]) if down else _ask_slurm(slurm, [rec.job_id for rec in records if rec.job_id])
+    if down:
+        return _unknown_or_recorded(records, [down, down])
+    known, failures = _ask_slurm(slurm, [rec.job_id for rec in records if rec.job_id],
+                                 [rec.job_id for rec in settled if rec.job_id])
+    states = {rec.name: in_its_words(known[rec.job_id], Path(rec.run_dir)) for rec in settled
+              if rec.job_id in known and known[rec.job_id].active}
+    return {**_unknown_or_recorded(records, failures, known), **states}
+
+
+def _unknown_or_recorded(records: List[RunRecord], failures: List[str],
+                         known: Optional[Dict[str, JobState]] = None) -> Dict[str, JobState]:
+    known = known or {}
     states: Dict[str, JobState] = {}
     for rec in records:
         state = known.get(rec.job_id or "")

@@ -47,6 +47,11 @@ def validate(cfg: RunConfig) -> None:
         raise LaunchError(f"train.micro_batch must be a positive integer or auto, got '{micro}'")
     if not (cfg.dry_run is True or cfg.dry_run is False or cfg.dry_run == "json"):
         raise LaunchError(f"dry_run must be false, true or json; got '{cfg.dry_run}'")
+    limit_s, delay_s = cfg.cluster.time_limit_min * 60, cfg.cluster.signal_delay_s
+    if limit_s <= delay_s:
+        raise LaunchError(f"cluster.time_limit_min={cfg.cluster.time_limit_min} ({limit_s} s) leaves no time to train: "
+                          f"the checkpoint signal comes cluster.signal_delay_s={delay_s} s before the limit; "
+                          "raise the time limit or lower the delay")
     if cfg.model.d_model % cfg.model.n_heads:
         raise LaunchError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
 

@@ -86,3 +86,25 @@ def test_a_running_run_whose_steps_stopped_is_shown_stalled(tmp_path):
     (tmp_path / "config.yaml").write_text(_json.dumps({"train": {"stall_timeout_s": 30}}))
     state = in_its_words(JobState("RUNNING", "", "squeue"), tmp_path)
     assert state.state == "RUNNING" and state.reason.startswith("stalled? no step for ")
+
+
+def test_requeues_without_progress_are_counted_and_end_the_run(tmp_path):
+    from launcher.core.rundir import append_event, read_events
+    from train.interrupt import requeue
+
+    for _ in range(2):
+        append_event(tmp_path, "requeued", job_id="9", step=40, by="signal")
+    assert requeue(tmp_path, 40, max_requeues=2) is False  # a third attempt ended at step 40 again
+    verdict = read_events(tmp_path)[-1]
+    assert (verdict["event"], verdict["final"], verdict["short"]) == ("failed", True, "no progress")
+    assert "3 attempts in a row ended at step 40" in verdict["error"]
+
+
+def test_a_time_limit_within_the_signal_delay_is_refused():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "launcher", "cluster.time_limit_min=1", "cluster.signal_delay_s=60",
+                          "dry_run=json"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert "cluster.time_limit_min=1 (60 s) leaves no time to train" in res.stderr

@@ -167,3 +167,32 @@ def test_a_failed_run_resumes_from_its_checkpoint_and_completes(slurm, tmp_path)
     assert max(losses(run_dir)) == 40
     again = slurm.launcher("resume", "again", root=tmp_path)
     assert again.returncode == 2 and "already trained all 40 steps" in again.stderr
+
+
+def test_every_signal_costs_no_step_and_the_losses_stay_exact(slurm, tmp_path):
+    """Four time-limit/preemption signals (USR2, as Slurm sends them): every rank saves the step just done
+    and the job requeues, so no step is ever trained twice and none is lost, with no periodic checkpoint."""
+    common = ("model=gpt_tiny", "gpus=2", "train.steps=400", "train.log_every=1", "train.checkpoint_every=0")
+    steady = slurm.launcher(*common, "name=steady", root=tmp_path)
+    res = slurm.launcher(*common, "name=cut", root=tmp_path)
+    job = re.search(r"as Slurm job (\d+)", res.stdout).group(1)
+    run_dir = tmp_path / "cut"
+    metrics_lines = lambda: (run_dir / "metrics.jsonl").read_text().count("\n") if (run_dir / "metrics.jsonl").exists() else 0  # noqa: E731
+    for signal_no in range(4):
+        seen = metrics_lines()
+        wait_for(lambda: metrics_lines() > seen + 5, 180, f"progress before signal {signal_no + 1}")
+        slurm.run("scancel", "--signal=USR2", job)
+        wait_for(lambda: sum(e["event"] == "resumed" for e in events(run_dir)) == signal_no + 1, 180,
+                 f"resume after signal {signal_no + 1}")
+    assert slurm.wait(job, timeout=300) == "COMPLETED"
+    kinds = [e["event"] for e in events(run_dir)]
+    requeued = [e["step"] for e in events(run_dir) if e["event"] == "requeued"]
+    resumed = [e["step"] for e in events(run_dir) if e["event"] == "resumed"]
+    assert len(requeued) == 4 and requeued == resumed, (requeued, resumed)  # resumed exactly where it stopped
+    assert kinds.count("attempt") == 5 and "retrying" not in kinds and not any(
+        e["event"] == "failed" for e in events(run_dir))
+    trained = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+               if not json.loads(line).get("final")]
+    assert sorted(trained) == list(range(1, 401))  # every step once: none lost, none trained twice
+    assert slurm.wait(re.search(r"as Slurm job (\d+)", steady.stdout).group(1), timeout=300) == "COMPLETED"
+    assert losses(run_dir) == losses(tmp_path / "steady")

@@ -13,7 +13,7 @@ import pytest
 from launcher import cli
 from launcher.commands.common import duration, parse_since, slurm_seconds
 from launcher.core.rundir import RunRecord, find_run, last_metrics, list_records, save_record
-from launcher.slurm_output import parse_gres
+from launcher.slurm_output import JobRow, parse_gres
 from launcher.state import JobState, fold, from_run_dir, job_states, settled_state
 
 
@@ -105,14 +105,21 @@ def test_status_command_errors_are_one_line(tmp_path, capsys, monkeypatch, args,
     assert (tmp_path / "r" / "run.json").exists()  # nothing removed
 
 
-def test_a_settled_slurm_state_is_kept_and_slurm_not_asked_again(tmp_path, monkeypatch):
+def test_a_settled_slurm_state_is_kept_and_accounting_not_asked_again(tmp_path, monkeypatch):
     run_dir = make_run(tmp_path, "done", 1.0, job_id="42")
     (run_dir / "slurm_state.json").write_text(json.dumps(
         {"job_id": "42", "state": "COMPLETED", "source": "sacct", "elapsed": "00:01:10", "exit_code": "0:0"}))
     rec = list_records(tmp_path)[0]
-    monkeypatch.setattr("launcher.slurm.Slurm.run", lambda *a, **k: pytest.fail("Slurm was asked"))
+    queue = []  # what squeue lists; only the queue is asked about a settled job
+    monkeypatch.setattr("launcher.slurm.Slurm.unreachable", lambda self: None)
+    monkeypatch.setattr("launcher.slurm.Slurm.sacct", lambda self, ids: pytest.fail("accounting was asked"))
+    monkeypatch.setattr("launcher.slurm.Slurm.squeue", lambda self: queue)
     state = job_states([rec])["done"]
     assert (state.state, state.source, state.elapsed) == ("COMPLETED", "sacct", "00:01:10")
+    # Requeued by hand (scontrol requeue): the same job id lives again, and the kept answer goes.
+    queue.append(JobRow("42", "RUNNING", "None", "n1", "2026-11-30T08:00:00", source="squeue"))
+    assert job_states([rec])["done"].state == "RUNNING"
+    assert not (run_dir / "slurm_state.json").exists()
     rec.job_id = "43"  # a cached answer about another job is ignored
     assert settled_state(rec) is None
 

@@ -33,6 +33,7 @@ from train.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
 from train.data import StepSampler, TokenData, token_file, val_indices
 from train.dist import DistEnv
 from train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
+from train.interrupt import Interrupt, Requeue
 from train.model import GPT
 from train.optim import build_optimizer, optimizer_step
 from train.parallel import parallelize
@@ -120,11 +121,13 @@ def build_model(cfg: RunConfig, env: DistEnv) -> nn.Module:
     return parallelize(model, cfg.parallel, env, seed=cfg.train.seed)
 
 
-def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Watchdog) -> dict[str, Any]:
+def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Watchdog,
+          interrupt: Interrupt) -> dict[str, Any]:
     """Train to ``cfg.train.steps``, resuming from the newest good checkpoint; returns the final record.
 
     ``watchdog`` hears of every step; an exception leaves the loop with the step it happened at
-    (``train_step``), for the failure's record."""
+    (``train_step``), for the failure's record. When ``interrupt`` says Slurm's signal came, every rank saves
+    the step just done and :class:`Requeue` ends the loop."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     np.random.seed(tc.seed)
@@ -186,10 +189,13 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
                 comment.update(f"step {done}/{tc.steps} loss {record['loss']:.3f} tok/s {record['tokens_per_s']:.0f}")
                 timer.reset()
 
-            if last or (tc.checkpoint_every > 0 and done % tc.checkpoint_every == 0):
+            interrupted = not last and interrupt.agreed()  # Slurm's time-limit or preemption signal
+            if last or interrupted or (tc.checkpoint_every > 0 and done % tc.checkpoint_every == 0):
                 with timer.paused(), watchdog.phase(SLOW_PHASE_S):
                     save_checkpoint(run_dir, done, model, optimizer, scheduler, env, tc.keep_checkpoints,
                                     record={"loss": global_mean(loss, env), "grad_norm": grad_norm.item()})
+            if interrupted:
+                raise Requeue(done)
 
         final = {"final": True, **record, **_overall(intervals, tokens_per_step, env, fpt, peak),
                  "steps_run": tc.steps - start, "resumed_from": start if resume_from is not None else None,

@@ -1,9 +1,8 @@
 """What every Slurm task runs: :func:`run` (called by ``launcher.entry.TrainTask``, or ``python -m train``).
 
-When Slurm signals an approaching time limit or preemption, submitit calls
-``TrainTask.checkpoint`` on rank 0 to requeue the job. The training state itself
-is not saved at that moment (that needs every rank); the requeued job resumes
-from the newest periodic checkpoint.
+When Slurm signals an approaching time limit or preemption, every rank saves the step just done and rank 0
+requeues the job (train/interrupt.py); the requeued job resumes from that checkpoint, having lost nothing.
+Before training starts, submitit's own handler (``TrainTask.checkpoint`` on rank 0) requeues instead.
 """
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.plan import read_plan
 from launcher.core.rundir import append_event
 from train.dist import check_allreduce, global_rank_from_environ, init_distributed
+from train.interrupt import Interrupt, Requeue, requeue
 from train.loop import train
 from train.preflight import preflight
 from train.watchdog import Watchdog
@@ -45,7 +45,11 @@ def run(run_dir: str | Path) -> dict[str, Any]:
         watchdog = Watchdog(run_dir, env.rank, env.node, cfg.train.stall_timeout_s,
                             on_stall=functools.partial(_record_stall, run_dir)).start(0)
         try:
-            final = train(cfg, plan, run_dir, env, watchdog)
+            final = train(cfg, plan, run_dir, env, watchdog, Interrupt(env))
+        except Requeue as stop:
+            if env.is_main:
+                requeue(run_dir, stop.step, cfg.cluster.max_requeues)
+            return {"requeued_after": stop.step}
         finally:
             watchdog.stop()
         if env.is_main:
