@@ -65,3 +65,22 @@ def slurm() -> SlurmCluster:
     gres = subprocess.run(["sinfo", "-h", "-N", "-o", "%G"], env=env, capture_output=True, text=True,
                           check=True).stdout.split()[0]
     return SlurmCluster(env=env, nodes=sorted(set(nodes)), gpus_per_node=int(gres.split(":")[-1]))
+
+
+@pytest.fixture(scope="session")
+def reference_config(tmp_path_factory) -> dict:
+    """A 2-rank run of 6 steps, checkpointed and evaluated every 3 (tests/train_harness.py)."""
+    from train_harness import make_tokens, tiny_config
+
+    tokens = make_tokens(tmp_path_factory.mktemp("data") / "tokens.bin")
+    return tiny_config(tokens, steps=6, checkpoint_every=3, eval_every=3, keep_checkpoints=2)
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory, reference_config) -> Path:
+    """That run, uninterrupted (``python -m train`` on 2 ranks): what resumed runs must reproduce exactly."""
+    from train_harness import check_ok, launch, make_run_dir
+
+    run_dir = make_run_dir(tmp_path_factory.mktemp("reference"), reference_config, world_size=2, micro_batch=2)
+    check_ok(launch(["-m", "train", str(run_dir)], world_size=2))
+    return run_dir

@@ -13,33 +13,20 @@ import pytest
 
 import train_workers
 from train import manifest
-from train_harness import check_ok, launch, launch_forked, make_run_dir, make_tokens, step_losses, tiny_config
+from train_harness import launch_forked, make_run_dir, step_losses
 
-STEPS, EVERY = 6, 3
-
-
-@pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    tokens = make_tokens(tmp_path_factory.mktemp("data") / "tokens.bin")
-    return tiny_config(tokens, steps=STEPS, checkpoint_every=EVERY, keep_checkpoints=2)
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, config):
-    run_dir = make_run_dir(tmp_path_factory.mktemp("reference"), config, world_size=2, micro_batch=2)
-    check_ok(launch(["-m", "train", str(run_dir)], world_size=2))
-    return run_dir
+EVERY = 3  # the reference run checkpoints every 3 steps (tests/conftest.py)
 
 
 def events(run_dir):
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
-def resume_after(damage, reference, tmp_path):
+def resume_after(damage, reference_run, tmp_path):
     """A copy of the finished reference whose step-6 checkpoint ``damage`` spoils and whose metrics stop at
     step 3, resumed on 2 ranks; returns its directory."""
     run_dir = tmp_path / "run"
-    shutil.copytree(reference, run_dir)
+    shutil.copytree(reference_run, run_dir)
     records = (run_dir / "metrics.jsonl").read_text().splitlines()
     (run_dir / "metrics.jsonl").write_text("\n".join(records[:EVERY]) + "\n")
     damage(run_dir / "checkpoints" / "step_00000006")
@@ -47,19 +34,19 @@ def resume_after(damage, reference, tmp_path):
     return run_dir
 
 
-def check_fell_back(run_dir, reference, words):
+def check_fell_back(run_dir, reference_run, words):
     damaged = [e for e in events(run_dir) if e["event"] == "checkpoint_damaged"]
     assert len(damaged) == 1 and damaged[0]["step"] == 6 and words in damaged[0]["damage"], damaged
     resumed = [e for e in events(run_dir) if e["event"] == "resumed"]
     assert [e["step"] for e in resumed] == [EVERY]
-    assert step_losses(run_dir) == step_losses(reference)  # steps 4-6 trained again, exactly as before
+    assert step_losses(run_dir) == step_losses(reference_run)  # steps 4-6 trained again, exactly as before
     ckpts = run_dir / "checkpoints"
     assert (ckpts / "step_00000006.damaged").is_dir()  # set aside, never tried again
     assert manifest.damage(ckpts / "step_00000006", 2) == []  # and the step saved again, whole
 
 
-def test_every_checkpoint_lists_its_files_with_sizes_and_checksums(reference):
-    step = reference / "checkpoints" / "step_00000006"
+def test_every_checkpoint_lists_its_files_with_sizes_and_checksums(reference_run):
+    step = reference_run / "checkpoints" / "step_00000006"
     listed, problems = manifest.entries(step, 2)
     assert problems == [] and manifest.damage(step, 2) == []
     names = {name for name, _ in listed}
@@ -67,27 +54,27 @@ def test_every_checkpoint_lists_its_files_with_sizes_and_checksums(reference):
     for name, expected in listed:
         assert expected["bytes"] == (step / name).stat().st_size
     meta = json.loads((step / "meta.json").read_text())
-    assert meta["loss"] == step_losses(reference)[6] and meta["grad_norm"] > 0
+    assert meta["loss"] == step_losses(reference_run)[6] and meta["grad_norm"] > 0
 
 
-def test_truncated_shard_is_skipped_and_the_previous_checkpoint_used(reference, tmp_path):
+def test_truncated_shard_is_skipped_and_the_previous_checkpoint_used(reference_run, tmp_path):
     def truncate(step):
         shard = step / "__1_0.distcp"
         os.truncate(shard, shard.stat().st_size // 2)
 
-    run_dir = resume_after(truncate, reference, tmp_path)
-    check_fell_back(run_dir, reference, "__1_0.distcp has")
+    run_dir = resume_after(truncate, reference_run, tmp_path)
+    check_fell_back(run_dir, reference_run, "__1_0.distcp has")
 
 
-def test_overwritten_values_are_found_by_their_checksum(reference, tmp_path):
+def test_overwritten_values_are_found_by_their_checksum(reference_run, tmp_path):
     def overwrite(step):
         shard = step / "__0_0.distcp"
         with open(shard, "r+b") as f:  # 1e30 as float32, where DCP's framing does not notice
             f.seek(shard.stat().st_size // 2)
             f.write(bytes.fromhex("cbd94a71") * 4)
 
-    run_dir = resume_after(overwrite, reference, tmp_path)
-    check_fell_back(run_dir, reference, "__0_0.distcp has the right size but a wrong checksum")
+    run_dir = resume_after(overwrite, reference_run, tmp_path)
+    check_fell_back(run_dir, reference_run, "__0_0.distcp has the right size but a wrong checksum")
 
 
 @pytest.fixture
@@ -105,8 +92,8 @@ def small_disk(tmp_path):
     subprocess.run(["umount", str(mount)], check=True)
 
 
-def test_full_disk_fails_the_save_clearly_and_keeps_the_earlier_checkpoint(config, small_disk):
-    run_dir = make_run_dir(small_disk / "run", config, world_size=2, micro_batch=2)
+def test_full_disk_fails_the_save_clearly_and_keeps_the_earlier_checkpoint(reference_config, small_disk):
+    run_dir = make_run_dir(small_disk / "run", reference_config, world_size=2, micro_batch=2)
     with pytest.raises(Exception, match="saving the checkpoint of step 6 failed: .*No space left on device"):
         launch_forked(train_workers.train_run, (run_dir,), world_size=2)
     ckpts = run_dir / "checkpoints"

@@ -13,45 +13,32 @@ import torch.multiprocessing as mp
 
 import train_workers
 from launcher.core.checkpoints import latest_checkpoint
-from train_harness import check_ok, launch, launch_forked, make_run_dir, make_tokens, metrics, step_losses, tiny_config
+from train_harness import launch_forked, make_run_dir, metrics, step_losses
 
-STEPS, EVERY = 6, 3
-
-
-@pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    tokens = make_tokens(tmp_path_factory.mktemp("data") / "tokens.bin")
-    return tiny_config(tokens, steps=STEPS, checkpoint_every=EVERY, eval_every=EVERY, keep_checkpoints=2)
+STEPS, EVERY = 6, 3  # the reference run (tests/conftest.py)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, config):
-    run_dir = make_run_dir(tmp_path_factory.mktemp("reference"), config, world_size=2, micro_batch=2)
-    check_ok(launch(["-m", "train", str(run_dir)], world_size=2))
-    return run_dir
-
-
-def test_uninterrupted_run_records_everything(reference):
-    records = metrics(reference)
+def test_uninterrupted_run_records_everything(reference_run):
+    records = metrics(reference_run)
     assert [r["step"] for r in records if not r.get("final")] == list(range(1, STEPS + 1))
     final = records[-1]
     assert final["final"] and final["step"] == STEPS and final["steps_run"] == STEPS
     assert final["loss"] < records[0]["loss"]
     assert [r["eval_loss"] is not None for r in records[:-1]] == [s % EVERY == 0 for s in range(1, STEPS + 1)]
-    events = [json.loads(line)["event"] for line in (reference / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line)["event"] for line in (reference_run / "events.jsonl").read_text().splitlines()]
     assert events == ["preflight", "started", "finished"]
-    assert sorted(p.name for p in (reference / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
-    assert "allreduce 3 ok" in (reference / "logs" / "rank_1.log").read_text()
+    assert sorted(p.name for p in (reference_run / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
+    assert "allreduce 3 ok" in (reference_run / "logs" / "rank_1.log").read_text()
 
 
-def test_crash_during_save_then_resume_matches_uninterrupted(tmp_path, config, reference):
-    run_dir = make_run_dir(tmp_path / "run", config, world_size=2, micro_batch=2)
+def test_crash_during_save_then_resume_matches_uninterrupted(tmp_path, reference_config, reference_run):
+    run_dir = make_run_dir(tmp_path / "run", reference_config, world_size=2, micro_batch=2)
     with pytest.raises(mp.ProcessExitedException, match="exit code 9"):
         launch_forked(train_workers.train_run_killed_in_save, (run_dir, STEPS), world_size=2)
     ckpts = run_dir / "checkpoints"
     assert (ckpts / "step_00000006.tmp").is_dir() and not (ckpts / "step_00000006").exists()
     assert latest_checkpoint(run_dir) == ckpts / "step_00000003"
-    assert step_losses(run_dir) == step_losses(reference)  # identical up to the crash
+    assert step_losses(run_dir) == step_losses(reference_run)  # identical up to the crash
 
     launch_forked(train_workers.train_run, (run_dir,), world_size=2)
     assert "resumed at step 3" in (run_dir / "logs" / "rank_0.log").read_text()
@@ -61,9 +48,9 @@ def test_crash_during_save_then_resume_matches_uninterrupted(tmp_path, config, r
     resumed = [r for r in metrics(run_dir) if r.get("final")][-1]
     assert resumed["resumed_from"] == 3 and resumed["steps_run"] == 3
     # Exactly the uninterrupted losses (float equality, not approx), eval included.
-    assert step_losses(run_dir) == step_losses(reference)
+    assert step_losses(run_dir) == step_losses(reference_run)
     eval_losses = lambda d: [r["eval_loss"] for r in metrics(d) if r.get("eval_loss") is not None and not r.get("final")]
-    assert eval_losses(run_dir)[-1] == eval_losses(reference)[-1]
+    assert eval_losses(run_dir)[-1] == eval_losses(reference_run)[-1]
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000003", "step_00000006"]
 
 
