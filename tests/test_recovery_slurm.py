@@ -128,8 +128,8 @@ def test_an_error_of_the_code_own_ends_the_run_after_one_attempt(slurm, tmp_path
 
 
 def test_a_node_failing_preflight_is_left_out_and_the_run_completes_on_another(slurm, tmp_path):
-    wait_for(lambda: not slurm.run("squeue", "-h").stdout.strip(), 120, "idle cluster")  # Slurm then picks node 1
-    sick = slurm.nodes[0]
+    sick = slurm.nodes[0]  # Slurm places a one-node job on the first node that is free
+    wait_for(lambda: not slurm.run("squeue", "-h", "-w", sick).stdout.strip(), 120, f"{sick} free")
     res = slurm.launcher("model=gpt_tiny", "gpus=2", "layout.nodes=1", "train.steps=30", "name=sick", root=tmp_path,
                          env={"LAUNCHER_FAULT": f"preflight:{sick}"})
     assert res.returncode == 0, res.stderr

@@ -33,9 +33,10 @@ def test_slurm_environment(clean_env):
     launch = tdist._launch_from_environ()
     assert (launch.rank, launch.local_rank, launch.world_size, launch.nodes, launch.node) == (5, 1, 8, 2, "node8")
     assert launch.master_host == "node7"
-    assert launch.master_port == 20000 + 123456 % 20000  # no cluster name: the job id alone
+    assert launch.master_port == 20000 + 123456 % 12768  # no cluster name: the job id alone
     clean_env.setenv("SLURM_CLUSTER_NAME", "local2")
     assert tdist._launch_from_environ().master_port != launch.master_port
+    assert all(20000 <= tdist._port_for_job(name, job) < 32768 for name in ("local", "local2") for job in range(9999))
     assert tdist.global_rank_from_environ() == 5
     clean_env.setenv("MASTER_PORT", "31111")
     assert tdist._launch_from_environ().master_port == 31111

@@ -22,6 +22,7 @@ from submitit.slurm.slurm import SlurmJobEnvironment
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 600.0
+PORT_BASE, PORT_COUNT = 20000, 12768  # rendezvous ports 20000-32767
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,10 @@ def _launch_from_environ() -> _Launch:
 
 
 def _port_for_job(cluster: str, job_id: int) -> int:
-    """A port in 20000-39999 that two jobs sharing a node are unlikely to both pick. Jobs of two clusters
-    can share a host (the local clusters do) and have the same id, so the cluster's name counts too."""
-    return 20000 + (zlib.crc32(cluster.encode()) + job_id) % 20000
+    """A port that two jobs sharing a node are unlikely to both pick. Jobs of two clusters can share a host
+    (the local clusters do) and have the same id, so the cluster's name counts too. The range stays below
+    Linux's ephemeral ports (32768 and up), which gloo's own connections take from."""
+    return PORT_BASE + (zlib.crc32(cluster.encode()) + job_id) % PORT_COUNT
 
 
 def _resolve(host: str) -> str:
