@@ -72,6 +72,9 @@ def verify(path: Path, env: DistEnv) -> list[str]:
     return [problem for problems in found for problem in problems]
 
 
+FULL_DISK_BYTES = 1 << 20  # less free than this on a failed save: the disk is full
+
+
 class CheckpointSaveError(RuntimeError):
     """A save failed (disk full, I/O error): earlier checkpoints are intact and no partial files are left.
     The run must not train on without checkpoints, so this ends the attempt with the cause."""
@@ -98,9 +101,10 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
     try:
         _write_all(tmp, step, model, optimizer, scheduler, env, record or {})
     except BaseException as err:  # DCP's CheckpointException is a BaseException
+        cause = _full_disk(tmp) + _cause(err)  # measured before the partial files go
         if env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointSaveError(f"saving the checkpoint of step {step} failed: {_cause(err)}") from err
+        raise CheckpointSaveError(f"saving the checkpoint of step {step} failed: {cause}") from err
     if env.is_main:
         if final.exists():  # an earlier attempt's save of this step that never completed
             shutil.rmtree(final)
@@ -135,6 +139,16 @@ def _write_all(tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Op
         raise error
     if failed:
         raise OSError("another rank's part of the save failed (see its log)")
+
+
+def _full_disk(directory: Path) -> str:
+    """"No space left on device" when the checkpoint's filesystem is (nearly) full: torch's zip writer
+    reports a failed write as "unexpected pos 704 vs 598", which names nothing."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return ""
+    return f"No space left on device ({free:,} bytes free under {directory.parent}): " if free < FULL_DISK_BYTES else ""
 
 
 def _anyone(flag: bool, env: DistEnv) -> bool:
