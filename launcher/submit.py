@@ -52,8 +52,11 @@ def check_cluster(runs: List[ComposedRun]) -> List[Partition]:
         slurm = for_cluster(cluster)
         key = (slurm.conf, cluster.partition)
         if key not in partitions:
-            slurm.ping()
-            partitions[key] = slurm.partition(cluster.partition)
+            try:
+                partitions[key] = slurm.partition(cluster.partition)
+            except SlurmError:
+                slurm.ping()  # when the controller is what failed, say so in one line (no extra round trip before)
+                raise
         check_fits(run, partitions[key])
     return [partitions[(for_cluster(run.config.cluster).conf, run.config.cluster.partition)] for run in runs]
 
