@@ -139,6 +139,8 @@ def history(events: List[dict]) -> List[dict]:
                          "start": event.get("time"), "end": None, "outcome": "RUNNING", "cause": "", "then": ""})
         elif rows and kind == "attempt_ended":
             rows[-1].update(end=event.get("time"), outcome=event.get("outcome", "?"), cause=event.get("cause", ""))
+            if event.get("exclude"):  # a lost node: Slurm requeued the job itself, without it
+                rows[-1]["then"] = f"requeued by Slurm, excluding {','.join(event['exclude'])}"
         elif rows and kind == "retrying":
             excluded = f", excluding {','.join(event['exclude'])}" if event.get("exclude") else ""
             rows[-1]["then"] = f"retried as job {event.get('job_id')}{excluded}"

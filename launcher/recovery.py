@@ -64,10 +64,11 @@ def begin(run_dir: Path) -> dict:
     previous, since = this_attempt(events)
     if previous and not any(e.get("event") == "attempt_ended" for e in since):
         # Its batch script was ended before it could judge: by a requeue, or with its node.
-        requeued = any(e.get("event") == "requeued" for e in since)
-        append_event(run_dir, "attempt_ended", attempt=previous.get("attempt"), job_id=previous.get("job_id"),
-                     outcome="REQUEUED" if requeued else "LOST",
-                     cause="" if requeued else "its batch script ended without judging it (node failure?)")
+        if any(e.get("event") == "requeued" for e in since):
+            append_event(run_dir, "attempt_ended", attempt=previous.get("attempt"), job_id=previous.get("job_id"),
+                         outcome="REQUEUED", cause="")
+        else:
+            append_event(run_dir, "attempt_ended", **lost(run_dir, previous))
     number = 1 + sum(e.get("event") == "attempt" for e in events)
     log = batch_log(run_dir, job_id)
     fields = {"attempt": number, "job_id": job_id, "nodes": os.environ.get("SLURM_JOB_NODELIST"),
@@ -75,6 +76,34 @@ def begin(run_dir: Path) -> dict:
               "log_offset": log.stat().st_size if log.exists() else 0}
     append_event(run_dir, "attempt", **fields)
     return fields
+
+
+def lost(run_dir: Path, attempt: dict) -> dict:
+    """The ``attempt_ended`` fields of an attempt whose batch script never judged it: Slurm requeued the job
+    itself, which it does when one of the job's nodes stops responding (NODE_FAIL). The nodes to blame are
+    the attempt's nodes that Slurm now holds down; the requeued job runs without them."""
+    nodes = sick_nodes(attempt.get("nodes"))
+    step = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *steps_by_rank(run_dir).values()])
+    fields = {"attempt": attempt.get("attempt"), "job_id": attempt.get("job_id"), "outcome": "LOST", "step": step}
+    if not nodes:
+        return {**fields, "cause": "its batch script ended without judging it (node failure?)", "short": "lost"}
+    return {**fields, "node": nodes[0], "exclude": nodes, "short": f"{nodes[0]} lost",
+            "cause": f"node {', '.join(nodes)} lost at step {step}: Slurm holds it down and requeued the job"}
+
+
+def superseded(job_id: str) -> bool:
+    """Whether Slurm has already requeued this job (its node was lost) while this batch script lived on:
+    the next attempt records this one (:func:`lost`), and a retry from here would run the run twice."""
+    from launcher.slurm import Slurm, SlurmError
+
+    try:
+        return any(row.job_id == job_id and row.state in REQUEUED_STATES for row in Slurm(None, timeout=15).squeue())
+    except SlurmError:
+        return False
+
+
+# A job that Slurm has put back in the queue while the old batch script may still be running.
+REQUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 
 
 def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
@@ -97,6 +126,8 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     if "requeued" in kinds or "cancelled" in kinds:  # preemption, time limit, or the user: not a failure
         append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id,
                      outcome="REQUEUED" if "requeued" in kinds else "CANCELLED")
+        return None
+    if superseded(job_id):
         return None
     log = batch_log(run_dir, job_id)
     stderr = ""
@@ -162,7 +193,8 @@ def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[st
     not make its node suspect. Not retried: an error of the code's own (any other exception), a failure
     before the first step of the first attempt, the same error at the same step twice, or a run whose
     ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or heartbeats)."""
-    excluded = {node for e in events if e.get("event") == "retrying" for node in e.get("exclude") or []}
+    excluded = {node for e in events if e.get("event") in ("retrying", "attempt_ended")
+                for node in e.get("exclude") or []}
     if cause.outcome == "PREFLIGHT":  # the node's fault, found before training: costs no retry of the run's
         return Decision(True, f"{cause.node} failed its preflight check: retried without it",
                         sorted(excluded | {cause.node} | set(sick)), preflight=True)

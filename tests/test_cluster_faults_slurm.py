@@ -1,0 +1,132 @@
+"""Faults of the cluster itself, caused on a 3-node local cluster of this module's own: a node lost mid-run
+(its slurmd killed) and the controller stopped mid-run.
+
+A lost node is noticed by Slurm only after ``SlurmdTimeout``; this cluster sets it to 10 s (a site uses
+minutes) so the test waits seconds, not minutes, for what a site's cluster does the same way.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SlurmCluster
+from test_recovery_slurm import events, losses, wait_for
+
+pytestmark = pytest.mark.slurm
+
+SLURMD_TIMEOUT_S = 10
+
+
+@pytest.fixture(scope="module")
+def three(slurm, tmp_path_factory):
+    """A second local cluster of 3 nodes x 2 GPUs beside the suite's own (port + 200)."""
+    conf = Path(slurm.env["SLURM_CONF"]).read_text()
+    port = int(re.search(r"^SlurmctldPort=(\d+)", conf, re.M).group(1)) + 200
+    state = tmp_path_factory.mktemp("three")
+    up = subprocess.run(["bash", str(REPO / "slurm" / "up.sh"), "--dir", str(state), "--name", f"three{port}",
+                         "--port", str(port), "--nodes", "3", "--gpus", "2"], capture_output=True, text=True,
+                        timeout=180)
+    assert up.returncode == 0, up.stderr
+    env = {**slurm.env, "SLURM_CONF": str(state / "etc" / "slurm.conf")}
+    cluster = SlurmCluster(env=env, nodes=[f"three{port}-node{n}" for n in (1, 2, 3)], gpus_per_node=2)
+    slurm_conf = state / "etc" / "slurm.conf"
+    slurm_conf.write_text(re.sub(r"^SlurmdTimeout=\d+", f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
+                                 slurm_conf.read_text(), flags=re.M))
+    cluster.run("scontrol", "reconfigure")
+    yield cluster, state
+    subprocess.run(["bash", str(REPO / "slurm" / "down.sh"), "--dir", str(state)], capture_output=True, timeout=120)
+
+
+def launch(cluster, root, name, *extra):
+    res = cluster.launcher("model=gpt_tiny", "train.log_every=10", f"name={name}", *extra, root=root)
+    assert res.returncode == 0, res.stderr
+    return re.search(r"as Slurm job (\d+)", res.stdout).group(1)
+
+
+def stop_daemon(pidfile: Path) -> tuple[list[str], dict]:
+    """SIGKILL a daemon of the test's own cluster; return its command line and environment to start it again."""
+    pid = int(pidfile.read_text())
+    proc = Path(f"/proc/{pid}")
+    argv = proc.joinpath("cmdline").read_text().split("\0")[:-1]
+    env = dict(item.split("=", 1) for item in proc.joinpath("environ").read_text().split("\0") if "=" in item)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not proc.exists() or "Z" in proc.joinpath("stat").read_text().split()[2], 10, "daemon gone")
+    return argv, env
+
+
+def start_daemon(pidfile: Path, argv: list[str], env: dict, log: Path) -> None:
+    """Start a daemon again as slurm/up.sh does (its own session, its pid where slurm/down.sh finds it)."""
+    with open(log, "a") as out:
+        daemon = subprocess.Popen(argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
+    pidfile.write_text(f"{daemon.pid}\n")
+
+
+def progress(run_dir: Path) -> int:
+    return max(losses(run_dir), default=0) if (run_dir / "metrics.jsonl").exists() else 0
+
+
+def test_a_lost_node_is_named_left_out_and_the_run_completes_on_the_others(three, tmp_path):
+    cluster, state = three
+    job = launch(cluster, tmp_path, "lost", "gpus=4", "layout.nodes=2", "train.steps=900",
+                 "train.checkpoint_every=50")
+    run_dir = tmp_path / "lost"
+    wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
+    nodes = cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
+    victim = cluster.run("scontrol", "show", "hostnames", nodes).stdout.split()[1]  # not the batch host
+    killed_at = time.time()
+    stop_daemon(state / "run" / f"slurmd-{victim}.pid")
+
+    lost = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 180, "lost attempt")[0]
+    second = next(e for e in events(run_dir) if e["event"] == "attempt" and e["attempt"] == 2)
+    assert (lost["outcome"], lost["node"], lost["exclude"]) == ("LOST", victim, [victim]), lost
+    assert f"node {victim} lost at step" in lost["cause"] and lost["short"] == f"{victim} lost"
+    assert victim not in cluster.run("scontrol", "show", "hostnames", second["nodes"]).stdout.split()
+    assert cluster.wait(job, timeout=400) == "COMPLETED"
+    resumed = [e["step"] for e in events(run_dir) if e["event"] == "resumed"]
+    assert len(resumed) == 1 and resumed[0] % 50 == 0 and progress(run_dir) == 900
+    described = cluster.launcher("describe", "lost", root=tmp_path).stdout
+    assert f"requeued by Slurm, excluding {victim}" in described and f"node {victim} lost" in described
+    kinds = [e["event"] for e in events(run_dir)]
+    assert kinds.count("attempt") == 2 and "retrying" not in kinds  # Slurm's requeue, not a second job
+    print(f"node lost: attempt 2 began {second['time'] - killed_at:.0f} s after the kill "
+          f"(SlurmdTimeout={SLURMD_TIMEOUT_S} s); completed {time.time() - killed_at:.0f} s after it")
+
+
+def test_training_goes_on_while_the_controller_is_down_and_status_commands_answer(three, tmp_path):
+    cluster, state = three
+    job = launch(cluster, tmp_path, "calm", "gpus=2", "train.steps=600", "train.checkpoint_every=100")
+    run_dir = tmp_path / "calm"
+    wait_for(lambda: progress(run_dir) >= 10, 180, "training")
+    pidfile = state / "run" / "slurmctld.pid"
+    argv, env = stop_daemon(pidfile)
+    try:
+        before = progress(run_dir)
+        wait_for(lambda: progress(run_dir) >= before + 20, 60, "training without a controller")
+        for command in (("runs",), ("runs", "--json"), ("describe", "calm"), ("clusters",)):
+            started = time.time()
+            res = cluster.launcher(*command, root=tmp_path, timeout=30)
+            took = time.time() - started
+            assert took < 10 and res.returncode == 0 and "Traceback" not in res.stderr, (command, took, res)
+        listed = json.loads(cluster.launcher("runs", "--json", root=tmp_path).stdout)
+        assert [r["name"] for r in listed] == ["calm"]
+        clusters = cluster.launcher("clusters", root=tmp_path)
+        assert "not reachable" in clusters.stdout + clusters.stderr or "cannot reach" in clusters.stdout + clusters.stderr, clusters
+        refused = cluster.launcher("model=gpt_tiny", "gpus=2", "name=during", root=tmp_path, timeout=60)
+        assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert not (tmp_path / "during").exists()
+    finally:
+        start_daemon(pidfile, argv, env, state / "log" / "slurmctld.log")
+    wait_for(lambda: cluster.run("scontrol", "ping", check=False).returncode == 0, 60, "controller back")
+    assert cluster.wait(job, timeout=300) == "COMPLETED"
+    assert progress(run_dir) == 600
+    listed = {r["name"]: r for r in json.loads(cluster.launcher("runs", "--json", root=tmp_path).stdout)}
+    assert listed["calm"]["status"] == "COMPLETED"
+    assert [e["event"] for e in events(run_dir)].count("attempt") == 1
