@@ -39,7 +39,8 @@ def record_failure(run_dir: Path, err: BaseException, secret_vars: list[str]) ->
     if step is None and rank is not None:
         step = steps_by_rank(run_dir).get(int(rank))
     append_event(run_dir, "failed", rank=rank, node=os.environ.get("SLURMD_NODENAME"), step=step,
-                 job_id=os.environ.get("SLURM_JOB_ID"), error=error, short=getattr(err, "short", None))
+                 job_id=os.environ.get("SLURM_JOB_ID"), error=error,
+                 **({"short": err.short} if isinstance(getattr(err, "short", None), str) else {}))
 
 
 class TrainTask(submitit.helpers.Checkpointable):
