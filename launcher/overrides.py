@@ -70,7 +70,10 @@ def check(parsed: Sequence[Override]) -> None:
         if key in ("model", "cluster"):  # gpus also takes counts: see normalise()
             check_option(key, override.value())
         elif key not in GROUPS:
-            _check_key(key, adding=override.is_add() or override.is_force_add())
+            kind = _check_key(key, adding=override.is_add() or override.is_force_add())
+            if kind is bool and not override.is_sweep_override() and not isinstance(override.value(), bool):
+                # OmegaConf would take 2 (or 0) for true (false).
+                raise LaunchError(f"{key} must be true or false, got '{override.value()}'")
 
 
 def check_given_once(lines: Sequence[str]) -> None:
@@ -122,9 +125,9 @@ def check_option(group: str, value: object) -> None:
         raise LaunchError(f"unknown {group} '{value}'{did_you_mean(str(value), valid)}; valid: {', '.join(valid)}")
 
 
-def _check_key(key: str, adding: bool) -> None:
+def _check_key(key: str, adding: bool) -> Any:
     try:
-        field_type(key)
+        return field_type(key)[0]
     except LaunchError as err:
         if not adding:
             raise
