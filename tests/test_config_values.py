@@ -34,7 +34,7 @@ RANGE = [
     (["train.warmup_steps=-1"], "train.warmup_steps"), (["train.weight_decay=-0.1"], "train.weight_decay"),
     (["train.min_lr_ratio=1.5"], "train.min_lr_ratio"), (["train.min_lr_ratio=-0.1"], "train.min_lr_ratio"),
     (["train.log_every=0"], "train.log_every"), (["train.eval_every=-1"], "train.eval_every"),
-    (["train.eval_batches=0"], "train.eval_batches"), (["train.checkpoint_every=0"], "train.checkpoint_every"),
+    (["train.eval_batches=0"], "train.eval_batches"), (["train.checkpoint_every=-1"], "train.checkpoint_every"),
     (["train.keep_checkpoints=0"], "train.keep_checkpoints"), (["train.seed=-1"], "train.seed"),
     (["train.seed=4294967296"], "train.seed"), (["train.steps=0"], "train.steps"), (["train.steps=-5"], "train.steps"),
     (["train.steps=100000000000000000000000"], "train.steps"), (["train.stall_timeout_s=0"], "train.stall_timeout_s"),
@@ -166,7 +166,7 @@ def test_every_numeric_setting_has_a_range_and_the_docs_list_them_all():
 
 @pytest.mark.parametrize("args", [
     ["train.lr=1e30"], ["train.warmup_steps=0", "train.weight_decay=0", "train.eval_every=0", "data.val_fraction=0"],
-    ["cluster.max_requeues=0", "cluster.max_retries=0", "cluster.signal_delay_s=0"], ["train.beta1=0", "train.seed=0"],
+    ["cluster.max_requeues=0", "cluster.max_retries=0", "cluster.signal_delay_s=0", "train.checkpoint_every=0"], ["train.beta1=0", "train.seed=0"],
     ["+cluster.sbatch_flags.mail-type=END"], ["train.steps=10000000"],
 ])  # fmt: skip
 def test_the_edges_of_the_ranges_are_allowed(args, capsys):

@@ -221,7 +221,8 @@ RANGES: Dict[str, Range] = {
     "train.log_every": AT_LEAST_1,
     "train.eval_every": Range(0, zero="0: no evaluation"),
     "train.eval_batches": AT_LEAST_1,
-    "train.checkpoint_every": AT_LEAST_1,  # 0 would mean a preemption loses every step
+    "train.checkpoint_every": Range(0, zero="0: saved only at a time-limit or preemption signal and at the end, "
+                                            "so a failure loses every step since"),
     "train.keep_checkpoints": AT_LEAST_1,
     "train.stall_timeout_s": POSITIVE,
     "data.val_fraction": Range(0, 1, high_open=True, zero="0: no validation split; needs train.eval_every=0"),
