@@ -97,7 +97,8 @@ def attribute(events: List[dict], task_ends: List[TaskEnd], steps: Dict[int, int
         rank = _int(first.get("rank"))
         error = str(first.get("error", "unknown error"))
         return Cause("FAILED", _where(rank, first.get("node"), first.get("step")) + error, rank=rank,
-                     node=first.get("node"), step=first.get("step"), short=error.split(":")[0], error=error)
+                     node=first.get("node"), step=first.get("step"), short=first.get("short") or error.split(":")[0],
+                     error=error)
     reported = {_int(e.get("rank")) for e in failures}
     for end in task_ends:
         silent = [r for r in end.ranks if r not in reported]

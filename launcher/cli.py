@@ -72,7 +72,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         return run_command(args)
     except LaunchError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        # One line whatever a message quotes: a value with a newline must not start a second one.
+        print("error: " + exc.message.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
         return 2
     except SystemExit as done:  # --help, --version
         return done.code if isinstance(done.code, int) else 0

@@ -26,8 +26,9 @@ def being_requeued(run_dir: Path) -> bool:
 
 def record_failure(run_dir: Path, err: BaseException, secret_vars: list[str]) -> None:
     """The run's own record of this rank's failure: rank, node, step and the error's first line (never a
-    secret's value). Status commands read it once Slurm has forgotten the job, and the attempt's end
-    (launcher/recovery.py) weighs it against the other ranks' to find the cause."""
+    secret's value), and the error's ``short`` words for `runs` where it has them ("loss nan"). Status
+    commands read it once Slurm has forgotten the job, and the attempt's end (launcher/recovery.py) weighs
+    it against the other ranks' to find the cause."""
     first_line = (str(err).strip().splitlines() or [""])[0][:300]
     error = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
     for var in secret_vars:
@@ -38,7 +39,8 @@ def record_failure(run_dir: Path, err: BaseException, secret_vars: list[str]) ->
     if step is None and rank is not None:
         step = steps_by_rank(run_dir).get(int(rank))
     append_event(run_dir, "failed", rank=rank, node=os.environ.get("SLURMD_NODENAME"), step=step,
-                 job_id=os.environ.get("SLURM_JOB_ID"), error=error)
+                 job_id=os.environ.get("SLURM_JOB_ID"), error=error,
+                 **({"short": err.short} if isinstance(getattr(err, "short", None), str) else {}))
 
 
 class TrainTask(submitit.helpers.Checkpointable):

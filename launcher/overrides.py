@@ -28,6 +28,7 @@ from hydra.errors import OverrideParseException
 from launcher.catalog import CUSTOM_GPUS, GROUPS, gpu_presets, options
 from launcher.core.config import RunConfig
 from launcher.errors import LaunchError, did_you_mean
+from launcher.runfile import key_of
 
 
 def parse(parser: OverridesParser, overrides: Sequence[str]) -> List[Override]:
@@ -37,7 +38,7 @@ def parse(parser: OverridesParser, overrides: Sequence[str]) -> List[Override]:
         try:
             parsed.extend(parser.parse_overrides([line]))
         except OverrideParseException as exc:
-            raise LaunchError(f"cannot parse override '{line}': {str(exc).splitlines()[0]}") from exc
+            raise LaunchError(f"cannot parse override {line!r}: {str(exc).splitlines()[0]}") from exc
     return parsed
 
 
@@ -60,15 +61,30 @@ def expand(parsed: Sequence[Override], multirun: bool) -> List[List[str]]:
 
 
 def check(parsed: Sequence[Override]) -> None:
-    """Reject unknown keys and unknown model/cluster options with a suggestion."""
+    """Reject unknown keys (and keys ``+`` would add outside a free-form map) and unknown model/cluster
+    options, with a suggestion."""
     for override in parsed:
         key = override.key_or_group
         if override.package is not None or override.is_delete():
             continue
         if key in ("model", "cluster"):  # gpus also takes counts: see normalise()
             check_option(key, override.value())
-        elif key not in GROUPS and not (override.is_add() or override.is_force_add()):
-            _check_key(key)
+        elif key not in GROUPS:
+            kind = _check_key(key, adding=override.is_add() or override.is_force_add())
+            if kind is bool and not override.is_sweep_override() and not isinstance(override.value(), bool):
+                # OmegaConf would take 2 (or 0) for true (false).
+                raise LaunchError(f"{key} must be true or false, got '{override.value()}'")
+
+
+def check_given_once(lines: Sequence[str]) -> None:
+    """Reject a key the user gave twice, which Hydra would silently settle by keeping the last. (The
+    planner's suggestions do append to a run's overrides to change a value; they do not come here.)"""
+    seen: dict = {}
+    for line in lines:
+        key = key_of(line)
+        if key in seen:
+            raise LaunchError(f"{key} is given twice ('{seen[key]}' and '{line}'); give it once")
+        seen[key] = line
 
 
 def normalise(parsed: Sequence[Override]) -> List[str]:
@@ -109,8 +125,25 @@ def check_option(group: str, value: object) -> None:
         raise LaunchError(f"unknown {group} '{value}'{did_you_mean(str(value), valid)}; valid: {', '.join(valid)}")
 
 
-def _check_key(key: str) -> None:
-    field_type(key)
+def _check_key(key: str, adding: bool) -> Any:
+    try:
+        return field_type(key)[0]
+    except LaunchError as err:
+        if not adding:
+            raise
+        maps = ", ".join(free_form_keys())
+        raise LaunchError(f"{err.message}; '+' adds a key only inside a free-form map ({maps})") from None
+
+
+def free_form_keys(node: Any = RunConfig, prefix: str = "") -> List[str]:
+    """The settings whose value is a free-form mapping (typed ``Dict``): the only ones ``+`` adds keys to."""
+    keys = []
+    for name, kind in typing.get_type_hints(node).items():
+        if typing.get_origin(kind) is dict:
+            keys.append(prefix + name)
+        elif dataclasses.is_dataclass(kind):
+            keys += free_form_keys(kind, f"{prefix}{name}.")
+    return keys
 
 
 def field_type(key: str) -> Tuple[Any, bool]:

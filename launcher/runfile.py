@@ -62,7 +62,15 @@ def load_yaml(text: str) -> Any:
     import yaml
 
     class Loader(yaml.SafeLoader):
-        pass
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            """A key given twice is an error (PyYAML keeps the last silently)."""
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
 
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
     return yaml.load(text, Loader=Loader)

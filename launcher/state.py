@@ -109,7 +109,7 @@ def from_run_dir(run_dir: Path) -> Optional[JobState]:
         if kind == "finished":
             return JobState("COMPLETED", "", "run directory")
         if kind == "failed" and (event.get("final") or not judged):
-            return JobState("FAILED", str(event.get("short") or event.get("error", "")), "run directory")
+            return JobState("FAILED", in_a_word(event), "run directory")
         if kind == "cancelled":
             return JobState("CANCELLED", "stopped by the user", "run directory")
         if kind in ("submitted", "started", "requeued", "resumed", "retrying", "resubmitted", "attempt"):
@@ -117,17 +117,26 @@ def from_run_dir(run_dir: Path) -> Optional[JobState]:
     return None
 
 
+def in_a_word(failure: dict) -> str:
+    """A ``failed`` event as `runs` shows it beside FAILED: its short words ("loss nan", "rank 2 killed"),
+    else its exception's name ("FileNotFoundError"), never Slurm's bare exit code."""
+    error = str(failure.get("error", ""))
+    head = error.split(":", 1)[0]
+    return str(failure.get("short") or (head if head.isidentifier() else error))
+
+
 def in_its_words(state: JobState, run_dir: Path) -> JobState:
     """Slurm's view of a job, told with what the run recorded: a pending retry is RECOVERING, a failure
-    carries its cause ("rank 2 killed", "OSError") instead of an exit code."""
+    carries its cause ("rank 2 killed", "OSError") instead of an exit code, even when the attempt's end
+    was never judged (its batch script died before it could be)."""
     events = read_events(run_dir)
     last = next((e for e in reversed(events) if e.get("event") in ("attempt", "retrying", "failed", "finished")), {})
     if state.state == "PENDING" and last.get("event") == "retrying":
         ended = next((e for e in reversed(events) if e.get("event") == "attempt_ended"), {})
         why = f"attempt {ended.get('attempt', 0) + 1} after {ended.get('short') or 'a failure'}"
         return dataclasses.replace(state, state="RECOVERING", reason=", ".join(r for r in (why, state.reason) if r))
-    if state.state == "FAILED" and last.get("event") == "failed" and last.get("final"):
-        return dataclasses.replace(state, reason=str(last.get("short") or last.get("error", "")))
+    if state.state == "FAILED" and last.get("event") == "failed":  # the verdict, or a rank's own if none came
+        return dataclasses.replace(state, reason=in_a_word(last))
     if state.state == "RUNNING":
         idle = stalled_for(run_dir, _stall_limit(run_dir), (last_metrics(run_dir) or {}).get("step_time"), time.time())
         if idle is not None:

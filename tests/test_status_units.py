@@ -14,7 +14,7 @@ from launcher import cli
 from launcher.commands.common import duration, parse_since, slurm_seconds
 from launcher.core.rundir import RunRecord, find_run, last_metrics, list_records, save_record
 from launcher.slurm_output import JobRow, parse_gres
-from launcher.state import JobState, fold, from_run_dir, job_states, settled_state
+from launcher.state import JobState, fold, from_run_dir, in_its_words, job_states, settled_state
 
 
 @pytest.mark.parametrize(
@@ -79,6 +79,20 @@ def test_last_metrics_skips_a_torn_line_and_run_dir_marks_the_end(tmp_path):
     assert from_run_dir(run_dir) is None
     (run_dir / "events.jsonl").write_text('{"event": "started"}\n{"event": "failed", "error": "boom"}\n')
     assert (from_run_dir(run_dir).state, from_run_dir(run_dir).reason) == ("FAILED", "boom")
+
+
+@pytest.mark.parametrize("failure, shown", [
+    ({"error": "NonFiniteError: loss is nan at step 1: training diverged", "short": "loss nan"}, "loss nan"),
+    ({"error": "ConfigKeyError: Key 'newkey' not in 'TrainConfig'"}, "ConfigKeyError"),
+])  # fmt: skip
+def test_a_failure_the_attempt_never_judged_shows_its_words_not_the_exit_code(tmp_path, failure, shown):
+    """The batch script died before judging the attempt (no final verdict): `runs` still shows the rank's
+    own failure in a word or two, not sacct's "exit code 1:0"."""
+    run_dir = make_run(tmp_path, "r", 1.0)
+    events = [{"event": "attempt", "attempt": 1}, {"event": "failed", "rank": "0", **failure}]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    state = in_its_words(JobState("FAILED", "exit code 1:0", "sacct"), run_dir)
+    assert (state.state, state.reason) == ("FAILED", shown)
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ from train import faults
 from train.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
 from train.data import StepSampler, TokenData, token_file, val_indices
 from train.dist import DistEnv
+from train.guard import check_finite
 from train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
 from train.interrupt import Interrupt, Requeue
 from train.model import GPT
@@ -169,6 +170,7 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
             else:
                 loss = forward_backward(model, batches(batching.micro_batch))
                 grad_norm = optimizer_step(model, optimizer, scheduler, tc.grad_clip)
+            check_finite(step, loss, grad_norm)  # before anything of this step is saved
             done, last = step + 1, step + 1 == tc.steps
             timer.steps += 1
 

@@ -55,12 +55,17 @@ examples:
 
 
 def overrides_of(args: argparse.Namespace) -> List[str]:
-    """The command line's overrides, after those of the run file (which they win over)."""
-    if args.file is None:
-        return list(args.overrides)
+    """The command line's overrides, after those of the run file (which they win over); a key given
+    twice on the command line (or in the file) is an error."""
+    from launcher.overrides import check_given_once
     from launcher.runfile import merge, read_run_file
 
-    return merge(read_run_file(args.file), args.overrides)
+    check_given_once(args.overrides)
+    if args.file is None:
+        return list(args.overrides)
+    overrides = merge(read_run_file(args.file), args.overrides)
+    check_given_once(overrides)
+    return overrides
 
 
 def main(args: argparse.Namespace) -> int:

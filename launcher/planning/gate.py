@@ -8,8 +8,9 @@ from launcher.core.config import LOCAL_CLUSTER
 from launcher.errors import LaunchError
 from launcher.planning.advice import MAX_GPUS
 from launcher.planning.estimate import Estimate, estimate
-from launcher.planning.hardware import hardware_for, precision_of
+from launcher.planning.hardware import Assumptions, hardware_for, precision_of
 from launcher.planning.host import host_memory, machine_memory, to_fit
+from launcher.planning.timing import timing
 
 
 def refusal(est: Estimate, overrides: Sequence[str] = ()) -> str:
@@ -39,12 +40,28 @@ def _findings(run: Any, dry_run: bool, machine: Optional[int]) -> Iterator[Tuple
             yield host.summary(), f"{host.summary()}; to fit: {to_fit(cfg, run.plan, machine)}; {_anyway(run.overrides)}"
 
 
+def time_budget(run: Any) -> Optional[str]:
+    """Why the run cannot finish within its time budget, ``cluster.max_requeues + 1`` time limits, at the
+    planned step time; None if it can. A warning, not a refusal: the step time is an estimate (on the local
+    cluster, of the GPU its CPU ranks stand in for), and ``launcher resume`` can continue a run past it."""
+    cfg = run.config
+    hw = hardware_for(cfg.cluster, precision_of(cfg))
+    step_s = timing(cfg, run.plan, hw, Assumptions()).step_s
+    attempts, limit_min = cfg.cluster.max_requeues + 1, cfg.cluster.time_limit_min
+    if cfg.train.steps * step_s <= attempts * limit_min * 60:
+        return None
+    return (f"train.steps={cfg.train.steps} at the planned {step_s:.3g} s per step ({hw.gpu_type}) take "
+            f"{cfg.train.steps * step_s / 3600:,.1f} h, more than the {attempts * limit_min / 60:,.1f} h of "
+            f"(cluster.max_requeues+1) x cluster.time_limit_min = {attempts} x {limit_min} min: the run would end "
+            "unfinished; lower train.steps or raise cluster.max_requeues or cluster.time_limit_min")
+
+
 def check_launch(runs: Sequence[Any], dry_run: bool) -> List[str]:
     """Refuse (LaunchError) before anything is submitted if a run cannot fit its GPUs' memory, or on the
     local cluster this machine's memory.
 
     GPU memory is checked only where it is known (cluster.gpu_memory_gb, the GPU type, or the local
-    cluster's documented stand-in). A run with ``force=true`` passes with a warning; in a dry run
+    cluster's documented stand-in). A run that cannot finish within its time budget is only warned of. A run with ``force=true`` passes with a warning; in a dry run
     nothing is refused, and the warnings say what a launch would do. Returns the warnings (the
     caller prints them to stderr).
     """
@@ -52,6 +69,9 @@ def check_launch(runs: Sequence[Any], dry_run: bool) -> List[str]:
     machine = machine_memory() if any(run.config.cluster.name == LOCAL_CLUSTER for run in runs) else None
     for run in runs:
         label = f"[{' '.join(run.overrides)}] " if len(runs) > 1 else ""
+        late = time_budget(run)
+        if late:
+            warnings.append(label + late)
         reasons = []
         for summary, refusal_line in _findings(run, dry_run, machine):
             if run.config.force:
