@@ -12,6 +12,7 @@ from typing import Any
 import submitit
 
 from launcher.core.heartbeats import steps_by_rank
+from launcher.core import preemption
 from launcher.core.rundir import append_event, read_events
 from launcher.core.secrets import inject, secrets_dir
 
@@ -46,8 +47,10 @@ def record_failure(run_dir: Path, err: BaseException, secret_vars: list[str]) ->
 class TrainTask(submitit.helpers.Checkpointable):
     """Train the run in ``run_dir`` on this Slurm task.
 
-    On preemption or an approaching time limit (USR2), submitit calls :meth:`checkpoint` on global rank 0
-    and requeues the job; the requeued tasks resume from the run's newest complete checkpoint.
+    On preemption or an approaching time limit (USR2), every rank saves and rank 0 requeues the job
+    (train/interrupt.py), listening from this method's first line (launcher/core/preemption.py); submitit's
+    :meth:`checkpoint` remains for a signal in the instant before. The requeued tasks resume from the run's
+    newest complete checkpoint.
 
     Before train/ is imported, the user's secrets (launcher/core/secrets.py) are injected into this process's
     environment from the store whose path was fixed at submission; only the variables' names are printed.
@@ -59,6 +62,7 @@ class TrainTask(submitit.helpers.Checkpointable):
 
     def __call__(self, run_dir: str) -> Any:
         names: list[str] = []
+        preemption.listen()  # a signal that comes while torch loads is kept for the first step boundary
         try:
             names = inject(Path(getattr(self, "secrets_store", None) or secrets_dir()))
             if names:

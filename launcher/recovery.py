@@ -85,8 +85,9 @@ def lost(run_dir: Path, attempt: dict) -> dict:
     nodes = sick_nodes(attempt.get("nodes"))
     step = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *steps_by_rank(run_dir).values()])
     fields = {"attempt": attempt.get("attempt"), "job_id": attempt.get("job_id"), "outcome": "LOST", "step": step}
-    if not nodes:
-        return {**fields, "cause": "its batch script ended without judging it (node failure?)", "short": "lost"}
+    if not nodes:  # every node still serves: the job was requeued on purpose
+        return {**fields, "outcome": "REQUEUED", "short": "requeued",
+                "cause": f"requeued from outside the run at step {step} (scontrol requeue, or a node that came back)"}
     return {**fields, "node": nodes[0], "exclude": nodes, "short": f"{nodes[0]} lost",
             "cause": f"node {', '.join(nodes)} lost at step {step}: Slurm holds it down and requeued the job"}
 
@@ -111,6 +112,8 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     events = read_events(run_dir)
     attempt, since = this_attempt(events)
     kinds = {e.get("event") for e in since}
+    if "requeued" in kinds and [e for e in since if e.get("event") in ("requeued", "failed")][-1]["event"] == "failed":
+        kinds.discard("requeued")  # the signal was heard but Slurm could not requeue: judged as a failure
     number = attempt.get("attempt") if attempt else None
     job_id = os.environ.get("SLURM_JOB_ID", "")
     verdict = next((e for e in since if e.get("event") == "failed" and e.get("final")), None)

@@ -14,6 +14,7 @@ import re
 from operator import attrgetter
 from typing import Any, Iterator, Tuple
 
+from launcher.core import preemption
 from launcher.core.config import CHOICES, RANGES, RunConfig
 from launcher.errors import LaunchError, did_you_mean
 
@@ -21,6 +22,8 @@ from launcher.errors import LaunchError, did_you_mean
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # No value has a use for these: a newline in a log line, an sbatch script or a job name splits it in two.
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# The least time an attempt must have before its checkpoint signal can come: start, resume, train a step.
+MIN_ATTEMPT_S = 30
 
 
 def check_run_name(name: str) -> None:
@@ -47,9 +50,10 @@ def validate(cfg: RunConfig) -> None:
     if not (cfg.dry_run is True or cfg.dry_run is False or cfg.dry_run == "json"):
         raise LaunchError(f"dry_run must be false, true or json; got '{cfg.dry_run}'")
     limit_s, delay_s = cfg.cluster.time_limit_min * 60, cfg.cluster.signal_delay_s
-    if limit_s <= delay_s:
+    if limit_s - delay_s - preemption.TICK_S < MIN_ATTEMPT_S:
         raise LaunchError(f"cluster.time_limit_min={cfg.cluster.time_limit_min} ({limit_s} s) leaves no time to train: "
-                          f"the checkpoint signal comes cluster.signal_delay_s={delay_s} s before the limit; "
+                          f"Slurm sends the checkpoint signal up to cluster.signal_delay_s={delay_s} s + "
+                          f"{preemption.TICK_S} s before the limit, and an attempt needs at least {MIN_ATTEMPT_S} s; "
                           "raise the time limit or lower the delay")
     if cfg.data.val_fraction == 0 and cfg.train.eval_every > 0:
         raise LaunchError(f"data.val_fraction=0 leaves no validation data for train.eval_every={cfg.train.eval_every}; "

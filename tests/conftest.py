@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,3 +85,53 @@ def reference_run(tmp_path_factory, reference_config) -> Path:
     run_dir = make_run_dir(tmp_path_factory.mktemp("reference"), reference_config, world_size=2, micro_batch=2)
     check_ok(launch(["-m", "train", str(run_dir)], world_size=2))
     return run_dir
+
+
+# A lost node is noticed by Slurm only after SlurmdTimeout; the second cluster sets it to 10 s (a site uses
+# minutes), so tests wait seconds, not minutes, for what a site's cluster does the same way.
+SLURMD_TIMEOUT_S = 10
+# The time-limited run: each attempt trains at most about 52 s (the signal comes 30-60 s after the start,
+# Slurm's 30-second tick, and starting takes 8 s or more), so 180 s of paced steps need at least 4 attempts.
+PACE_S, PACED_STEPS = 0.1, 1800
+
+
+@pytest.fixture(scope="session")
+def three(slurm, tmp_path_factory):
+    """A second local cluster beside the suite's own (port + 200): 3 nodes x 2 GPUs for the faults, and a
+    fourth for the time-limited run."""
+    conf = Path(slurm.env["SLURM_CONF"]).read_text()
+    port = int(re.search(r"^SlurmctldPort=(\d+)", conf, re.M).group(1)) + 200
+    state = tmp_path_factory.mktemp("three")
+    up = subprocess.run(["bash", str(REPO / "slurm" / "up.sh"), "--dir", str(state), "--name", f"three{port}",
+                         "--port", str(port), "--nodes", "4", "--gpus", "2"], capture_output=True, text=True,
+                        timeout=180)
+    assert up.returncode == 0, up.stderr
+    env = {**slurm.env, "SLURM_CONF": str(state / "etc" / "slurm.conf")}
+    cluster = SlurmCluster(env=env, nodes=[f"three{port}-node{n}" for n in (1, 2, 3, 4)], gpus_per_node=2)
+    slurm_conf = state / "etc" / "slurm.conf"
+    slurm_conf.write_text(re.sub(r"^SlurmdTimeout=\d+", f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
+                                 slurm_conf.read_text(), flags=re.M))
+    cluster.run("scontrol", "reconfigure")
+    yield cluster, state
+    subprocess.run(["bash", str(REPO / "slurm" / "down.sh"), "--dir", str(state)], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def time_limited(three, tmp_path_factory):
+    """A run that needs 4 or more attempts of a 2-minute time limit, on the fourth node (started first)."""
+    cluster, _ = three
+    root = tmp_path_factory.mktemp("time_limited")
+    res = cluster.launcher("model=gpt_tiny", "gpus=2", f"train.steps={PACED_STEPS}", "train.log_every=1",
+                           "train.checkpoint_every=0", "cluster.time_limit_min=2", "cluster.signal_delay_s=60",
+                           f"+cluster.sbatch_flags.nodelist={cluster.nodes[3]}", "name=limited", root=root,
+                           env={"LAUNCHER_FAULT": f"pace@{PACE_S}"})
+    assert res.returncode == 0, res.stderr
+    return cluster, root / "limited", re.search(r"as Slurm job (\d+)", res.stdout).group(1), time.time()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_the_time_limited_run_early(request):
+    """The time-limited run takes minutes of wall time; when its test is among those collected, it starts
+    with the session and runs on its own node while the other tests run."""
+    if any("test_time_limit_slurm.py" in item.nodeid for item in request.session.items):
+        request.getfixturevalue("time_limited")

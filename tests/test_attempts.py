@@ -94,7 +94,7 @@ def test_requeues_without_progress_are_counted_and_end_the_run(tmp_path):
 
     for _ in range(2):
         append_event(tmp_path, "requeued", job_id="9", step=40, by="signal")
-    assert requeue(tmp_path, 40, max_requeues=2) is False  # a third attempt ended at step 40 again
+    assert requeue(tmp_path, 40, max_requeues=2, patience_s=0) is False  # a third attempt ended at step 40 again
     verdict = read_events(tmp_path)[-1]
     assert (verdict["event"], verdict["final"], verdict["short"]) == ("failed", True, "no progress")
     assert "3 attempts in a row ended at step 40" in verdict["error"]

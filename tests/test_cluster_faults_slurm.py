@@ -1,9 +1,6 @@
-"""Faults of the cluster itself, caused on a 3-node local cluster of this module's own: a node lost mid-run
-(its slurmd killed) and the controller stopped mid-run.
-
-A lost node is noticed by Slurm only after ``SlurmdTimeout``; this cluster sets it to 10 s (a site uses
-minutes) so the test waits seconds, not minutes, for what a site's cluster does the same way.
-"""
+"""Faults of the cluster itself, caused on the suite's second local cluster (``three`` in conftest.py, whose
+fourth node holds the time-limited run of test_time_limit_slurm.py): a node lost mid-run (its slurmd
+killed) and the controller stopped mid-run."""
 from __future__ import annotations
 
 import json
@@ -16,32 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SlurmCluster
+from conftest import SLURMD_TIMEOUT_S
 from test_recovery_slurm import events, losses, wait_for
 
 pytestmark = pytest.mark.slurm
-
-SLURMD_TIMEOUT_S = 10
-
-
-@pytest.fixture(scope="module")
-def three(slurm, tmp_path_factory):
-    """A second local cluster of 3 nodes x 2 GPUs beside the suite's own (port + 200)."""
-    conf = Path(slurm.env["SLURM_CONF"]).read_text()
-    port = int(re.search(r"^SlurmctldPort=(\d+)", conf, re.M).group(1)) + 200
-    state = tmp_path_factory.mktemp("three")
-    up = subprocess.run(["bash", str(REPO / "slurm" / "up.sh"), "--dir", str(state), "--name", f"three{port}",
-                         "--port", str(port), "--nodes", "3", "--gpus", "2"], capture_output=True, text=True,
-                        timeout=180)
-    assert up.returncode == 0, up.stderr
-    env = {**slurm.env, "SLURM_CONF": str(state / "etc" / "slurm.conf")}
-    cluster = SlurmCluster(env=env, nodes=[f"three{port}-node{n}" for n in (1, 2, 3)], gpus_per_node=2)
-    slurm_conf = state / "etc" / "slurm.conf"
-    slurm_conf.write_text(re.sub(r"^SlurmdTimeout=\d+", f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
-                                 slurm_conf.read_text(), flags=re.M))
-    cluster.run("scontrol", "reconfigure")
-    yield cluster, state
-    subprocess.run(["bash", str(REPO / "slurm" / "down.sh"), "--dir", str(state)], capture_output=True, timeout=120)
 
 
 def launch(cluster, root, name, *extra):
@@ -130,3 +105,4 @@ def test_training_goes_on_while_the_controller_is_down_and_status_commands_answe
     listed = {r["name"]: r for r in json.loads(cluster.launcher("runs", "--json", root=tmp_path).stdout)}
     assert listed["calm"]["status"] == "COMPLETED"
     assert [e["event"] for e in events(run_dir)].count("attempt") == 1
+

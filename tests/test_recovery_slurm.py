@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.core.checkpoints import latest_checkpoint, step_of
+
 pytestmark = pytest.mark.slurm
 
 
@@ -42,24 +44,39 @@ def losses(run_dir):
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if not r.get("final")}
 
 
-def rank_pid(job_id: str, rank: int) -> int:
-    """The process of one rank of this test's own job, by its Slurm variables."""
+def rank_pids(job_id: str) -> dict[int, int]:
+    """The processes of the ranks of this test's own job, by their Slurm variables (srun, whose command line
+    names the same module, is not one)."""
+    found = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             environ = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
-            cmdline = (proc / "cmdline").read_text()
+            argv = (proc / "cmdline").read_text().split("\0")
         except OSError:
             continue
-        if environ.get("SLURM_JOB_ID") == job_id and environ.get("SLURM_PROCID") == str(rank) \
-                and "submitit.core._submit" in cmdline:
-            return int(proc.name)
-    raise AssertionError(f"no process for rank {rank} of job {job_id}")
+        if environ.get("SLURM_JOB_ID") == job_id and "submitit.core._submit" in argv and "python" in argv[0] \
+                and "SLURM_PROCID" in environ:
+            found[int(environ["SLURM_PROCID"])] = int(proc.name)
+    return found
 
 
-def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, tmp_path):
-    steady_job = launch(slurm, tmp_path, "steady")
+def rank_pid(job_id: str, rank: int) -> int:
+    pids = rank_pids(job_id)
+    assert rank in pids, f"no process for rank {rank} of job {job_id}"
+    return pids[rank]
+
+
+@pytest.fixture(scope="module")
+def steady(slurm, tmp_path_factory):
+    """The run that ``launch`` makes, never interrupted: what every interrupted one must reproduce."""
+    root = tmp_path_factory.mktemp("steady")
+    job = launch(slurm, root, "steady")
+    return lambda: slurm.wait(job, timeout=400) == "COMPLETED" and losses(root / "steady")
+
+
+def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, steady, tmp_path):
     job = launch(slurm, tmp_path, "victim")
     run_dir = tmp_path / "victim"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
@@ -76,17 +93,65 @@ def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, tmp_path):
     assert retry["exclude"] == []  # a killed rank (the OOM killer, say) does not make its node suspect
 
     assert slurm.wait(retry["job_id"], timeout=400) == "COMPLETED"
-    assert slurm.wait(steady_job, timeout=300) == "COMPLETED"
     kinds = [e["event"] for e in events(run_dir)]
     assert kinds.count("attempt") == 2 and "resumed" in kinds and kinds[-1] == "attempt_ended"
-    interrupted, uninterrupted = losses(run_dir), losses(tmp_path / "steady")
-    assert max(interrupted) == 300 and interrupted == uninterrupted  # a later record of a step wins
+    interrupted = losses(run_dir)
+    assert max(interrupted) == 300 and interrupted == steady()  # a later record of a step wins
     listed = json.loads(slurm.launcher("runs", "--json", root=tmp_path).stdout)
     assert {r["name"]: r["status"] for r in listed}["victim"] == "COMPLETED"
     described = slurm.launcher("describe", "victim", root=tmp_path).stdout
     assert "rank 2 on " in described and "SIGKILL" in described
     print(f"detected in {detected:.1f} s; recovered at {retry['time'] - killed_at:.1f} s; "
           f"completed {time.time() - killed_at:.0f} s after the kill")
+
+
+def freeze(job, world_size):
+    """SIGSTOP every rank of this test's own job, so that nothing moves while its checkpoints are spoiled."""
+    pids = rank_pids(job)
+    assert sorted(pids) == list(range(world_size)), pids
+    for pid in pids.values():
+        os.kill(pid, signal.SIGSTOP)
+
+
+def newest_step(run_dir):
+    newest = latest_checkpoint(run_dir)
+    return step_of(newest) if newest else 0
+
+
+def test_a_damaged_checkpoint_is_set_aside_and_the_requeued_job_resumes_from_the_one_before(slurm, steady, tmp_path):
+    """Twice: the newest checkpoint damaged (a shard truncated; then values overwritten inside a shard, its
+    size unchanged) and the job requeued by hand. Each resume names the damage and uses the checkpoint
+    before it, and the run ends with the uninterrupted run's losses."""
+    job = launch(slurm, tmp_path, "spoiled", "train.keep_checkpoints=3")
+    run_dir = tmp_path / "spoiled"
+
+    def truncate(shard):
+        os.truncate(shard, shard.stat().st_size // 2)
+
+    def overwrite(shard):
+        with open(shard, "r+b") as f:  # 1e30 as float32
+            f.seek(shard.stat().st_size // 2)
+            f.write(bytes.fromhex("cbd94a71") * 4)
+
+    resumed = {"step": 0}
+    for round_no, (damage, words) in enumerate([(truncate, "has"), (overwrite, "wrong checksum")], start=1):
+        since = resumed["step"]  # two checkpoints after the last resume: the newest and the one to fall back to
+        wait_for(lambda: newest_step(run_dir) >= since + 40, 240, f"checkpoints, round {round_no}")
+        freeze(job, 4)
+        spoiled = latest_checkpoint(run_dir)
+        damage(spoiled / "__1_0.distcp")
+        slurm.run("scontrol", "requeue", job)
+        resumed = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "resumed"][round_no - 1:], 180,
+                           f"resume {round_no}")[0]
+        damaged = [e for e in events(run_dir) if e["event"] == "checkpoint_damaged"]
+        assert len(damaged) == round_no and damaged[-1]["step"] == step_of(spoiled), damaged
+        assert "__1_0.distcp" in damaged[-1]["damage"] and words in damaged[-1]["damage"], damaged[-1]
+        assert resumed["step"] == step_of(spoiled) - 20  # the one before: no more than one interval lost
+    assert slurm.wait(job, timeout=400) == "COMPLETED"
+    assert losses(run_dir) == steady()
+    ended = [e for e in events(run_dir) if e["event"] == "attempt_ended"]
+    assert [e["outcome"] for e in ended] == ["REQUEUED", "REQUEUED", "COMPLETED"], ended
+    assert "scontrol requeue" in ended[0]["cause"]
 
 
 def test_a_hung_rank_is_named_with_its_stack_and_the_run_recovers_elsewhere(slurm, tmp_path):

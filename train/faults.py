@@ -4,12 +4,14 @@ environment of the submitting shell (sbatch passes it on to every task).
     LAUNCHER_FAULT=raise@5          every rank raises an error of the code's own at step 5
     LAUNCHER_FAULT=raise@5:1        only rank 1 does
     LAUNCHER_FAULT=preflight:NODE   the device check fails on node NODE (train/preflight.py)
+    LAUNCHER_FAULT=pace@0.1         every step takes 0.1 s longer (a run of known length, for time limits)
 
 Unset (always, outside drills), nothing here does anything.
 """
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 VARIABLE = "LAUNCHER_FAULT"
@@ -24,8 +26,10 @@ def _spec() -> str:
 
 
 def at_step(step: int, rank: int) -> None:
-    """Raise the drill's error when training reaches ``step`` on a chosen rank."""
+    """Raise the drill's error when training reaches ``step`` on a chosen rank, or slow every step."""
     kind, _, where = _spec().partition("@")
+    if kind == "pace" and where:
+        time.sleep(float(where))
     if kind != "raise" or not where:
         return
     at, _, only = where.partition(":")

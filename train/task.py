@@ -48,7 +48,8 @@ def run(run_dir: str | Path) -> dict[str, Any]:
             final = train(cfg, plan, run_dir, env, watchdog, Interrupt(env))
         except Requeue as stop:
             if env.is_main:
-                requeue(run_dir, stop.step, cfg.cluster.max_requeues)
+                # Until shortly before the time limit: the signal came at least signal_delay_s before it.
+                requeue(run_dir, stop.step, cfg.cluster.max_requeues, max(5, cfg.cluster.signal_delay_s - 15))
             return {"requeued_after": stop.step}
         finally:
             watchdog.stop()
