@@ -49,6 +49,7 @@ COMMANDS: Dict[str, Command] = {
     "clusters": Command("launcher.commands.clusters",
                         "every configured cluster: its partitions, GPUs free/total, reachable or not"),
     "secrets": Command("launcher.commands.secrets", "values every task of every run sees, kept out of Slurm"),
+    "data": Command("launcher.commands.data", "prepare a dataset: text, JSON-lines or Parquet to tokenizer + shards"),
 }
 
 DEFAULT_COMMAND = "launch"
