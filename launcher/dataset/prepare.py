@@ -90,7 +90,7 @@ def _write(tmp: Path, sources: List[Source], codec: tok.Codec, req: Request, dty
     meta = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dtype": dtype,
             "tokens": shards.total, "tokenizer": codec.save(tmp), "shards": shards.close(),
             "sources": [s.to_dict() for s in sources], "field": req.field}
-    _write_synced(tmp / METADATA, json.dumps(meta, indent=1).encode())
+    (tmp / METADATA).write_text(json.dumps(meta, indent=1) + "\n")  # last: only a whole dataset has metadata
     return meta
 
 
@@ -142,10 +142,3 @@ def _install(tmp: Path, out: Path) -> None:
         os.rename(out, old)
     os.rename(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
