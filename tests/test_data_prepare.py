@@ -43,17 +43,17 @@ def bpe_dataset(tmp_path_factory) -> Path:
 def test_byte_level_text_directory(tmp_path, capsys):
     texts = tmp_path / "texts"
     (texts / "sub").mkdir(parents=True)
-    (texts / "b.txt").write_text("second")
+    (texts / "b.txt").write_bytes(b"caf\xe9 second")  # latin-1, not UTF-8: byte-level keeps the bytes as they are
     (texts / "a.txt").write_text("first é")
     (texts / "sub" / "c.md").write_text("third")
     (texts / "skip.py").write_text("not a text file by name")
     (texts / "empty.txt").write_text("")
     code, out, _ = prepare(capsys, tmp_path / "ds", texts)
     assert code == 0
-    assert "wrote 19 uint16 tokens in 1 shard from 3 files" in out and "model.vocab_size=256" in out
-    assert bytes(tokens_of(tmp_path / "ds").astype(np.uint8)) == "first é".encode() + b"second" + b"third"
+    assert "wrote 24 uint16 tokens in 1 shard from 3 files" in out and "model.vocab_size=256" in out
+    assert bytes(tokens_of(tmp_path / "ds").astype(np.uint8)) == "first é".encode() + b"caf\xe9 second" + b"third"
     meta = json.loads((tmp_path / "ds" / "metadata.json").read_text())
-    assert meta["tokens"] == 19 and meta["dtype"] == "uint16"
+    assert meta["tokens"] == 24 and meta["dtype"] == "uint16"
     assert meta["tokenizer"] == {"kind": "byte", "spec": "byte", "vocab_size": 256, "file": None, "sha256": None,
                                  "end_of_text": None}
     assert [Path(s["path"]).name for s in meta["sources"]] == ["a.txt", "b.txt", "c.md"]

@@ -78,13 +78,15 @@ def _write(tmp: Path, sources: List[Source], codec: tok.Codec, req: Request, dty
     progress = Progress(f"tokenizing with {codec.spec}", sum(s.size for s in sources))
     batch: List[str] = []
     ends: List[bool] = []
+    chars = 0
     for source in sources:
         for text, end in documents(source, req.field, progress.add):
             batch.append(text)
             ends.append(end)
-            if sum(map(len, batch)) >= BATCH_CHARS:
+            chars += len(text)
+            if chars >= BATCH_CHARS:
                 shards.add(codec, batch, ends)
-                batch, ends = [], []
+                batch, ends, chars = [], [], 0
     shards.add(codec, batch, ends)
     progress.done()
     meta = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dtype": dtype,
@@ -107,9 +109,9 @@ class Shards:
         import numpy as np
 
         for ids, end in zip(codec.encode_batch(texts), ends):
-            if end and codec.eot is not None:
-                ids.append(codec.eot)
             tokens = np.asarray(ids, dtype=self.dtype)
+            if end and codec.eot is not None:
+                tokens = np.append(tokens, np.asarray(codec.eot, dtype=self.dtype))
             while len(tokens):
                 if self.file is None:
                     self.file = open(self.directory / shard_name(len(self.done)), "wb")

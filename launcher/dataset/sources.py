@@ -18,7 +18,7 @@ from launcher.errors import LaunchError
 FORMATS: Dict[str, Tuple[str, ...]] = {"text": (".txt", ".md"), "jsonl": (".jsonl", ".json"),
                                        "parquet": (".parquet",)}
 AUTO = "auto"
-TEXT_BLOCK = 1 << 20  # a text file is read in pieces of about this many bytes, cut at line ends
+TEXT_BLOCK = 1 << 16  # a text file is read in pieces of about this many bytes, cut at line ends
 PARQUET_BATCH = 1024  # rows per Parquet record batch
 
 
@@ -113,7 +113,7 @@ def _text(path: Path, field: str, on_bytes: Callable[[int], None]) -> Iterator[T
             block += f.readline()  # end the piece at a line end, so no word is cut in two
             on_bytes(len(block))
             following = f.read(TEXT_BLOCK)
-            yield block.decode("utf-8", errors="replace"), not following
+            yield block.decode("utf-8", errors="surrogateescape"), not following  # bytes kept: tokenizer.py
             block = following
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from launcher.core.dataset import BYTE_VOCAB, TOKENIZER_FILE
 from launcher.errors import LaunchError
@@ -27,13 +27,16 @@ class Codec:
     def __init__(self, kind: str, spec: str, vocab_size: int, hf: Any = None, eot: Optional[int] = None):
         self.kind, self.spec, self.vocab_size, self.hf, self.eot = kind, spec, vocab_size, hf, eot
 
-    def encode_batch(self, texts: List[str]) -> List[List[int]]:
+    def encode_batch(self, texts: List[str]) -> List[Sequence[int]]:
+        """Token ids of each text: a numpy array of bytes (byte-level) or a list of ids."""
         if self.hf is None:
-            return [list(text.encode("utf-8")) for text in texts]
-        return [enc.ids for enc in self.hf.encode_batch(texts)]
+            import numpy as np
+
+            return [np.frombuffer(_raw_bytes(text), dtype=np.uint8) for text in texts]
+        return [enc.ids for enc in self.hf.encode_batch([unicode(text) for text in texts])]
 
     def encode(self, text: str) -> List[int]:
-        return self.encode_batch([text])[0]
+        return [int(i) for i in self.encode_batch([text])[0]]
 
     def decode(self, ids: Iterable[int]) -> str:
         if self.hf is None:
@@ -52,6 +55,24 @@ class Codec:
 
 
 BYTE = Codec("byte", "byte", BYTE_VOCAB)
+
+# Text files are decoded with "surrogateescape", so that byte-level tokens are exactly the file's bytes
+# even where it is not UTF-8; the tokenizers package takes only valid Unicode.
+_ESCAPED = re.compile("[\udc80-\udcff]")
+
+
+def _raw_bytes(text: str) -> bytes:
+    try:
+        return text.encode("utf-8", errors="surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate from a JSON escape: not a byte of any file
+        return text.encode("utf-8", errors="replace")
+
+
+def unicode(text: str) -> str:
+    """``text`` with the bytes that were not UTF-8 as U+FFFD, for the tokenizers package."""
+    if not _ESCAPED.search(text):
+        return text
+    return _raw_bytes(text).decode("utf-8", errors="replace")
 
 
 def sha256(path: Path) -> str:
@@ -109,7 +130,7 @@ def train_bpe(spec: str, size: int, texts: Iterable[str]) -> Codec:
     hf.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=size, special_tokens=[END_OF_TEXT], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    hf.train_from_iterator(texts, trainer=trainer)
+    hf.train_from_iterator(map(unicode, texts), trainer=trainer)
     return Codec("bpe", spec, hf.get_vocab_size(), hf, hf.token_to_id(END_OF_TEXT))
 
 
