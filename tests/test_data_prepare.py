@@ -166,3 +166,16 @@ def test_an_existing_output_is_not_touched(tmp_path, capsys):
     code, _, err = prepare(capsys, tmp_path / "exists", tmp_path / "ok.txt")
     assert code == 2 and "output" in err and "already exists" in err and err.count("\n") == 1
     assert list((tmp_path / "exists").iterdir()) == []
+
+
+def test_progress_off_a_terminal_is_plain_lines():
+    import io
+
+    from launcher.dataset.progress import Progress
+
+    stream = io.StringIO()
+    progress = Progress("tokenizing", total=3_000_000, stream=stream)
+    progress.add(1_000_000)  # within the first 10 s: nothing yet
+    progress.done()
+    assert stream.getvalue().startswith("tokenizing: 100.0% (3.0 of 3.0 MB, ")
+    assert stream.getvalue().count("\n") == 1 and "\r" not in stream.getvalue() and "\033" not in stream.getvalue()
