@@ -100,7 +100,7 @@ class TokenData:
     """
 
     def __init__(self, path: Path, dtype: str, seq_len: int, val_fraction: float):
-        tokens = Tokens([np.memmap(f, dtype=dtype, mode="r") for f in shard_files(Path(path), dtype)])
+        tokens = Tokens([np.memmap(f, dtype=dtype, mode="r") for f in shard_files(Path(path))])
         n_val = val_tokens(len(tokens), val_fraction)
         self.seq_len = seq_len
         self.splits = {"train": tokens[: len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}

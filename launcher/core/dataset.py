@@ -74,7 +74,7 @@ def read_metadata(directory: Path) -> Dict[str, Any]:
     return meta
 
 
-def shard_files(path: Path, dtype: str) -> List[Path]:
+def shard_files(path: Path) -> List[Path]:
     """The token files of ``data.path`` in order: a dataset directory's shards, or the file itself."""
     if path.is_dir():
         return [path / s["file"] for s in read_metadata(path)["shards"]]
