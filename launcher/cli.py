@@ -49,6 +49,9 @@ COMMANDS: Dict[str, Command] = {
     "clusters": Command("launcher.commands.clusters",
                         "every configured cluster: its partitions, GPUs free/total, reachable or not"),
     "secrets": Command("launcher.commands.secrets", "values every task of every run sees, kept out of Slurm"),
+    "data": Command("launcher.commands.data", "prepare a dataset: text, JSON-lines or Parquet to tokenizer + shards"),
+    "sample": Command("launcher.commands.sample", "generate text from a run's newest checkpoint with its tokenizer",
+                      True),
 }
 
 DEFAULT_COMMAND = "launch"

@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher import overrides as ov
 from launcher.catalog import CONF_DIR, GROUPS, default_choices
 from launcher.core.config import RunConfig
+from launcher.dataset.check import DataSummary, check_data
 from launcher.errors import LaunchError
 from launcher.core.plan import Plan
 from launcher.runfile import NOT_RECORDED, run_file_data
@@ -45,6 +46,7 @@ class ComposedRun:
     resolved: DictConfig  # the fully resolved config, for the run's config.yaml
     plan: Plan
     run_file: Dict[str, Any]  # the run as a run file, for the run's run.yaml (launcher/runfile.py)
+    data: DataSummary  # what it trains on: checked before anything is submitted
 
 
 def compose_runs(overrides: Sequence[str], multirun: bool = False) -> List[ComposedRun]:
@@ -80,13 +82,14 @@ def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> Comp
         config: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
         validate(config)
         plan = Plan.from_config(config)
+        data = check_data(config, plan)
         request_params(config, plan)  # rejects values unsafe in an sbatch script
     except (LaunchError, *_CONFIG_ERRORS) as exc:
         message = exc.message if isinstance(exc, LaunchError) else one_line(exc)
         raise LaunchError(f"[{' '.join(typed)}] {message}" if label else message) from exc
     resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     return ComposedRun(overrides=list(typed), config=config, resolved=resolved, plan=plan,
-                       run_file=run_file_of(parsed, resolved, plan))
+                       run_file=run_file_of(parsed, resolved, plan), data=data)
 
 
 def run_file_of(parsed: List[Override], resolved: DictConfig, plan: Plan) -> Dict[str, Any]:

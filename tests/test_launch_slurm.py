@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -73,7 +74,10 @@ def test_refused_launches_submit_and_record_nothing(slurm, tmp_path, args, env, 
 
 def test_shell_metacharacters_in_values_never_run(slurm, tmp_path):
     marker = tmp_path / "pwned"
-    res = slurm.launcher(f"data.path='/x/$(touch {marker})`touch {marker}`;touch {marker}'",
+    data = Path(f"{tmp_path}/data/$(touch {marker})`touch {marker}`;touch {marker}")
+    data.parent.mkdir(parents=True)
+    data.write_bytes(bytes(4096))  # a real token file (the launch checks data.path) with a dangerous name
+    res = slurm.launcher(f"data.path='{data}'",
                          "model=gpt_tiny", "gpus=1", "train.steps=1", "name=meta", root=tmp_path)
     assert res.returncode == 0, res.stderr
     slurm.wait(job_id_of(res.stdout))

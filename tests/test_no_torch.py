@@ -24,3 +24,13 @@ def test_dry_runs_do_not_import_torch():
         imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
         assert "launcher.compose" in imported  # the trace covers the launcher's own imports
         assert not {name for name in imported if name == "torch" or name.startswith("torch.")}
+
+
+def test_data_and_sample_commands_load_without_their_heavy_dependencies():
+    """``data`` and ``sample`` import numpy, tokenizers, pyarrow and torch only when they run, and the
+    launch-time data checks none of them: a launch stays as fast as before."""
+    run_python(
+        "-c",
+        "import launcher.commands.data, launcher.commands.sample, launcher.dataset.check, sys; "
+        "heavy = {'torch', 'numpy', 'tokenizers', 'pyarrow'} & set(sys.modules); assert not heavy, heavy",
+    )

@@ -117,14 +117,17 @@ def test_merge_drops_the_files_value_of_a_key_typed_again():
         == ["train.lr=0.1", "+cluster.sbatch_flags.x=2", "gpus=4"]
 
 
-def test_a_runs_run_file_composes_the_same_run_again():
+def test_a_runs_run_file_composes_the_same_run_again(tmp_path):
+    data = tmp_path / "a b,c"
+    with open(data, "wb") as f:
+        f.truncate(64 << 20)  # a (sparse) token file: launch checks that data.path exists and holds enough tokens
     typed = ["model=gpt_125m", "gpus=24", "cluster=slurm", "train.steps=20", "train.lr=3e-4", "name=x", "force=true",
-             "+cluster.sbatch_flags.mail-type=END", "data.path='/a b,c'", "cluster.setup=[a,'b c']", "dry_run=json"]
+             "+cluster.sbatch_flags.mail-type=END", f"data.path='{data}'", "cluster.setup=[a,'b c']", "dry_run=json"]
     (run,) = compose_runs(typed)
     text = dump(run.run_file)
     assert yaml.safe_load(text) == {
         "model": "gpt_125m", "gpus": 24, "cluster": "slurm", "train": {"steps": 20, "lr": 3e-4},
-        "cluster.sbatch_flags.mail-type": "END", "data": {"path": "/a b,c"}, "cluster.setup": ["a", "b c"]}
+        "cluster.sbatch_flags.mail-type": "END", "data": {"path": str(data)}, "cluster.setup": ["a", "b c"]}
     (again,) = compose_runs(to_overrides(load_yaml(text)))
     assert again.plan == run.plan and again.run_file == run.run_file
     assert again.config.cluster == run.config.cluster and again.config.train == run.config.train

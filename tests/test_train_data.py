@@ -1,16 +1,12 @@
 """Token data: ranks never share a sample in a step, sampling is a pure function of (seed, step),
-the default corpus is built once even under concurrency, and prepare_data writes what it reads."""
-import importlib.util
+the default corpus is built once even under concurrency. (Datasets of shards: test_data_prepare.py.)"""
 import multiprocessing
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from launcher.core.config import DataConfig
 from train.data import StepSampler, TokenData, stdlib_sources, token_file, val_indices, write_tokens
-from train_harness import ROOT
 
 
 @pytest.mark.parametrize("world_size,micro_batch", [(1, 4), (2, 2), (4, 1), (8, 2)])
@@ -97,35 +93,8 @@ def test_default_corpus_is_built_once_under_concurrency(tmp_path):
 
 
 def test_data_path_must_exist(tmp_path):
-    with pytest.raises(FileNotFoundError, match="prepare_data"):
+    with pytest.raises(FileNotFoundError, match="launcher data prepare"):
         token_file(DataConfig(path=str(tmp_path / "missing.bin")))
-
-
-def test_prepare_data_byte_level(tmp_path):
-    texts = tmp_path / "texts"
-    (texts / "sub").mkdir(parents=True)
-    (texts / "b.txt").write_text("second")
-    (texts / "a.txt").write_text("first é")
-    (texts / "sub" / "c.txt").write_text("third")
-    (texts / "skip.md").write_text("not a .txt")
-    out = tmp_path / "corpus.bin"
-    result = subprocess.run([sys.executable, "scripts/prepare_data.py", str(out), str(texts)], cwd=ROOT,
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert "data.dtype=uint16" in result.stdout
-    tokens = np.fromfile(out, dtype=np.uint16)
-    assert bytes(tokens.astype(np.uint8)) == "first é".encode() + b"second" + b"third"
-
-
-@pytest.mark.skipif(importlib.util.find_spec("tokenizers") is not None, reason="tokenizers is installed")
-def test_prepare_data_tokenizer_needs_the_package(tmp_path):
-    (tmp_path / "a.txt").write_text("hello")
-    result = subprocess.run([sys.executable, "scripts/prepare_data.py", str(tmp_path / "o.bin"),
-                             str(tmp_path / "a.txt"), "--tokenizer", str(tmp_path / "tok.json")],
-                            cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode != 0
-    assert "--tokenizer needs the 'tokenizers' package: pip install tokenizers" in result.stderr
-    assert not (tmp_path / "o.bin").exists()
 
 
 def test_val_split_may_be_empty_but_not_the_train_split(tmp_path):

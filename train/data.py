@@ -1,43 +1,44 @@
-"""Token data: a flat token file, a train/val split, and deterministic sampling.
+"""Token data: token files, a train/val split, and deterministic sampling.
 
-The file is nanoGPT's ``train.bin`` layout: token ids back to back as uint16 or
-uint32, read through ``np.memmap`` so a corpus larger than memory costs nothing
-to open. A sample is the ``i``-th window of ``seq_len + 1`` tokens (inputs and
-targets shifted by one).
+``data.path`` is a dataset directory of shards (``launcher data prepare``; layout
+in launcher/core/dataset.py) or a single token file in nanoGPT's ``train.bin``
+layout: token ids back to back as uint16 or uint32. Every file is read through
+``np.memmap`` and the shards are seen as one sequence, so a corpus larger than
+memory costs nothing to open. A sample is the ``i``-th window of ``seq_len + 1``
+tokens (inputs and targets shifted by one), and may span two shards.
 
 Which samples a rank reads at a step depends only on (seed, step, rank): the
 samples of a step are a slice of a per-epoch permutation, so no sample appears
 twice in a step, every sample is seen once per epoch, and a run resumed at step
 ``s`` reads exactly what an uninterrupted run reads at ``s``. This module stays
-free of torch so that ``scripts/prepare_data.py`` starts quickly.
+free of torch: tests and benchmarks read data without it.
 """
 from __future__ import annotations
 
+import bisect
 import fcntl
 import os
-import sys
 import sysconfig
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, List
 
 import numpy as np
 
 from launcher.core.config import DataConfig
-
-TOKEN_DTYPES = ("uint16", "uint32")
+from launcher.core.dataset import TOKEN_DTYPES, default_corpus, samples, shard_files, val_tokens
 
 
 def token_file(cfg: DataConfig) -> Path:
-    """The token file to train on: ``cfg.path``, or the cached standard-library corpus."""
+    """The data to train on: ``cfg.path`` (a token file or a dataset directory), or the cached
+    standard-library corpus."""
     if cfg.dtype not in TOKEN_DTYPES:
         raise ValueError(f"data.dtype must be one of {', '.join(TOKEN_DTYPES)}, not {cfg.dtype!r}")
     if cfg.path is not None:
         path = Path(cfg.path).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"data.path {path} does not exist (make one with scripts/prepare_data.py)")
+        if not path.exists():
+            raise FileNotFoundError(f"data.path {path} does not exist (make one with 'launcher data prepare')")
         return path
-    version = f"{sys.version_info.major}{sys.version_info.minor}"
-    path = Path(cfg.cache_dir).expanduser() / f"stdlib-py{version}-bytes-{cfg.dtype}.bin"
+    path = default_corpus(cfg.cache_dir, cfg.dtype)
     _build_once(path, lambda tmp: write_tokens(tmp, (encode_bytes(f.read_bytes(), cfg.dtype)
                                                      for f in stdlib_sources()), cfg.dtype))
     return path
@@ -99,8 +100,8 @@ class TokenData:
     """
 
     def __init__(self, path: Path, dtype: str, seq_len: int, val_fraction: float):
-        tokens = np.memmap(path, dtype=dtype, mode="r")
-        n_val = int(len(tokens) * val_fraction)
+        tokens = Tokens([np.memmap(f, dtype=dtype, mode="r") for f in shard_files(Path(path))])
+        n_val = val_tokens(len(tokens), val_fraction)
         self.seq_len = seq_len
         self.splits = {"train": tokens[: len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}
         self.path = path
@@ -113,13 +114,46 @@ class TokenData:
                              f"fewer than one sample of seq_len + 1 = {self.seq_len + 1}")
 
     def num_samples(self, split: str) -> int:
-        return max(0, (len(self.splits[split]) - 1) // self.seq_len)
+        return samples(len(self.splits[split]), self.seq_len)
 
     def batch(self, split: str, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Inputs and targets (int64, shape (len(indices), seq_len)) for the given samples."""
         data, t = self.splits[split], self.seq_len
-        rows = np.stack([data[i * t: i * t + t + 1] for i in indices]).astype(np.int64)
+        rows = np.stack([data.read(i * t, i * t + t + 1) for i in indices]).astype(np.int64)
         return rows[:, :-1], rows[:, 1:]
+
+
+class Tokens:
+    """Token arrays (the shards) seen as one sequence, and ranges of it, without copying them.
+
+    ``tokens[a:b]`` is a view of the same files; ``read(a, b)`` gives the tokens as one array, joining the
+    pieces of the shards a range spans.
+    """
+
+    def __init__(self, shards: List[np.ndarray], start: int = 0, stop: int | None = None):
+        self.shards = shards
+        self.ends = np.cumsum([len(s) for s in shards]).tolist()
+        self.start, self.stop = start, self.ends[-1] if stop is None else stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, key: int | slice) -> "Tokens | np.integer":
+        if isinstance(key, slice):
+            begin, end, _ = key.indices(len(self))
+            return Tokens(self.shards, self.start + begin, self.start + max(begin, end))
+        return self.read(key, key + 1)[0]
+
+    def read(self, begin: int, end: int) -> np.ndarray:
+        begin, end = self.start + begin, self.start + min(end, len(self))
+        pieces = []
+        index = bisect.bisect_right(self.ends, begin)
+        while begin < end:
+            first = self.ends[index] - len(self.shards[index])
+            take = min(end, self.ends[index])
+            pieces.append(self.shards[index][begin - first: take - first])
+            begin, index = take, index + 1
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else self.shards[0][:0]
 
 
 class StepSampler:

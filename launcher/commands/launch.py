@@ -85,7 +85,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     if mode == "json":
         for run in runs:
-            print(json.dumps({**run.plan.to_dict(), "name": display_name(run), "overrides": run.overrides}))
+            print(json.dumps({**run.plan.to_dict(), "name": display_name(run), "overrides": run.overrides,
+                              "data": run.data.to_dict()}))
         return 0
     if mode is True:
         print_dry_run(runs)
@@ -114,5 +115,6 @@ def print_dry_run(runs: List[ComposedRun]) -> None:
             print()
         print(f"# run {name}: {' '.join(run.overrides) or '(defaults)'}")
         print(tabulate(run.plan.to_dict().items(), headers=["plan", ""], intfmt=","))
+        print(run.data.line())
         print(f"\n# sbatch script (submitit folder {folder})")
         print(render_sbatch(run.config, run.plan, name, folder))

@@ -71,17 +71,18 @@ def main(args: argparse.Namespace) -> int:
                           overrides=run.overrides) for run in runs]
     set_scaling(estimates)
     if args.json:
-        for est in estimates:
-            print(json.dumps(est.to_dict()))
+        for est, run in zip(estimates, runs):
+            print(json.dumps({**est.to_dict(), "data": run.data.to_dict()}))
         return 0
     if len(estimates) > 1:
         print(comparison(estimates))
         if not args.detail:
             return 0
-    for index, est in enumerate(estimates):
+    for index, (est, run) in enumerate(zip(estimates, runs)):
         if index or len(estimates) > 1:
             print()
         print(detail(est))
+        print(run.data.line())
     return 0
 
 

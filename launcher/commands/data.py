@@ -1,0 +1,58 @@
+"""``launcher data prepare OUT INPUT...``: turn text into a dataset a run trains on with ``data.path=OUT``.
+
+numpy, tokenizers and pyarrow are imported inside the command (launcher/dataset/), so no other command
+pays for them.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from launcher.core.dataset import TOKEN_DTYPES
+from launcher.dataset.sources import AUTO, FORMATS
+
+EPILOG = """examples:
+  launcher data prepare data/books ~/books/                       # byte-level: one token per byte
+  launcher data prepare data/books ~/books/ --tokenizer bpe:4096  # train a BPE of 4096 tokens on them
+  launcher data prepare data/web crawl.parquet --tokenizer ~/gpt2/tokenizer.json --field content
+  launcher gpus=4 model=gpt_small data.path=data/books model.vocab_size=4096"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    actions = parser.add_subparsers(dest="action", title="actions", metavar="ACTION", required=True)
+    prep = actions.add_parser("prepare", help="tokenize inputs into token shards + metadata.json in OUT",
+                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    prep.add_argument("out", type=Path, metavar="OUT", help="the dataset directory to create")
+    prep.add_argument("inputs", type=Path, nargs="+", metavar="INPUT", help="files or directories (recursive)")
+    prep.add_argument("--tokenizer", default="byte", metavar="SPEC",
+                      help="byte (default), bpe:N (train a byte-level BPE of N tokens on the inputs, saved as "
+                           "OUT/tokenizer.json) or a Hugging Face tokenizer.json file")
+    prep.add_argument("--format", choices=(AUTO, *FORMATS), default=AUTO,
+                      help="how to read the inputs; auto (default) goes by file name: "
+                           + "; ".join(f"{f}: {' '.join(ends)}" for f, ends in FORMATS.items())
+                           + " (anything else: text)")
+    prep.add_argument("--field", default="text", help="the text field of JSON-lines and Parquet (default: text)")
+    prep.add_argument("--glob", help="file pattern inside directories (default: the format's file endings)")
+    prep.add_argument("--dtype", choices=tuple(TOKEN_DTYPES),
+                      help="token type (default: uint16 if the vocabulary fits, else uint32)")
+    prep.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 100M)")
+    prep.add_argument("--overwrite", action="store_true", help="replace an existing dataset OUT (once done)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from launcher.dataset.prepare import Request, prepare
+
+    meta = prepare(Request(out=args.out, inputs=args.inputs, tokenizer=args.tokenizer, format=args.format,
+                           field=args.field, glob=args.glob, dtype=args.dtype, shard_tokens=args.shard_tokens,
+                           overwrite=args.overwrite))
+    out, tokenizer = args.out.expanduser().resolve(), meta["tokenizer"]
+    shards = len(meta["shards"])
+    print(f"wrote {meta['tokens']:,} {meta['dtype']} tokens in {shards} shard{'s' * (shards != 1)} from "
+          f"{len(meta['sources'])} files to {out}")
+    print(f"tokenizer: {tokenizer['spec']}, vocabulary {tokenizer['vocab_size']:,}"
+          + (f" ({out / tokenizer['file']})" if tokenizer["file"] else ""))
+    dtype = "" if meta["dtype"] == "uint16" else f" data.dtype={meta['dtype']}"
+    print(f"train with: launcher data.path={out}{dtype} model.vocab_size={tokenizer['vocab_size']} "
+          "(or more)")
+    return 0

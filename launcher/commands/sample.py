@@ -1,0 +1,80 @@
+"""``launcher sample RUN [--prompt TEXT] [--tokens N]``: what has the model learned? Text generated from the
+run's newest complete checkpoint, decoded with the tokenizer its data was made with.
+
+Runs here, not on Slurm: a GPU if this machine has one, else the CPU. torch is imported only inside the
+command (train/generate.py), so the rest of the launcher stays torch-free.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from launcher.commands.common import lookup, root_of
+from launcher.core.checkpoints import latest_checkpoint, step_of
+from launcher.core.config import DataConfig, load_run_config
+from launcher.core.dataset import DatasetError, read_metadata
+from launcher.errors import LaunchError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
+    parser.add_argument("--prompt", default="", help="text to continue (default: a new document)")
+    parser.add_argument("--tokens", type=int, default=200, help="tokens to generate (default 200)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature > 0 (default 0.8)")
+    parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0: all")
+    parser.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same text")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto (default): cuda if available, else cpu")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.tokens < 1:
+        raise LaunchError(f"--tokens must be at least 1, got {args.tokens}")
+    if not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise LaunchError(f"--temperature must be a positive number, got {args.temperature}")
+    if args.top_k < 0:
+        raise LaunchError(f"--top-k must be 0 (all tokens) or more, got {args.top_k}")
+    rec = lookup(root_of(args), args.name)
+    run_dir = Path(rec.run_dir)
+    try:
+        cfg = load_run_config(run_dir / "config.yaml")
+    except Exception as err:  # missing or damaged: OSError, YAML and OmegaConf errors
+        raise LaunchError(f"{rec.name}: cannot read {run_dir / 'config.yaml'} ({type(err).__name__})") from None
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise LaunchError(f"{rec.name} has no complete checkpoint yet (train.checkpoint_every="
+                          f"{cfg.train.checkpoint_every}); sample once one is saved")
+    codec = run_tokenizer(cfg.data)
+    prompt = codec.encode(args.prompt) if args.prompt else [codec.eot if codec.eot is not None else
+                                                             codec.encode("\n")[0]]
+    if max(prompt) >= cfg.model.vocab_size:
+        raise LaunchError(f"the prompt has token {max(prompt)}, outside the model's vocabulary of "
+                          f"{cfg.model.vocab_size}")
+
+    import torch
+
+    from train.generate import generate, load_model
+
+    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
+    model = load_model(cfg.model, checkpoint, device)
+    print(f"# {rec.name}, step {step_of(checkpoint)}, {codec.spec} tokenizer, on {device.type}", file=sys.stderr)
+    out = generate(model, prompt, args.tokens, args.temperature, args.top_k, args.seed, stop=codec.eot)
+    print(args.prompt + codec.decode(out))
+    return 0
+
+
+def run_tokenizer(data: DataConfig):
+    """The tokenizer of the run's data: its dataset's, or byte-level (the default corpus; a single token
+    file, which records no tokenizer)."""
+    from launcher.dataset import tokenizer
+
+    if data.path is None or not Path(data.path).expanduser().is_dir():
+        return tokenizer.BYTE
+    directory = Path(data.path).expanduser()
+    try:
+        return tokenizer.load(read_metadata(directory)["tokenizer"], directory)
+    except DatasetError as err:
+        raise LaunchError(f"the run's data.path: {err}") from None

@@ -1,0 +1,1 @@
+"""Datasets: ``launcher data prepare`` (inputs, tokenizers, shards) and the launch-time checks of ``data.path``."""

@@ -1,0 +1,146 @@
+"""``launcher data prepare``'s work: inputs -> tokenizer -> token shards + metadata, all or nothing.
+
+Everything is written into a hidden temporary directory beside ``OUT`` and renamed to ``OUT`` only when
+complete, so an error or an interrupt at any point leaves no partial dataset (and an ``--overwrite``d one
+as it was). Memory stays bounded whatever the inputs' size: documents are read, encoded and written a
+batch at a time, and a shard is closed at ``shard_tokens`` tokens.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Dict, Iterator, List, Optional
+
+from launcher.core.dataset import FORMAT, METADATA, TOKEN_DTYPES, shard_name, smallest_dtype
+from launcher.dataset import tokenizer as tok
+from launcher.dataset.progress import Progress
+from launcher.dataset.sources import Source, documents, find_sources
+from launcher.errors import LaunchError
+
+BATCH_CHARS = 1 << 20  # texts encoded together (the tokenizers package encodes a batch in parallel)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for (``launcher data prepare --help`` explains each)."""
+
+    out: Path
+    inputs: List[Path]
+    tokenizer: str
+    format: str
+    field: str
+    glob: Optional[str]
+    dtype: Optional[str]
+    shard_tokens: int
+    overwrite: bool
+
+
+def prepare(req: Request) -> Dict[str, Any]:
+    """Make the dataset ``req`` describes; returns its metadata. LaunchError (nothing written) on bad input."""
+    if req.shard_tokens < 1:
+        raise LaunchError(f"--shard-tokens must be a positive number of tokens, got {req.shard_tokens}")
+    out = req.out.expanduser().resolve()
+    if out.exists() and not (req.overwrite and out.is_dir() and (out / METADATA).is_file()):
+        hint = "; add --overwrite to replace it" if out.is_dir() and (out / METADATA).is_file() else ""
+        raise LaunchError(f"output {req.out} already exists{hint}")
+    tok.bpe_size(req.tokenizer)  # a bad bpe:N is refused before any input is read
+    sources = find_sources(req.inputs, req.format, req.glob, req.field)
+    codec = tok.from_spec(req.tokenizer, lambda: _texts(sources, req.field, f"training {req.tokenizer}"))
+    dtype = req.dtype or smallest_dtype(codec.vocab_size)
+    if codec.vocab_size > 1 << (8 * TOKEN_DTYPES[dtype]):
+        raise LaunchError(f"--dtype {dtype} cannot hold a vocabulary of {codec.vocab_size:,}; use uint32")
+    tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
+    tmp.mkdir(parents=True)
+    try:
+        meta = _write(tmp, sources, codec, req, dtype)
+        if meta["tokens"] == 0:
+            raise LaunchError(f"the inputs hold no text ({', '.join(map(str, req.inputs))})")
+        _install(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return meta
+
+
+def _texts(sources: List[Source], field: str, label: str) -> Iterator[str]:
+    progress = Progress(label, sum(s.size for s in sources))
+    for source in sources:
+        for text, _end in documents(source, field, progress.add):
+            yield text
+    progress.done()
+
+
+def _write(tmp: Path, sources: List[Source], codec: tok.Codec, req: Request, dtype: str) -> Dict[str, Any]:
+    shards = Shards(tmp, dtype, req.shard_tokens)
+    progress = Progress(f"tokenizing with {codec.spec}", sum(s.size for s in sources))
+    batch: List[str] = []
+    ends: List[bool] = []
+    chars = 0
+    for source in sources:
+        for text, end in documents(source, req.field, progress.add):
+            batch.append(text)
+            ends.append(end)
+            chars += len(text)
+            if chars >= BATCH_CHARS:
+                shards.add(codec, batch, ends)
+                batch, ends, chars = [], [], 0
+    shards.add(codec, batch, ends)
+    progress.done()
+    meta = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dtype": dtype,
+            "tokens": shards.total, "tokenizer": codec.save(tmp), "shards": shards.close(),
+            "sources": [s.to_dict() for s in sources], "field": req.field}
+    (tmp / METADATA).write_text(json.dumps(meta, indent=1) + "\n")  # last: only a whole dataset has metadata
+    return meta
+
+
+class Shards:
+    """Token files of at most ``limit`` tokens each, filled in order."""
+
+    def __init__(self, directory: Path, dtype: str, limit: int):
+        self.directory, self.dtype, self.limit = directory, dtype, limit
+        self.done: List[Dict[str, Any]] = []
+        self.file: Optional[BinaryIO] = None
+        self.in_file = self.total = 0
+
+    def add(self, codec: tok.Codec, texts: List[str], ends: List[bool]) -> None:
+        import numpy as np
+
+        for ids, end in zip(codec.encode_batch(texts), ends):
+            tokens = np.asarray(ids, dtype=self.dtype)
+            if end and codec.eot is not None:
+                tokens = np.append(tokens, np.asarray(codec.eot, dtype=self.dtype))
+            while len(tokens):
+                if self.file is None:
+                    self.file = open(self.directory / shard_name(len(self.done)), "wb")
+                take = tokens[: self.limit - self.in_file]
+                self.file.write(take.tobytes())
+                self.in_file += len(take)
+                self.total += len(take)
+                tokens = tokens[len(take):]
+                if self.in_file == self.limit:
+                    self._finish()
+
+    def _finish(self) -> None:
+        assert self.file is not None
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        self.done.append({"file": Path(self.file.name).name, "tokens": self.in_file})
+        self.file, self.in_file = None, 0
+
+    def close(self) -> List[Dict[str, Any]]:
+        if self.file is not None:
+            self._finish()
+        return self.done
+
+
+def _install(tmp: Path, out: Path) -> None:
+    """Put the finished dataset at ``out`` (replacing an older one only now that the new one is whole)."""
+    old = out.with_name(f".{out.name}.old.{os.getpid()}")
+    if out.exists():
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
