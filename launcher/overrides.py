@@ -60,12 +60,12 @@ def expand(parsed: Sequence[Override], multirun: bool) -> List[List[str]]:
 
 
 def check(parsed: Sequence[Override]) -> None:
-    """Reject unknown keys and unknown model/cluster options with a suggestion."""
+    """Reject unknown keys and unknown model/cluster/tracking options with a suggestion."""
     for override in parsed:
         key = override.key_or_group
         if override.package is not None or override.is_delete():
             continue
-        if key in ("model", "cluster"):  # gpus also takes counts: see normalise()
+        if key in ("model", "cluster", "tracking"):  # gpus also takes counts: see normalise()
             check_option(key, override.value())
         elif key not in GROUPS and not (override.is_add() or override.is_force_add()):
             _check_key(key)

@@ -20,7 +20,7 @@ from launcher.cli import invocation
 from launcher.compose import ComposedRun
 from launcher.errors import LaunchError
 from launcher.runfile import dump
-from launcher.core.config import RunConfig, load_run_config
+from launcher.core.config import RunConfig, load_run_config, tracker_missing
 from launcher.core.plan import Plan, read_plan
 from launcher.core.rundir import (RECORD, RunRecord, append_event, base_name, create_run_dir, ensure_root, load_record,
                                   save_record, write_json_atomic)
@@ -30,6 +30,8 @@ from launcher.slurm import Partition, SlurmError, for_cluster, slurm_conf_for
 
 def launch(runs: List[ComposedRun], sweep: bool) -> int:
     """Submit every run (one Slurm job each), print what was submitted, return the exit status."""
+    for missing in filter(None, (tracker_missing(run.config.tracking.backend) for run in runs)):
+        raise LaunchError(missing)
     try:
         roots = [ensure_root(run.config.run_root) for run in runs]
         parts = check_cluster(runs)

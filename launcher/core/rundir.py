@@ -19,6 +19,8 @@ RECORD = "run.json"
 EVENTS = "events.jsonl"
 METRICS = "metrics.jsonl"
 INDEX = ".index"
+TENSORBOARD = "tensorboard"  # TensorBoard's event files (train/tracking.py)
+WANDB = "wandb"  # W&B's files: wandb.init(dir=RUN) keeps them in RUN/wandb
 DEFAULT_ROOT = "~/.launcher/runs"
 
 
