@@ -40,6 +40,12 @@ def test_every_backend_has_a_tracker():
     assert set(TRACKERS) == set(TRACKER_PACKAGES)
 
 
+def test_tracking_none_writes_metrics_jsonl_alone(tmp_path):
+    attempt(config("none"), tmp_path, 0, [10, 20], 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
+
+
 def test_tensorboard_curve_has_every_step_once_after_a_resume(tmp_path):
     cfg = config("tensorboard")
     attempt(cfg, tmp_path, 0, [10, 20, 30, 40], 1)  # steps 30 and 40 come after its checkpoint of 20

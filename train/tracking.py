@@ -24,6 +24,9 @@ from launcher.core.rundir import TENSORBOARD
 class Tracker:
     """``tracking=none``: metrics.jsonl alone. The base every tracker implements."""
 
+    def __init__(self, cfg: RunConfig | None = None, run_dir: Path | None = None, start: int = 0) -> None:
+        """Open the tracker for ``cfg``'s run in ``run_dir``, for an attempt resuming after ``start`` steps."""
+
     def log(self, step: int, scalars: dict[str, float]) -> None:
         """Record ``scalars`` (curve name -> value) at global step ``step``."""
 
