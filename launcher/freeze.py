@@ -38,13 +38,17 @@ def source_state(root: Path = REPO) -> TreeState:
 
 def freeze(run_dir: Path, root: Path = REPO) -> Dict[str, Any]:
     """Copy the code into ``run_dir``'s code directory and record its source; returns that record."""
-    dest = code_dir(run_dir)
+    dest, sizes = code_dir(run_dir), []
+
+    def copy(src: str, dst: str) -> None:  # contents only: copy2's metadata calls took 2/3 of the time
+        shutil.copyfile(src, dst)
+        sizes.append(os.path.getsize(dst))
+
     for name in FROZEN:
-        shutil.copytree(root / name, dest / name, ignore=_not_code)
+        shutil.copytree(root / name, dest / name, ignore=_not_code, copy_function=copy)
     state = source_state(root)
-    files = [path for path in dest.rglob("*") if path.is_file()]
     record = {"source": str(root), "commit": state.commit, "dirty": state.dirty, "changed": state.changed,
-              "files": len(files), "bytes": sum(path.stat().st_size for path in files), "frozen_at": time.time()}
+              "files": len(sizes), "bytes": sum(sizes), "frozen_at": time.time()}
     if state.diff:
         (dest / CODE_DIFF).write_text(state.diff)
     write_json_atomic(dest / CODE_SOURCE, record)
