@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 # The config groups a user chooses from, in the order of conf/config.yaml.
-GROUPS = ("model", "gpus", "cluster")
+GROUPS = ("model", "gpus", "cluster", "tracking")
 
 # The gpus option that takes its count from ``layout.gpus``.
 CUSTOM_GPUS = "custom"

@@ -21,6 +21,7 @@ from typing import Any, Dict, Sequence
 from launcher.core.config import RunConfig
 from launcher.errors import LaunchError
 from launcher.core.plan import Plan
+from launcher.core.rundir import code_dir
 from launcher.validate import check_run_name
 
 # Characters a Slurm option value needs (constraints use & | [ ] *, images : / #).
@@ -81,7 +82,8 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
     """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``.
 
     With the run's directory, the job also records its attempt around the ranks and recovers from a
-    failure (launcher/recovery.py): ``begin`` before srun, ``end`` with srun's exit status after it; and
+    failure (launcher/recovery.py): ``begin`` before srun, ``end`` with srun's exit status after it, both,
+    like the tasks, importing the run's frozen code (:func:`frozen_code_line`); and
     srun ends every rank as soon as one dies (``--kill-on-bad-exit``), so an attempt fails in seconds, not
     after a collective's timeout. ``exclude``: nodes the job must not run on (an earlier attempt's culprits).
     """
@@ -90,12 +92,20 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
     if run_dir is not None:
         recovery = f"{python or shlex.quote(sys.executable)} -m launcher.recovery"
         where = shlex.quote(str(Path(run_dir).absolute()))
-        params["setup"] = [*params.get("setup", []), f"{recovery} begin {where}"]
+        params["setup"] = [*params.get("setup", []), frozen_code_line(run_dir), f"{recovery} begin {where}"]
         params["teardown"] = [f"{recovery} end {where} $?"]
         params["srun_args"] = ["--kill-on-bad-exit=1", *params.get("srun_args", [])]
     if exclude:
         params["exclude"] = _token("exclude", ",".join(exclude))
     return params
+
+
+def frozen_code_line(run_dir: Path) -> str:
+    """The setup line that makes the job import the run's frozen code (launcher/freeze.py): its copy first on
+    PYTHONPATH, and PYTHONSAFEPATH so that ``python -m`` does not put the working directory (often the
+    checkout the job was submitted from) before it."""
+    code = shlex.quote(str(code_dir(run_dir)))
+    return f"export PYTHONPATH={code}${{PYTHONPATH:+:$PYTHONPATH}} PYTHONSAFEPATH=1"
 
 
 def render_sbatch(cfg: RunConfig, plan: Plan, run_name: str, folder: str | Path, python: str | None = None) -> str:

@@ -20,16 +20,19 @@ from launcher.cli import invocation
 from launcher.compose import ComposedRun
 from launcher.errors import LaunchError
 from launcher.runfile import dump
-from launcher.core.config import RunConfig, load_run_config
+from launcher.core.config import RunConfig, load_run_config, tracker_missing
 from launcher.core.plan import Plan, read_plan
 from launcher.core.rundir import (RECORD, RunRecord, append_event, base_name, create_run_dir, ensure_root, load_record,
                                   save_record, write_json_atomic)
 from launcher.fit import explain_rejection, refusal
+from launcher.freeze import dirty_note, freeze, source_state
 from launcher.slurm import Partition, SlurmError, for_cluster, slurm_conf_for
 
 
 def launch(runs: List[ComposedRun], sweep: bool) -> int:
     """Submit every run (one Slurm job each), print what was submitted, return the exit status."""
+    for missing in filter(None, (tracker_missing(run.config.tracking.backend) for run in runs)):
+        raise LaunchError(missing)
     try:
         roots = [ensure_root(run.config.run_root) for run in runs]
         parts = check_cluster(runs)
@@ -37,6 +40,9 @@ def launch(runs: List[ComposedRun], sweep: bool) -> int:
         raise LaunchError(str(err)) from None
     sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}" if sweep else None
     records = [submit_one(run, root, sweep_id, part) for run, root, part in zip(runs, roots, parts)]
+    note = dirty_note(source_state())
+    if note:
+        print(note)
     print_submitted(records, sweep_id)
     return 0
 
@@ -83,6 +89,7 @@ def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Opti
         OmegaConf.save(resolved, run_dir / "config.yaml")
         (run_dir / "run.yaml").write_text(dump(run.run_file))  # `launcher -f RUN_DIR/run.yaml` runs it again
         write_json_atomic(run_dir / "plan.json", plan.to_dict())
+        freeze(run_dir)  # what the job and its requeues import, whatever happens to the checkout meanwhile
         job_id = submit_job(cfg, plan, run_dir)
     except Exception as err:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -115,7 +122,8 @@ def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str]
 
 def resubmit(run_dir: Path, exclude: Sequence[str] = ()) -> str:
     """Submit the run in ``run_dir`` again, as it was composed, as a new job that resumes from its newest good
-    checkpoint (automatic recovery, ``launcher resume``); the record follows the new job. Returns its id."""
+    checkpoint (automatic recovery, ``launcher resume``) with the code frozen at its first submission; the
+    record follows the new job. Returns its id."""
     cfg, plan = load_run_config(run_dir / "config.yaml"), read_plan(run_dir)
     job_id = submit_job(cfg, plan, run_dir, exclude)
     record = load_record(run_dir)

@@ -7,9 +7,10 @@ import re
 import time
 
 
-def launch(slurm, root, name):
+def launch(slurm, root, name, *overrides, env=None):
+    """Submit a 400-step 2-GPU run checkpointed every 20 steps (``overrides`` added); returns its job id."""
     res = slurm.launcher("model=gpt_tiny", "gpus=2", "train.steps=400", "train.log_every=20",
-                         "train.checkpoint_every=20", f"name={name}", root=root)
+                         "train.checkpoint_every=20", f"name={name}", *overrides, root=root, env=env)
     assert res.returncode == 0, res.stderr
     return re.search(r"as Slurm job (\d+)", res.stdout).group(1)
 
@@ -24,18 +25,25 @@ def losses(run_dir):
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if not r.get("final")}
 
 
+def preempt_after_a_checkpoint(slurm, *runs):
+    """Send Slurm's USR2 to each (run_dir, job_id) once its run has a checkpoint; return when every requeued
+    job has resumed."""
+    deadline = time.time() + 120
+    for run_dir, job in runs:
+        while not list((run_dir / "checkpoints").glob("step_????????")) and time.time() < deadline:
+            time.sleep(0.2)
+        slurm.run("scancel", "--signal=USR2", job)
+    deadline = time.time() + 180
+    for run_dir, _ in runs:
+        while not any(e["event"] == "resumed" for e in events(run_dir)) and time.time() < deadline:
+            time.sleep(1)
+
+
 def test_preempted_run_resumes_and_matches_an_uninterrupted_one(slurm, tmp_path):
     steady_job = launch(slurm, tmp_path, "steady")
     job = launch(slurm, tmp_path, "preempted")
     run_dir = tmp_path / "preempted"
-    deadline = time.time() + 120
-    while not list((run_dir / "checkpoints").glob("step_????????")) and time.time() < deadline:
-        time.sleep(0.2)
-    slurm.run("scancel", "--signal=USR2", job)
-
-    deadline = time.time() + 180
-    while not any(e["event"] == "resumed" for e in events(run_dir)) and time.time() < deadline:
-        time.sleep(1)
+    preempt_after_a_checkpoint(slurm, (run_dir, job))
     kinds = [e["event"] for e in events(run_dir)]
     assert "requeued" in kinds and "resumed" in kinds, kinds
     assert "failed" not in kinds, "ranks that lose their peer during a requeue have not failed"

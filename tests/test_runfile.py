@@ -126,7 +126,7 @@ def test_a_runs_run_file_composes_the_same_run_again(tmp_path):
     (run,) = compose_runs(typed)
     text = dump(run.run_file)
     assert yaml.safe_load(text) == {
-        "model": "gpt_125m", "gpus": 24, "cluster": "slurm", "train": {"steps": 20, "lr": 3e-4},
+        "model": "gpt_125m", "gpus": 24, "cluster": "slurm", "tracking": "none", "train": {"steps": 20, "lr": 3e-4},
         "cluster.sbatch_flags.mail-type": "END", "data": {"path": str(data)}, "cluster.setup": ["a", "b c"]}
     (again,) = compose_runs(to_overrides(load_yaml(text)))
     assert again.plan == run.plan and again.run_file == run.run_file
@@ -136,4 +136,5 @@ def test_a_runs_run_file_composes_the_same_run_again(tmp_path):
 def test_defaulted_choices_are_explicit_and_each_sweep_point_has_its_own():
     runs = compose_runs(["gpus=1,2"], multirun=True)
     assert [run.run_file for run in runs] == [
-        {"model": "gpt_tiny", "gpus": 1, "cluster": "local"}, {"model": "gpt_tiny", "gpus": 2, "cluster": "local"}]
+        {"model": "gpt_tiny", "gpus": 1, "cluster": "local", "tracking": "none"},
+        {"model": "gpt_tiny", "gpus": 2, "cluster": "local", "tracking": "none"}]

@@ -26,7 +26,8 @@ def test_a_run_file_runs_the_run_again(slurm, tmp_path):
     assert slurm.wait(submitted(first), timeout=300) == "COMPLETED"
     run_file = tmp_path / "first" / "run.yaml"
     assert yaml.safe_load(run_file.read_text()) == {
-        "model": "gpt_tiny", "gpus": 2, "cluster": "local", "train": {"steps": 4, "log_every": 1, "lr": 0.002}}
+        "model": "gpt_tiny", "gpus": 2, "cluster": "local", "tracking": "none",
+        "train": {"steps": 4, "log_every": 1, "lr": 0.002}}
     assert f"-f {run_file}" in first.stdout  # the hint to run it again
 
     again = slurm.launcher("-f", str(run_file), "name=again", root=tmp_path)

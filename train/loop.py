@@ -36,11 +36,12 @@ from train.guard import check_finite
 from train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
 from train.interrupt import Interrupt, Requeue
 from train.model import GPT
+from train.tracking import open_tracker
 from train.optim import build_optimizer, optimizer_step
 from train.parallel import parallelize
 from train.progress import job_comment
 from train.watchdog import Watchdog
-from launcher.core.rundir import append_event
+from launcher.core.rundir import METRICS, append_event
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
         log.info("nothing to do: step %d of %d already reached", start, tc.steps)
         return {"final": True, "step": start, "steps_run": 0}
 
-    metrics = MetricsLog(Path(run_dir) / "metrics.jsonl" if env.is_main else None)
+    metrics = MetricsLog(Path(run_dir) / METRICS, open_tracker(cfg, run_dir, start)) if env.is_main else MetricsLog(None)
     comment = job_comment(env.is_main)
     fpt, peak = flops_per_token(cfg.model), peak_flops(env.device, compute_precision(cfg.parallel.precision, env.device.type == "cuda"))
     tokens_per_step = batching.global_batch * cfg.model.seq_len
@@ -210,6 +211,7 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
         raise
     finally:
         comment.close()
+        metrics.close()
 
 
 def _record_damage(run_dir: Path, step: int, problems: list[str]) -> None:

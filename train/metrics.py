@@ -15,8 +15,22 @@ import torch
 
 from launcher.core import hardware
 from launcher.core.rundir import append_jsonl
+from train.tracking import Tracker
 
 log = logging.getLogger(__name__)
+
+# Each scalar of a metrics record: its curve in an experiment tracker (train/tracking.py) and its log-line form.
+SCALARS = {
+    "loss": ("train/loss", "loss {:.4f}"),
+    "eval_loss": ("eval/loss", "eval {:.4f}"),
+    "lr": ("train/lr", "lr {:.2e}"),
+    "grad_norm": ("train/grad_norm", "grad {:.3f}"),
+    "step_time": ("perf/step_time_s", "{:.3f} s/step"),
+    "tokens_per_s": ("perf/tokens_per_s", "{:,.0f} tok/s"),
+    "tokens_per_s_per_gpu": ("perf/tokens_per_s_per_gpu", "{:,.0f} tok/s/gpu"),
+    "mfu": ("perf/mfu", "mfu {:.1%}"),
+    "peak_mem_gb": ("system/peak_mem_gb", "mem {:.2f} GB"),
+}
 
 def peak_flops(device: torch.device, precision: str = "bf16") -> float | None:
     """The device's dense peak FLOP/s in ``precision`` from the GPU table the planner uses
@@ -44,26 +58,32 @@ def throughput(tokens: int, seconds: float, world_size: int, flops_per_tok: int,
 
 
 class MetricsLog:
-    """Writes records to ``metrics.jsonl`` and as one line to the log; a no-op where ``path`` is None.
+    """Writes records to ``metrics.jsonl``, as one line to the log and, but for the final summary (which
+    repeats the last step), to the experiment tracker; a no-op where ``path`` is None.
 
-    Only rank 0 gets a path: every rank holds the same all-reduced values.
+    Only rank 0 gets a path and a tracker: every rank holds the same all-reduced values.
     """
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, tracker: Tracker | None = None):
         self.path = path
+        self.tracker = tracker or Tracker()
 
     def write(self, record: dict[str, Any]) -> None:
         if self.path is None:
             return
         append_jsonl(self.path, record)
         log.info("%s", format_record(record))
+        if not record.get("final"):
+            self.tracker.log(record["step"], {SCALARS[key][0]: value for key, value in record.items()
+                                              if key in SCALARS and value is not None})
+
+    def close(self) -> None:
+        self.tracker.close()
 
 
 def format_record(record: dict[str, Any]) -> str:
     """One human line: ``step 40 | loss 3.2100 | ... | mfu 41.2%``; absent values are left out."""
-    fmt = {"loss": "loss {:.4f}", "eval_loss": "eval {:.4f}", "lr": "lr {:.2e}", "grad_norm": "grad {:.3f}",
-           "step_time": "{:.3f} s/step", "tokens_per_s": "{:,.0f} tok/s", "tokens_per_s_per_gpu": "{:,.0f} tok/s/gpu",
-           "mfu": "mfu {:.1%}", "peak_mem_gb": "mem {:.2f} GB"}
     head = "final" if record.get("final") else "step"
-    parts = [f"{head} {record['step']}"] + [f.format(record[k]) for k, f in fmt.items() if record.get(k) is not None]
+    parts = [f"{head} {record['step']}"] + [fmt.format(record[key]) for key, (_, fmt) in SCALARS.items()
+                                            if record.get(key) is not None]
     return " | ".join(parts)

@@ -27,6 +27,9 @@ from train.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
+# Where this code was imported from: the run's frozen copy when the launcher submitted it (launcher/freeze.py).
+CODE_ROOT = str(Path(__file__).resolve().parents[1])
+
 
 def run(run_dir: str | Path) -> dict[str, Any]:
     """Bring up the process group, check it, train, and record the outcome; returns the final metrics."""
@@ -41,7 +44,7 @@ def run(run_dir: str | Path) -> dict[str, Any]:
         preflight(env, run_dir, plan)
         if env.is_main:
             append_event(run_dir, "started", job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
-                      nodes=env.nodes)
+                         nodes=env.nodes, code=CODE_ROOT)
         watchdog = Watchdog(run_dir, env.rank, env.node, cfg.train.stall_timeout_s,
                             on_stall=functools.partial(_record_stall, run_dir)).start(0)
         try:

@@ -5,13 +5,16 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
+
+import yaml
 
 from launcher.attempts import history
 from launcher.commands.common import lookup, root_of
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
-from launcher.core.rundir import METRICS, RunRecord, read_events, read_jsonl
+from launcher.core.rundir import (CODE, CODE_DIFF, METRICS, TENSORBOARD, WANDB, RunRecord, code_source, read_events,
+                                  read_jsonl)
 from launcher.slurm import Slurm, SlurmError
 from launcher.state import JobState, job_states
 
@@ -59,7 +62,38 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
         "latest_metrics": latest,
         "final_metrics": final,
         "config": (run_dir / "config.yaml").read_text(),
+        "code": code_source(run_dir),
+        "curves": curves(run_dir, (run_dir / "config.yaml").read_text()),
     }
+
+
+def curves(run_dir: Path, config_text: str) -> Optional[Dict[str, str]]:
+    """Where the run's tracker keeps its curves and how to look at them; None with tracking=none."""
+    tracking = (yaml.safe_load(config_text) or {}).get("tracking") or {}
+    backend, name = tracking.get("backend", "none"), run_dir.name
+    if backend == "tensorboard":
+        return {"tracker": backend, "path": str(run_dir / TENSORBOARD),
+                "view": f"tensorboard --logdir {run_dir / TENSORBOARD}"}
+    if backend == "wandb":
+        project = tracking.get("project")
+        if tracking.get("mode") == "online":
+            return {"tracker": backend, "path": str(run_dir / WANDB), "view": f"W&B project {project}, run {name}"}
+        return {"tracker": backend, "path": str(run_dir / WANDB),
+                "view": f"wandb sync --id {name} -p {project} {run_dir / WANDB}/offline-run-*"}
+    return None
+
+
+def code_line(code: Optional[Dict[str, Any]], run_dir: str) -> str:
+    """Which code the run's jobs import: its frozen copy, with the commit and whether the tree was dirty."""
+    if code is None:
+        return "Code: the checkout's, as it is when a task starts (submitted before code was frozen)"
+    where = f"Code: {Path(run_dir) / CODE} from {code['source']}"
+    if code.get("commit") is None:
+        return f"{where}, not a git checkout"
+    if not code.get("dirty"):
+        return f"{where} at commit {code['commit']} (clean)"
+    return (f"{where} at commit {code['commit']} (dirty: {len(code.get('changed') or [])} file(s) changed, "
+            f"diff in {Path(run_dir) / CODE / CODE_DIFF})")
 
 
 def event_line(event: Dict[str, Any]) -> str:
@@ -94,6 +128,10 @@ def render(info: Dict[str, Any]) -> str:
         "",
         "Paths:",
         *(f"  {key:<14}{path}" for key, path in info["paths"].items()),
+        "",
+        code_line(info["code"], info["paths"]["run_dir"]),
+        "Curves: metrics.jsonl" + (f"; {info['curves']['tracker']} in {info['curves']['path']}: "
+                                    f"{info['curves']['view']}" if info["curves"] else ""),
         "",
         "Plan:",
         tabulate(info["plan"].items(), tablefmt="plain", disable_numparse=True),

@@ -9,6 +9,7 @@ dataclasses with :func:`load_run_config`. This module must stay free of torch.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -22,10 +23,27 @@ from launcher.core.rundir import DEFAULT_ROOT
 SHARDINGS = ("full", "hybrid", "grad_op")
 CHECKPOINTING = ("none", "selective", "full")
 PRECISIONS = ("auto", "bf16", "fp32")
+# Where a run's curves go besides metrics.jsonl (train/tracking.py), and the package each tracker needs.
+TRACKER_PACKAGES = {"none": None, "tensorboard": "tensorboard", "wandb": "wandb"}
+WANDB_MODES = ("offline", "online")
+
+
+def tracker_missing(backend: str) -> Optional[str]:
+    """Why ``tracking.backend`` cannot work in this Python (its package is not installed), or None. The
+    launcher refuses such a launch with this line; a task that meets it anyway fails with it."""
+    import importlib.util
+
+    package = TRACKER_PACKAGES.get(backend)
+    if package is None or importlib.util.find_spec(package) is not None:
+        return None
+    return (f"tracking={backend} needs the {package} package, which this Python ({sys.executable}) lacks: "
+            "pip install 'slurm-gpt-launcher[tracking]' (or choose tracking=none)")
 CHOICES = {
     "parallel.sharding": SHARDINGS,
     "parallel.activation_checkpointing": CHECKPOINTING,
     "parallel.precision": PRECISIONS,
+    "tracking.backend": tuple(TRACKER_PACKAGES),
+    "tracking.mode": WANDB_MODES,
 }
 
 
@@ -123,6 +141,22 @@ class DataConfig:
     cache_dir: str = "~/.cache/slurm-gpt-launcher"
 
 
+@dataclass
+class TrackingConfig:
+    """Curves in an experiment tracker, written by rank 0 beside metrics.jsonl (conf/tracking/*.yaml).
+
+    backend: ``none``, ``tensorboard`` (event files in the run directory) or ``wandb``. W&B runs under
+    the run's name as its id, so a requeued or retried job continues the same W&B run; ``mode`` is
+    ``offline`` (files in the run directory, ``wandb sync`` later) unless the nodes reach W&B. Its API
+    key is never config: ``launcher secrets create env WANDB_API_KEY``.
+    """
+
+    backend: str = "none"
+    project: str = "slurm-gpt-launcher"
+    entity: Optional[str] = None
+    mode: str = "offline"
+
+
 # The project's own Slurm cluster (slurm/, conf/cluster/local.yaml): every one of its nodes runs on this
 # machine, and its "GPUs" are CPU processes.
 LOCAL_CLUSTER = "local"
@@ -165,6 +199,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     name: Optional[str] = None
     run_root: str = f"${{oc.env:LAUNCHER_RUN_ROOT,'{DEFAULT_ROOT}'}}"
     dry_run: Any = False  # false, true or "json"

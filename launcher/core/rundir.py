@@ -19,6 +19,11 @@ RECORD = "run.json"
 EVENTS = "events.jsonl"
 METRICS = "metrics.jsonl"
 INDEX = ".index"
+TENSORBOARD = "tensorboard"  # TensorBoard's event files (train/tracking.py)
+WANDB = "wandb"  # W&B's files: wandb.init(dir=RUN) keeps them in RUN/wandb
+CODE = "code"  # the frozen copy of the code the run's tasks import (launcher/freeze.py)
+CODE_SOURCE = "source.json"  # in CODE: the copy's checkout, git commit and dirty flag
+CODE_DIFF = "diff.patch"  # in CODE: the uncommitted changes of a dirty checkout
 DEFAULT_ROOT = "~/.launcher/runs"
 
 
@@ -44,6 +49,19 @@ class RunRecord:
     sweep: Optional[str] = None
     slurm_conf: Optional[str] = None
     argv: list[str] = field(default_factory=list)
+
+
+def code_dir(run_dir: Path) -> Path:
+    """Where the run's frozen code lives; the tasks import from it (launcher/sbatch.py)."""
+    return Path(run_dir).absolute() / CODE
+
+
+def code_source(run_dir: Path) -> Optional[dict]:
+    """Where the run's frozen code came from (commit, dirty, ...), or None for a run without a copy."""
+    try:
+        return json.loads((code_dir(run_dir) / CODE_SOURCE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
