@@ -4,7 +4,6 @@ frozen copy; describe names the commit and the dirty tree it came from."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
