@@ -22,8 +22,10 @@ from launcher.core.heartbeats import stalled_for
 from launcher.core.rundir import RunRecord, last_metrics, read_events, write_json_atomic
 from launcher.slurm import JobRow, Slurm, SlurmError
 
+# A run whose record cannot be read (launcher/core/damage.py): no job to ask Slurm about.
+DAMAGED = "DAMAGED"
 STATES = ("PENDING", "RECOVERING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "REQUEUED",
-          "UNKNOWN")
+          "UNKNOWN", DAMAGED)
 ACTIVE = {"PENDING", "RECOVERING", "RUNNING", "REQUEUED"}
 # Final for good: TIMEOUT and PREEMPTED are not, since submitit requeues such jobs.
 SETTLED = {"COMPLETED", "FAILED", "CANCELLED"}
