@@ -99,7 +99,7 @@ def ensure_root(root: str) -> Path:
     """The run root, created if needed; a one-line error if it cannot be written."""
     path = Path(os.path.expanduser(root))
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)  # a new root is private (launcher/core/privacy.py)
     except OSError as err:
         raise PermissionError(f"run root {path} cannot be created ({err.strerror})") from None
     if not os.access(path, os.W_OK | os.X_OK):
