@@ -12,6 +12,7 @@ from launcher import cli
 from launcher.core.config import ModelConfig, RunConfig
 from launcher.core.plan import single_node_plan
 from launcher.core.rundir import RunRecord, last_metrics, read_events, read_metrics, save_record
+from launcher.slurm_output import JobRow
 
 GOOD = ("alpha", "gamma")  # listed and usable around the damaged one, "beta"
 
@@ -177,6 +178,13 @@ def test_a_damaged_event_line_is_skipped_and_the_rest_used(root, capsys, bad):
     assert [e["event"] for e in read_events(root / "alpha") if e] == ["submitted", "finished"]
     code, out, _ = run_cli(capsys, "describe", "alpha", root=root)
     assert code == 0 and "finished" in out
+    assert listed(capsys, root)["alpha"]["status"] == "COMPLETED"
+
+
+@pytest.mark.parametrize("kept", ["[1]", "garbage", "", "{}"])
+def test_a_damaged_kept_slurm_state_is_asked_again(root, capsys, monkeypatch, kept):
+    (root / "alpha" / "slurm_state.json").write_text(kept)
+    monkeypatch.setattr("launcher.slurm.Slurm.sacct", lambda self, ids: [JobRow("7", "COMPLETED", "", "n1", "")])
     assert listed(capsys, root)["alpha"]["status"] == "COMPLETED"
 
 
