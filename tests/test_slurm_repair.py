@@ -79,3 +79,27 @@ def test_up_after_slurmds_died_starts_only_them_and_the_jobs_survive(slurm):
 
     again = subprocess.run(["bash", UP], env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "Repaired" not in again.stdout and "is up" in again.stdout
+
+
+def test_a_real_restart_is_asked_for_with_restart_and_only_then_cancels_jobs(tmp_path):
+    """On a cluster of its own: up.sh with everything running changes nothing; --restart starts anew."""
+    from test_slurm_cluster import DOWN, run_up
+
+    state = tmp_path / "state"
+    args = ("--dir", str(state), "--name", "rst", "--no-accounting", "--nodes", "1", "--gpus", "1", "--port", "17670")
+    assert run_up(*args).returncode == 0
+    env = {**os.environ, "SLURM_CONF": str(state / "etc" / "slurm.conf")}
+    try:
+        job = subprocess.run(["sbatch", "--parsable", "--hold", "--wrap", "true"], env=env, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        queued = lambda: subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True,  # noqa: E731
+                                        text=True).stdout.split()
+        pids = {p.name: p.read_text() for p in (state / "run").glob("*.pid")}
+        again = run_up(*args)
+        assert again.returncode == 0 and "Repaired" not in again.stdout
+        assert {p.name: p.read_text() for p in (state / "run").glob("*.pid")} == pids and queued() == [job]
+        restarted = run_up(*args, "--restart")
+        assert restarted.returncode == 0, restarted.stderr
+        assert queued() == [] and {p.name: p.read_text() for p in (state / "run").glob("*.pid")} != pids
+    finally:
+        subprocess.run(["bash", DOWN, "--dir", str(state)], capture_output=True, timeout=60)
