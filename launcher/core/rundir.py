@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from launcher.core.damage import DamagedRun, read_json_object, read_jsonl, read_yaml_mapping, usable_metrics
+from launcher.core.damage import DamagedRun, read_json_object, read_jsonl, usable_metrics
 from launcher.core.privacy import file_mode
 
 RECORD = "run.json"
@@ -156,12 +156,11 @@ def load_record(run_dir: Path) -> RunRecord:
 
 
 def check_run(run_dir: Path) -> None:
-    """DamagedRun when the run's plan or config is there but cannot be read (listings check this much for
-    every run; what those files must hold, the commands that read them check)."""
+    """DamagedRun when the run's plan is there but cannot be read. Listings check this much for every run
+    (JSON is cheap; parsing every config.yaml would multiply a listing's time): what the config and plan
+    must hold, the commands that read them check."""
     if (run_dir / PLAN).exists():
         read_json_object(run_dir, PLAN)
-    if (run_dir / CONFIG).exists():
-        read_yaml_mapping(run_dir, CONFIG)
 
 
 def is_run(run_dir: Path) -> bool:
@@ -220,7 +219,7 @@ def index_run(root: Path, name: str, submitted_at: float) -> None:
 
 
 def load_or_damage(run_dir: Path) -> RunRecord | DamagedRun:
-    """The run's record, or why it, its plan or its config cannot be read."""
+    """The run's record, or why it or its plan cannot be read."""
     try:
         record = load_record(run_dir)
         check_run(run_dir)
@@ -240,7 +239,7 @@ def find_run(root: Path, name: str) -> RunRecord:
     """The run called ``name``, or the only one whose name starts with it.
 
     Raises LookupError with the closest names when there is no such run or the prefix is ambiguous, and
-    DamagedRun when it is listed as damaged (its record, plan or config cannot be read).
+    DamagedRun when it is listed as damaged (its record or plan cannot be read).
     """
     if not (name and "/" not in name and name not in (".", "..") and is_run(root / name)):
         name = unique_prefix(name, [path.name for _, path in record_paths(root)], "run named", root)
