@@ -76,7 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     except DamagedRun as exc:  # a run whose record, config or plan cannot be read: which file, and how
-        print(f"error: {exc}; its directory: {exc.run_dir}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except SystemExit as done:  # --help, --version
         return done.code if isinstance(done.code, int) else 0

@@ -120,7 +120,7 @@ def test_a_damaged_record_is_listed_as_damaged_and_every_command_says_so_in_one_
     assert "beta" in listed(capsys, root, "--model", "gpt_tiny")  # its model cannot be known: shown, not hidden
     for args in (["describe", "beta"], ["describe", "bet"], ["logs", "beta"], ["compare", "alpha", "beta"],
                  ["stop", "beta"], ["resume", "beta"], ["delete", "beta", "--yes"]):
-        assert_one_line_error(capsys, root, args, f"run beta is damaged: {reason}")
+        assert_one_line_error(capsys, root, args, f"run beta is damaged: {root / 'beta' / reason}")
     assert (root / "beta").is_dir()  # delete removed nothing it could not vouch for
     assert_others_work(capsys, root)
 
@@ -134,7 +134,7 @@ def test_a_damaged_plan_or_config_is_said_by_the_commands_that_need_it(root, cap
         assert rows["beta"]["status"] == "DAMAGED" and listing in rows["beta"]["reason"]
     else:  # readable but not what the run needs: listed from its record; describe says what is wrong
         assert (rows["beta"]["status"], rows["beta"]["step"]) == ("COMPLETED", 20)
-    assert_one_line_error(capsys, root, ["describe", "beta"], f"run beta is damaged: {reason}")
+    assert_one_line_error(capsys, root, ["describe", "beta"], f"run beta is damaged: {root / 'beta' / reason}")
     assert_one_line_error(capsys, root, ["resume", "beta"], "run beta is damaged: ")
     assert_others_work(capsys, root)
 
@@ -143,7 +143,6 @@ def assert_one_line_error(capsys, root, args, message):
     code, out, err = run_cli(capsys, *args, root=root)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and message in lines[0], (args, err)
-    assert str(root / "beta") in lines[0]
 
 
 def assert_others_work(capsys, root):

@@ -19,11 +19,12 @@ class DamagedRun(ValueError):
     """A run whose records cannot be read: which file, and how."""
 
     def __init__(self, run_dir: Path, file: str, how: str) -> None:
-        super().__init__(f"run {Path(run_dir).name} is damaged: {file} {how}")
+        super().__init__(f"run {Path(run_dir).name} is damaged: {Path(run_dir) / file} {how}")
         self.run_dir, self.file, self.how = Path(run_dir), file, how
 
     @property
     def reason(self) -> str:
+        """The file and how it is damaged, for a listing (the message names the whole path)."""
         return f"{self.file} {self.how}"
 
 
