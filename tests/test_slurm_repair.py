@@ -51,10 +51,10 @@ def test_up_after_slurmds_died_starts_only_them_and_the_jobs_survive(slurm):
     run_dir = Path(env["SLURM_LOCAL_DIR"]) / "run"
     others = {p.name: p.read_text() for p in run_dir.glob("*.pid") if not p.name.startswith(f"slurmd-{node}.")
               and not p.name.startswith(f"slurmd-{idle}.")}
-    running = slurm.run("sbatch", "--parsable", "-w", node, "-N1", "-n1", "--wrap", "sleep 15").stdout.strip()
+    running = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-w", node, "-N1", "-n1", "--wrap", "sleep 15").stdout.strip()
     wait_for(lambda: job_state(slurm, running) == "RUNNING", f"job {running} to start")
     # Every node whole: it waits for the first job, so it is pending when the slurmd dies.
-    pending = slurm.run("sbatch", "--parsable", "-N", str(len(slurm.nodes)), "--exclusive", "--wrap",
+    pending = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-N", str(len(slurm.nodes)), "--exclusive", "--wrap",
                         "true").stdout.strip()
     assert job_state(slurm, pending) == "PENDING"
 
@@ -90,7 +90,7 @@ def test_a_real_restart_is_asked_for_with_restart_and_only_then_cancels_jobs(tmp
     assert run_up(*args).returncode == 0
     env = {**os.environ, "SLURM_CONF": str(state / "etc" / "slurm.conf")}
     try:
-        job = subprocess.run(["sbatch", "--parsable", "--hold", "--wrap", "true"], env=env, capture_output=True,
+        job = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "--hold", "--wrap", "true"], env=env, capture_output=True,
                              text=True, check=True).stdout.strip()
         queued = lambda: subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True,  # noqa: E731
                                         text=True).stdout.split()
