@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Dict, List, NoReturn, Optional, Sequence
 
 from launcher import __version__
+from launcher.core.damage import DamagedRun
 from launcher.errors import LaunchError, did_you_mean
 
 
@@ -77,6 +78,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except LaunchError as exc:
         # One line whatever a message quotes: a value with a newline must not start a second one.
         print("error: " + exc.message.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
+        return 2
+    except DamagedRun as exc:  # a run whose record, config or plan cannot be read: which file, and how
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except SystemExit as done:  # --help, --version
         return done.code if isinstance(done.code, int) else 0

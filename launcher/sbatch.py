@@ -21,6 +21,7 @@ from typing import Any, Dict, Sequence
 from launcher.core.config import RunConfig
 from launcher.errors import LaunchError
 from launcher.core.plan import Plan
+from launcher.core.privacy import umask_line
 from launcher.core.rundir import code_dir
 from launcher.validate import check_run_name
 
@@ -92,7 +93,9 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
     if run_dir is not None:
         recovery = f"{python or shlex.quote(sys.executable)} -m launcher.recovery"
         where = shlex.quote(str(Path(run_dir).absolute()))
-        params["setup"] = [*params.get("setup", []), frozen_code_line(run_dir), f"{recovery} begin {where}"]
+        # The umask first: every file of the job (Slurm's output, logs, checkpoints) is the run's alike.
+        params["setup"] = [umask_line(cfg.share_group), *params.get("setup", []), frozen_code_line(run_dir),
+                           f"{recovery} begin {where}"]
         params["teardown"] = [f"{recovery} end {where} $?"]
         params["srun_args"] = ["--kill-on-bad-exit=1", *params.get("srun_args", [])]
     if exclude:

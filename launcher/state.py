@@ -11,19 +11,21 @@ all the jobs of a listing, directly (never through submitit's 600 s cache), with
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
+from launcher.core.damage import DamagedRun, read_json_object
 from launcher.core.heartbeats import stalled_for
 from launcher.core.rundir import RunRecord, last_metrics, read_events, write_json_atomic
 from launcher.slurm import JobRow, Slurm, SlurmError
 
+# A run whose record cannot be read (launcher/core/damage.py): no job to ask Slurm about.
+DAMAGED = "DAMAGED"
 STATES = ("PENDING", "RECOVERING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "REQUEUED",
-          "UNKNOWN")
+          "UNKNOWN", DAMAGED)
 ACTIVE = {"PENDING", "RECOVERING", "RUNNING", "REQUEUED"}
 # Final for good: TIMEOUT and PREEMPTED are not, since submitit requeues such jobs.
 SETTLED = {"COMPLETED", "FAILED", "CANCELLED"}
@@ -202,8 +204,8 @@ def _keep(rec: RunRecord, state: JobState) -> None:
 def settled_state(rec: RunRecord) -> Optional[JobState]:
     """The final state Slurm reported for this run's job earlier, if any."""
     try:
-        data = json.loads((Path(rec.run_dir) / SETTLED_FILE).read_text())
-    except (OSError, ValueError):
+        data = read_json_object(Path(rec.run_dir), SETTLED_FILE)
+    except DamagedRun:  # none kept yet, or a damaged one: Slurm is asked again
         return None
     if data.pop("job_id", None) != rec.job_id:
         return None

@@ -22,8 +22,9 @@ from launcher.errors import LaunchError
 from launcher.runfile import dump
 from launcher.core.config import RunConfig, load_run_config, tracker_missing
 from launcher.core.plan import Plan, read_plan
-from launcher.core.rundir import (RECORD, RunRecord, append_event, base_name, create_run_dir, ensure_root, load_record,
-                                  save_record, write_json_atomic)
+from launcher.core.rundir import (CONFIG, PLAN, RECORD, RunRecord, append_event, base_name, create_run_dir, ensure_root,
+                                  load_or_damage, save_record, write_atomic, write_json_atomic)
+from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
 from launcher.fit import explain_rejection, refusal
 from launcher.freeze import dirty_note, freeze, source_state
 from launcher.slurm import Partition, SlurmError, for_cluster, slurm_conf_for
@@ -34,9 +35,11 @@ def launch(runs: List[ComposedRun], sweep: bool) -> int:
     for missing in filter(None, (tracker_missing(run.config.tracking.backend) for run in runs)):
         raise LaunchError(missing)
     try:
+        for run in runs:
+            group_id(run.config.share_group)
         roots = [ensure_root(run.config.run_root) for run in runs]
         parts = check_cluster(runs)
-    except (SlurmError, PermissionError) as err:
+    except (SlurmError, PermissionError, ValueError) as err:
         raise LaunchError(str(err)) from None
     sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}" if sweep else None
     records = [submit_one(run, root, sweep_id, part) for run, root, part in zip(runs, roots, parts)]
@@ -76,6 +79,12 @@ def check_fits(run: ComposedRun, part: Partition) -> None:
 
 def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition] = None) -> RunRecord:
     """Create the run's directory, submit its job, and record it; on failure remove the directory."""
+    with run_umask(run.config.share_group):
+        share_root(root, run.config.share_group)
+        return _submit_one(run, root, sweep_id, part)
+
+
+def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition]) -> RunRecord:
     cfg, plan = run.config, run.plan
     try:
         run_dir = create_run_dir(root, cfg.name or base_name(plan.model, plan.gpus), explicit=cfg.name is not None)
@@ -83,12 +92,13 @@ def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Opti
         raise LaunchError(str(err)) from None
     name = run_dir.name
     try:
+        protect_dir(run_dir, cfg.share_group)
         resolved = run.resolved.copy()
         resolved.name = name
         resolved.run_root = str(root)
-        OmegaConf.save(resolved, run_dir / "config.yaml")
-        (run_dir / "run.yaml").write_text(dump(run.run_file))  # `launcher -f RUN_DIR/run.yaml` runs it again
-        write_json_atomic(run_dir / "plan.json", plan.to_dict())
+        write_atomic(run_dir / CONFIG, OmegaConf.to_yaml(resolved))
+        write_atomic(run_dir / "run.yaml", dump(run.run_file))  # `launcher -f RUN_DIR/run.yaml` runs it again
+        write_json_atomic(run_dir / PLAN, plan.to_dict())
         freeze(run_dir)  # what the job and its requeues import, whatever happens to the checkout meanwhile
         job_id = submit_job(cfg, plan, run_dir)
     except Exception as err:
@@ -115,19 +125,20 @@ def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str]
     from launcher.entry import TrainTask
     from launcher.sbatch import executor_params
 
-    executor = for_cluster(cfg.cluster).executor(run_dir / "submitit", cfg.cluster.max_requeues)
-    executor.update_parameters(**executor_params(cfg, plan, run_dir.name, run_dir, exclude))
-    return executor.submit(TrainTask(), str(run_dir)).job_id
+    with run_umask(cfg.share_group):  # submitit's files, and the job (sbatch hands the umask to it)
+        executor = for_cluster(cfg.cluster).executor(run_dir / "submitit", cfg.cluster.max_requeues)
+        executor.update_parameters(**executor_params(cfg, plan, run_dir.name, run_dir, exclude))
+        return executor.submit(TrainTask(), str(run_dir)).job_id
 
 
 def resubmit(run_dir: Path, exclude: Sequence[str] = ()) -> str:
     """Submit the run in ``run_dir`` again, as it was composed, as a new job that resumes from its newest good
     checkpoint (automatic recovery, ``launcher resume``) with the code frozen at its first submission; the
     record follows the new job. Returns its id."""
-    cfg, plan = load_run_config(run_dir / "config.yaml"), read_plan(run_dir)
+    cfg, plan = load_run_config(run_dir / CONFIG), read_plan(run_dir)
     job_id = submit_job(cfg, plan, run_dir, exclude)
-    record = load_record(run_dir)
-    if record is not None:
+    record = load_or_damage(run_dir)
+    if isinstance(record, RunRecord):
         record.job_id = job_id
         write_json_atomic(run_dir / RECORD, asdict(record))
     return job_id

@@ -13,6 +13,8 @@ SLURM_LOCAL_LOG=$SLURM_LOCAL_DIR/log
 # The daemons in start order; down.sh stops them in reverse.
 SLURM_LOCAL_DAEMONS=(munged mariadbd slurmdbd slurmctld)
 
-slurm_local_pid_alive() {  # PIDFILE -> success if the process it names is running
-  [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
+slurm_local_pid_alive() {  # PIDFILE -> success if the process it names is running (a zombie is not)
+  local pid
+  [[ -s $1 ]] && pid=$(cat "$1") && kill -0 "$pid" 2>/dev/null \
+    && [[ $(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) != Z ]]
 }

@@ -3,11 +3,14 @@
 # slurmctld and one slurmd per node, each node with its own port and virtual (or real) GPUs as gres.
 #
 # Usage: slurm/up.sh [--nodes N] [--gpus N] [--cpus N] [--mem MB] [--port BASE] [--name NAME]
-#                    [--dir DIR] [--no-accounting] [--min-job-age S]
+#                    [--dir DIR] [--no-accounting] [--min-job-age S] [--restart]
 # The same settings can come from SLURM_LOCAL_NODES, SLURM_LOCAL_GPUS, SLURM_LOCAL_CPUS,
 # SLURM_LOCAL_MEM_MB, SLURM_LOCAL_PORT, SLURM_LOCAL_NAME, SLURM_LOCAL_DIR, SLURM_LOCAL_ACCOUNTING=0,
 # SLURM_LOCAL_MIN_JOB_AGE (how long squeue remembers finished jobs, default 300 s).
-# Running it on a cluster that is already up with the same settings changes nothing.
+# Running it on a cluster that is already up with the same settings changes nothing. On one with some
+# daemons gone (a node's slurmd died), it repairs: it starts only the missing ones, returns their nodes
+# to service, and leaves every job alone. --restart stops the whole cluster first (down.sh: queued and
+# running jobs are cancelled) and starts it clean.
 set -euo pipefail
 
 die() { echo "slurm/up.sh: $*" >&2; exit 1; }
@@ -20,6 +23,7 @@ PORT=${SLURM_LOCAL_PORT:-16810}
 NAME=${SLURM_LOCAL_NAME:-local}
 ACCOUNTING=${SLURM_LOCAL_ACCOUNTING:-1}
 MIN_JOB_AGE=${SLURM_LOCAL_MIN_JOB_AGE:-300}
+RESTART=0
 while (($#)); do
   case $1 in
     --nodes) NODES=${2-}; shift 2 ;;
@@ -31,8 +35,9 @@ while (($#)); do
     --dir) export SLURM_LOCAL_DIR=${2-}; shift 2 ;;
     --no-accounting) ACCOUNTING=0; shift ;;
     --min-job-age) MIN_JOB_AGE=${2-}; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown option '$1' (allowed: --nodes --gpus --cpus --mem --port --name --dir --no-accounting --min-job-age)" ;;
+    --restart) RESTART=1; shift ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1' (allowed: --nodes --gpus --cpus --mem --port --name --dir --no-accounting --min-job-age --restart)" ;;
   esac
 done
 
@@ -82,37 +87,55 @@ ready() {
   echo "export SLURM_CONF=$SLURM_CONF"
 }
 
-all_running() {
-  local d n
-  for d in "${SLURM_LOCAL_DAEMONS[@]}"; do
-    if ((!ACCOUNTING)) && [[ $d == mariadbd || $d == slurmdbd ]]; then continue; fi
-    slurm_local_pid_alive "$SLURM_LOCAL_RUN/$d.pid" || return 1
-  done
-  for ((n = 1; n <= NODES; n++)); do
-    slurm_local_pid_alive "$SLURM_LOCAL_RUN/slurmd-$(node_name "$n").pid" || return 1
+# The daemons of this cluster, each as "pidfile-name port": the controller's, then one slurmd per node.
+DAEMONS=("munged -")
+((ACCOUNTING)) && DAEMONS+=("mariadbd $DB_PORT" "slurmdbd $DBD_PORT")
+DAEMONS+=("slurmctld $CTLD_PORT")
+for ((n = 1; n <= NODES; n++)); do DAEMONS+=("slurmd-$(node_name "$n") $(node_port "$n")"); done
+
+missing() {  # the daemons (pidfile names) not running, in start order
+  local d
+  for d in "${DAEMONS[@]}"; do
+    slurm_local_pid_alive "$SLURM_LOCAL_RUN/${d% *}.pid" || echo "${d% *}"
   done
 }
 
-if [[ -f $SLURM_LOCAL_DIR/settings ]] && all_running; then
-  [[ $(cat "$SLURM_LOCAL_DIR/settings") == "$SETTINGS" ]] \
-    || die "a cluster with other settings is running in $SLURM_LOCAL_DIR ($(cat "$SLURM_LOCAL_DIR/settings")); run slurm/down.sh first"
-  ready
-  exit 0
-fi
-# Something is partly running (a crash, a killed up.sh): stop it and start clean.
-"$(dirname "${BASH_SOURCE[0]}")/down.sh" >/dev/null 2>&1 || true
-
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-PORTS=("$CTLD_PORT")
-((ACCOUNTING)) && PORTS+=("$DBD_PORT" "$DB_PORT")
-for ((n = 1; n <= NODES; n++)); do PORTS+=("$(node_port "$n")"); done
-for p in "${PORTS[@]}"; do
-  if port_taken "$p"; then die "port $p is already in use; pick another base with --port or SLURM_LOCAL_PORT"; fi
-done
+check_ports() {  # NAMES...: the ports those daemons are to listen on must be free
+  local d p
+  for d in "${DAEMONS[@]}"; do
+    p=${d#* }
+    if [[ $p != - && " $* " == *" ${d% *} "* ]] && port_taken "$p"; then
+      die "port $p is already in use; pick another base with --port or SLURM_LOCAL_PORT"
+    fi
+  done
+}
+
+MISSING=$(missing | tr '\n' ' ')
+NAMES=$(for d in "${DAEMONS[@]}"; do printf '%s ' "${d% *}"; done)
+REPAIR=0
+if ((RESTART)); then
+  "$(dirname "${BASH_SOURCE[0]}")/down.sh" >/dev/null 2>&1 || true
+elif [[ -f $SLURM_LOCAL_DIR/settings && $MISSING != "$NAMES" ]]; then
+  [[ $(cat "$SLURM_LOCAL_DIR/settings") == "$SETTINGS" ]] \
+    || die "a cluster with other settings is running in $SLURM_LOCAL_DIR ($(cat "$SLURM_LOCAL_DIR/settings")); run slurm/down.sh first, or slurm/up.sh --restart"
+  if [[ -z $MISSING ]]; then
+    ready
+    exit 0
+  fi
+  REPAIR=1  # some daemons are up: start only the missing ones, leaving jobs (and the running daemons) alone
+else
+  # Nothing is running (or a cluster of unknown settings is): clear stale pid files and start clean.
+  "$(dirname "${BASH_SOURCE[0]}")/down.sh" >/dev/null 2>&1 || true
+  MISSING=$NAMES
+fi
+# shellcheck disable=SC2086
+check_ports $MISSING
 
 # ---- from here on, a failure stops whatever was started ----------------------------------------
 STARTED=0
-on_exit() { if ((!STARTED)); then "$(dirname "${BASH_SOURCE[0]}")/down.sh" >/dev/null 2>&1 || true; fi; }
+# A failed start stops what it started; a failed repair leaves the running daemons (and their jobs) be.
+on_exit() { if ((!STARTED && !REPAIR)); then "$(dirname "${BASH_SOURCE[0]}")/down.sh" >/dev/null 2>&1 || true; fi; }
 trap on_exit EXIT
 
 mkdir -p "$SLURM_LOCAL_ETC" "$SLURM_LOCAL_RUN" "$SLURM_LOCAL_LOG" "$SLURM_LOCAL_DIR/ctld" "$SLURM_LOCAL_DIR/dev"
@@ -279,42 +302,49 @@ start_slurmctld() {
   wait_for slurmctld "$SLURM_LOCAL_RUN/slurmctld.pid" "$log" scontrol ping
 }
 
-start_slurmds() {
-  local n node
-  for ((n = 1; n <= NODES; n++)); do
-    node=$(node_name "$n")
+start_slurmds() {  # NODE...: start their slurmd, then give them back to service
+  local node
+  for node in "$@"; do
     start "slurmd-$node" "$SLURM_LOCAL_LOG/slurmd-$node.log" slurmd -D -N "$node" -f "$SLURM_CONF"
   done
-  for ((n = 1; n <= NODES; n++)); do
-    node=$(node_name "$n")
-    # A node drained by an earlier run stays drained across restarts; give it back to service.
+  for node in "$@"; do
+    # A node drained by an earlier run, or marked down while its slurmd was gone, stays so; resume it.
     scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true
   done
 }
 
-nodes_idle() {
-  local states
-  states=$(sinfo -h -N -o '%T' 2>/dev/null) || return 1
-  [[ $(grep -c '^idle$' <<<"$states") -eq $NODES ]]
+nodes_serving() {  # NODE...: each is in service (idle, or running jobs: allocated, mixed, completing)
+  local node state
+  for node in "$@"; do
+    state=$(sinfo -h -n "$node" -o '%T' 2>/dev/null | head -1) || return 1
+    [[ $state =~ ^(idle|allocated|mixed|completing)$ ]] || return 1
+  done
 }
 
-write_configs
-start_munge
+started() { [[ " $MISSING " == *" $1 "* ]]; }  # NAME: whether that daemon is to be started
+
+NODES_STARTED=()
+for ((n = 1; n <= NODES; n++)); do
+  if started "slurmd-$(node_name "$n")"; then NODES_STARTED+=("$(node_name "$n")"); fi
+done
+((REPAIR)) || write_configs
+if started munged; then start_munge; fi
 if ((ACCOUNTING)); then
-  start_mariadb
-  start_slurmdbd
+  if started mariadbd; then start_mariadb; fi
+  if started slurmdbd; then start_slurmdbd; fi
 fi
-start_slurmctld
-start_slurmds
+if started slurmctld; then start_slurmctld; fi
+start_slurmds "${NODES_STARTED[@]}"
 for ((i = 0; i < 300; i++)); do
-  nodes_idle && break
-  for ((n = 1; n <= NODES; n++)); do
-    node=$(node_name "$n")
+  nodes_serving "${NODES_STARTED[@]}" && break
+  for node in "${NODES_STARTED[@]}"; do
     slurm_local_pid_alive "$SLURM_LOCAL_RUN/slurmd-$node.pid" \
       || die "slurmd for $node died during start-up; read $SLURM_LOCAL_LOG/slurmd-$node.log"
   done
   sleep 0.2
 done
-nodes_idle || die "nodes did not become idle in 60 s ($(sinfo -h -N -o '%N=%T %E' | tr '\n' ' ')); read $SLURM_LOCAL_LOG/slurmctld.log"
+nodes_serving "${NODES_STARTED[@]}" \
+  || die "nodes did not come into service in 60 s ($(sinfo -h -N -o '%N=%T %E' | tr '\n' ' ')); read $SLURM_LOCAL_LOG/slurmctld.log"
 STARTED=1
+if ((REPAIR)); then echo "Repaired: started $MISSING(running jobs left alone)."; fi
 ready

@@ -25,6 +25,7 @@ import pytest
 
 from launcher import cli
 from launcher.core import secrets as sec
+from launcher.core.damage import DamagedRun
 from launcher.entry import TrainTask
 
 REPO = Path(__file__).resolve().parents[1]
@@ -271,7 +272,7 @@ def test_a_failing_task_records_its_error_without_secret_values(tmp_path, monkey
     run_dir.mkdir()
     sec.create(store, "leaky", "env", "LEAKY", str(run_dir).encode())
     monkeypatch.delenv("LEAKY", raising=False)
-    with pytest.raises(FileNotFoundError):  # no config.yaml: the error names the path, i.e. the value
+    with pytest.raises(DamagedRun):  # no config.yaml: the error names the path, i.e. the value
         TrainTask(str(store))(str(run_dir))
     os.environ.pop("LEAKY", None)
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]

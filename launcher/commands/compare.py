@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from launcher.commands.common import chosen_runs, duration, root_of
-from launcher.core.rundir import METRICS, RunRecord, read_jsonl
+from launcher.core.damage import DamagedRun, read_yaml_mapping
+from launcher.core.rundir import CONFIG, RunRecord, read_metrics
 from launcher.state import job_states
 
 LOCAL_HARDWARE = "local cluster: CPU processes stand in for GPUs"
@@ -65,13 +66,11 @@ class Hardware:
 
     @classmethod
     def of(cls, rec: RunRecord) -> "Hardware":
-        import yaml
-
         try:
-            config = yaml.safe_load((Path(rec.run_dir) / "config.yaml").read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            config = {}
-        return cls(rec.cluster, (config.get("cluster") or {}).get("gpu_type"))
+            cluster = read_yaml_mapping(Path(rec.run_dir), CONFIG).get("cluster")
+        except DamagedRun:  # the GPU type is then not known, as for a config that does not name it
+            cluster = None
+        return cls(rec.cluster, cluster.get("gpu_type") if isinstance(cluster, dict) else None)
 
     @property
     def local(self) -> bool:
@@ -126,7 +125,7 @@ def median_figures(logged: List[dict]) -> Dict[str, Optional[float]]:
 
 def stats_of(rec: RunRecord, status: str) -> tuple[RunStats, List[dict]]:
     """The run's figures, and its interval records (for the time to a step)."""
-    records = list(read_jsonl(Path(rec.run_dir) / METRICS))
+    records = read_metrics(Path(rec.run_dir))
     final = next((r for r in records if r.get("final")), None)
     logged = [r for r in records if not r.get("final") and r.get("step_time")]
     last = final or (logged[-1] if logged else {})

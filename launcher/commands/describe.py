@@ -13,8 +13,9 @@ from launcher.attempts import history
 from launcher.commands.common import lookup, root_of
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
-from launcher.core.rundir import (CODE, CODE_DIFF, METRICS, TENSORBOARD, WANDB, RunRecord, code_source, read_events,
-                                  read_jsonl)
+from launcher.core.config import load_run_config
+from launcher.core.rundir import (CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, WANDB, RunRecord, code_source,
+                                  read_events, read_metrics)
 from launcher.slurm import Slurm, SlurmError
 from launcher.state import JobState, job_states
 
@@ -43,7 +44,9 @@ def checkpoints(run_dir: Path) -> List[Dict[str, Any]]:
 
 def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
     run_dir = Path(rec.run_dir)
-    metrics = list(read_jsonl(run_dir / METRICS))
+    load_run_config(run_dir / CONFIG)  # a damaged config or plan is said at once, in one line
+    plan, config = read_plan(run_dir).to_dict(), (run_dir / CONFIG).read_text()
+    metrics = read_metrics(run_dir)
     final = next((m for m in reversed(metrics) if m.get("final")), None)
     latest = next((m for m in reversed(metrics) if not m.get("final")), None)
     return {
@@ -51,19 +54,19 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
         "state": state.state, "reason": state.reason, "state_source": state.source,
         "exit_code": state.exit_code, "start": state.start, "end": state.end, "elapsed": state.elapsed,
         "paths": {
-            "run_dir": str(run_dir), "config": str(run_dir / "config.yaml"), "plan": str(run_dir / "plan.json"),
+            "run_dir": str(run_dir), "config": str(run_dir / CONFIG), "plan": str(run_dir / PLAN),
             "sbatch_script": str(run_dir / "sbatch.sh"), "logs": str(run_dir / "logs"),
             "submitit": str(run_dir / "submitit"), "metrics": str(run_dir / METRICS),
         },
-        "plan": read_plan(run_dir).to_dict(),
+        "plan": plan,
         "nodes": node_states(rec, state.nodes),
         "events": read_events(run_dir),
         "checkpoints": checkpoints(run_dir),
         "latest_metrics": latest,
         "final_metrics": final,
-        "config": (run_dir / "config.yaml").read_text(),
+        "config": config,
         "code": code_source(run_dir),
-        "curves": curves(run_dir, (run_dir / "config.yaml").read_text()),
+        "curves": curves(run_dir, config),
     }
 
 

@@ -7,12 +7,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List, Optional, TextIO
+from typing import List, Optional, TextIO, Tuple, Union
 
 from launcher.commands.common import clock, duration, parse_since, root_of, slurm_seconds, sweep_runs
 from launcher.errors import LaunchError
-from launcher.core.rundir import RunRecord, last_metrics, list_records, load_record, read_events, record_paths
-from launcher.state import ACTIVE, STATES, JobState, job_states
+from launcher.core.rundir import DamagedRun, RunRecord, last_metrics, load_or_damage, read_events, record_paths
+from launcher.state import ACTIVE, DAMAGED, STATES, JobState, job_states
 
 
 @dataclass
@@ -59,9 +59,21 @@ def build_row(rec: RunRecord, state: JobState) -> RunRow:
     )
 
 
-def rows_for(records: List[RunRecord]) -> List[RunRow]:
-    states = job_states(records)
-    return [build_row(rec, states[rec.name]) for rec in records]
+def damaged_row(damage: DamagedRun, submitted_at: float) -> RunRow:
+    """A run whose record cannot be read: listed, never hidden, as DAMAGED with the file and how."""
+    return RunRow(name=damage.run_dir.name, job_id=None, cluster="", model="", gpus=0, nodes=0, gpus_per_node=0,
+                  status=DAMAGED, reason=damage.reason, step=None, steps=0, loss=None, tokens_per_s=None, mfu=None,
+                  submitted_at=submitted_at, elapsed_s=None, eta_s=None, sweep=None, run_dir=str(damage.run_dir),
+                  state_source="run directory", attempts=0)
+
+
+Listed = Tuple[float, Union[RunRecord, DamagedRun]]  # (submit time, the run or why it cannot be read)
+
+
+def rows_for(runs: List[Listed]) -> List[RunRow]:
+    states = job_states([run for _, run in runs if isinstance(run, RunRecord)])
+    return [build_row(run, states[run.name]) if isinstance(run, RunRecord) else damaged_row(run, submitted)
+            for submitted, run in runs]
 
 
 HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "TRY", "PROGRESS", "LOSS", "TOK/S", "MFU",
@@ -70,8 +82,10 @@ HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "TRY", "PROGR
 
 def table_row(row: RunRow) -> list:
     status = row.status + (f" ({row.reason})" if row.reason and (row.status in ("PENDING", "RECOVERING", "FAILED",
-                                                                                  "UNKNOWN", "REQUEUED")
+                                                                                  "UNKNOWN", "REQUEUED", DAMAGED)
                                                                   or row.reason.startswith("stalled")) else "")
+    if row.status == DAMAGED:
+        return [row.name, "", "", "", "", status, "", "", "", "", "", clock(row.submitted_at), ""]
     progress = f"{row.step}/{row.steps} ({100 * row.step // row.steps}%)" if row.step is not None else f"-/{row.steps}"
     time_col = f"ETA {duration(row.eta_s)}" if row.eta_s is not None else duration(row.elapsed_s)
     return [
@@ -85,26 +99,29 @@ def table_row(row: RunRow) -> list:
 
 
 def select(root: Path, args) -> List[RunRow]:
-    """The runs the filters choose, newest first, at most ``--limit`` unless ``--all``."""
+    """The runs the filters choose, newest first, at most ``--limit`` unless ``--all``.
+
+    A damaged run (its record cannot be read) is listed whatever ``--model`` and ``--gpus`` say, as they
+    cannot be known; only ``--status`` without DAMAGED, or a sweep (also unknown), leaves it out."""
     limit = None if args.all else args.limit
     since = parse_since(args.since) if args.since else None
+    runs: List[Listed] = []
     if args.sweep:
-        records = [rec for rec in sweep_runs(root, args.sweep)
-                   if wanted(rec, args) and (since is None or rec.submitted_at >= since)]
-    elif not (args.model or args.gpus or since or args.status):
-        return rows_for(list_records(root, limit))
+        runs = [(rec.submitted_at, rec) for rec in sweep_runs(root, args.sweep)
+                if wanted(rec, args) and (since is None or rec.submitted_at >= since)]
     else:
-        records = []
         for mtime, path in record_paths(root):
             if since is not None and mtime < since:
                 break  # newest first: everything after this is older
-            rec = load_record(path)
-            if rec is None or not wanted(rec, args):
+            run = load_or_damage(path)
+            if isinstance(run, RunRecord) and not wanted(run, args):
                 continue
-            records.append(rec)
-            if limit is not None and not args.status and len(records) >= limit:
+            if isinstance(run, DamagedRun) and args.status and DAMAGED not in args.status:
+                continue
+            runs.append((mtime, run))
+            if limit is not None and not args.status and len(runs) >= limit:
                 break
-    rows = rows_for(records)
+    rows = rows_for(runs)
     if args.status:
         rows = [row for row in rows if row.status in args.status]
     return rows if limit is None else rows[:limit]

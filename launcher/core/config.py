@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from launcher.core.damage import DamagedRun, read_yaml_mapping
 from launcher.core.rundir import DEFAULT_ROOT
 
 # The choices of the parallelism settings: validated at composition (launcher/validate.py), searched by
@@ -202,6 +204,9 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     name: Optional[str] = None
     run_root: str = f"${{oc.env:LAUNCHER_RUN_ROOT,'{DEFAULT_ROOT}'}}"
+    # The run's files are its owner's alone unless this names a group to share them with (read-only):
+    # launcher/core/privacy.py.
+    share_group: Optional[str] = None
     dry_run: Any = False  # false, true or "json"
     force: bool = False
 
@@ -272,7 +277,13 @@ RANGES: Dict[str, Range] = {
 
 
 def load_run_config(path: str | Path) -> RunConfig:
-    """Read a resolved ``config.yaml`` back into typed dataclasses."""
-    schema = OmegaConf.structured(RunConfig)
-    merged = OmegaConf.merge(schema, OmegaConf.load(path))
-    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    """Read a resolved ``config.yaml`` back into typed dataclasses; DamagedRun when it is missing, is not a
+    YAML mapping, or no longer fits the schema (a key lost, a value of the wrong type)."""
+    path = Path(path)
+    read_yaml_mapping(path.parent, path.name)  # then OmegaConf's reading, whose YAML reads 1e-4 as a float
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path))
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise DamagedRun(path.parent, path.name, f"does not fit the config schema ({first})") from None

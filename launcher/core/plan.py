@@ -9,16 +9,15 @@ formulas must match train/model.py exactly.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from launcher.catalog import model_micro_batch
 from launcher.core.config import LayoutConfig, ModelConfig, RunConfig
+from launcher.core.damage import DamagedRun, read_json_object
+from launcher.core.rundir import PLAN
 from launcher.errors import LaunchError
-
-PLAN = "plan.json"  # in the run directory
 
 
 @dataclass(frozen=True)
@@ -101,8 +100,12 @@ class Plan:
 
 
 def read_plan(run_dir: str | Path) -> Plan:
-    """The plan a run was launched with, from its directory's plan.json."""
-    return Plan.from_dict(json.loads((Path(run_dir) / PLAN).read_text()))
+    """The plan a run was launched with, from its directory's plan.json; DamagedRun saying how it is damaged."""
+    data = read_json_object(Path(run_dir), PLAN)
+    try:
+        return Plan.from_dict(data)
+    except ValueError as err:
+        raise DamagedRun(Path(run_dir), PLAN, str(err).removeprefix(f"{PLAN} ")) from None
 
 
 def single_node_plan(cfg: RunConfig, ranks: int) -> Plan:

@@ -13,9 +13,14 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Optional
+
+from launcher.core.damage import DamagedRun, read_json_object, read_jsonl, usable_metrics
+from launcher.core.privacy import file_mode
 
 RECORD = "run.json"
+CONFIG = "config.yaml"
+PLAN = "plan.json"
 EVENTS = "events.jsonl"
 METRICS = "metrics.jsonl"
 INDEX = ".index"
@@ -66,11 +71,17 @@ def code_source(run_dir: Path) -> Optional[dict]:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so that readers see the old file or the new one, never half of one."""
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file so that readers see the old one or the new one, never half of one. It gets the
+    permissions of its directory (launcher/core/privacy.py), as the run's other files do."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode(path.parent))
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -80,7 +91,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON line with a single write on an O_APPEND descriptor, so lines from different
     processes (the launcher, rank 0 of successive requeues) never interleave within a line."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, file_mode(Path(path).parent))
     try:
         os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
     finally:
@@ -93,28 +104,20 @@ def append_event(run_dir: Path, event: str, **fields: Any) -> None:
 
 
 def read_events(run_dir: Path) -> list[dict]:
-    """The event log, skipping a torn last line."""
-    return list(read_jsonl(run_dir / EVENTS))
+    """The event log, skipping damaged lines (an event must have a numeric time)."""
+    return [e for e in read_jsonl(Path(run_dir) / EVENTS) if isinstance(e.get("time", 0), (int, float))]
 
 
-def read_jsonl(path: Path) -> Iterator[dict]:
-    """Records of a JSON-lines file; a line cut short by a crash is skipped."""
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-    except FileNotFoundError:
-        return
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The metrics records, skipping damaged lines (a record must have an integer step)."""
+    return [m for m in read_jsonl(Path(run_dir) / METRICS) if usable_metrics(m)]
 
 
 def ensure_root(root: str) -> Path:
     """The run root, created if needed; a one-line error if it cannot be written."""
     path = Path(os.path.expanduser(root))
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)  # a new root is private (launcher/core/privacy.py)
     except OSError as err:
         raise PermissionError(f"run root {path} cannot be created ({err.strerror})") from None
     if not os.access(path, os.W_OK | os.X_OK):
@@ -152,14 +155,36 @@ def save_record(record: RunRecord) -> None:
     index_run(run_dir.parent, record.name, record.submitted_at)
 
 
-def load_record(run_dir: Path) -> Optional[RunRecord]:
-    """The run's record, or None for a directory that is not (or not yet) a run."""
-    try:
-        data = json.loads((run_dir / RECORD).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    known = RunRecord.__dataclass_fields__
-    return RunRecord(**{k: v for k, v in data.items() if k in known})
+# The JSON types each RunRecord field may hold (the dataclass's annotations, which are strings here).
+_RECORD_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "Optional[str]": (str, type(None)),
+                 "list[str]": (list,)}
+
+
+def load_record(run_dir: Path) -> RunRecord:
+    """The run's record; DamagedRun when run.json is missing, unreadable, or lacks or mistypes a field."""
+    data = read_json_object(run_dir, RECORD)
+    fields = RunRecord.__dataclass_fields__
+    missing = [name for name, f in fields.items() if name not in data and f.default is f.default_factory]
+    if missing:
+        raise DamagedRun(run_dir, RECORD, f"lacks {', '.join(missing)}")
+    for name, f in fields.items():
+        if name in data and (not isinstance(data[name], _RECORD_TYPES[f.type]) or isinstance(data[name], bool)):
+            raise DamagedRun(run_dir, RECORD, f"has {name}={data[name]!r}, not a {f.type}")
+    return RunRecord(**{k: v for k, v in data.items() if k in fields})
+
+
+def check_run(run_dir: Path) -> None:
+    """DamagedRun when the run's plan is there but cannot be read. Listings check this much for every run
+    (JSON is cheap; parsing every config.yaml would multiply a listing's time): what the config and plan
+    must hold, the commands that read them check."""
+    if (run_dir / PLAN).exists():
+        read_json_object(run_dir, PLAN)
+
+
+def is_run(run_dir: Path) -> bool:
+    """Whether a directory of the run root is a run: its record was written, or its event log (begun just
+    after the record) was, so a run whose run.json was lost still counts (as damaged)."""
+    return (run_dir / RECORD).exists() or (run_dir / EVENTS).exists()
 
 
 def record_paths(root: Path) -> list[tuple[float, Path]]:
@@ -187,9 +212,13 @@ def record_paths(root: Path) -> list[tuple[float, Path]]:
     except FileNotFoundError:
         pass
     for name in names - submitted.keys():
-        try:
-            submitted[name] = os.stat(root / name / RECORD).st_mtime
-        except OSError:  # not a run (yet)
+        for file in (RECORD, EVENTS):  # a run that lost its run.json is still one
+            try:
+                submitted[name] = os.stat(root / name / file).st_mtime
+                break
+            except OSError:  # not a run (yet)
+                continue
+        else:
             continue
         index_run(root, name, submitted[name])
     return sorted(((t, root / name) for name, t in submitted.items()), key=lambda item: item[0], reverse=True)
@@ -198,7 +227,7 @@ def record_paths(root: Path) -> list[tuple[float, Path]]:
 def index_run(root: Path, name: str, submitted_at: float) -> None:
     """Append the run to the root's index: one write of one line, so concurrent appends never mix."""
     try:
-        fd = os.open(root / INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(root / INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, file_mode(root))
     except OSError:  # a root this user may read but not write: the index stays a cache
         return
     try:
@@ -207,23 +236,35 @@ def index_run(root: Path, name: str, submitted_at: float) -> None:
         os.close(fd)
 
 
+def load_or_damage(run_dir: Path) -> RunRecord | DamagedRun:
+    """The run's record, or why it or its plan cannot be read."""
+    try:
+        record = load_record(run_dir)
+        check_run(run_dir)
+        return record
+    except DamagedRun as damage:
+        return damage
+
+
 def list_records(root: Path, limit: Optional[int] = None) -> list[RunRecord]:
-    """Records of the newest ``limit`` runs (all with None), newest first."""
+    """Records of the newest ``limit`` runs (all with None) that can be read, newest first."""
     paths = record_paths(root)
-    records = (load_record(path) for _, path in (paths if limit is None else paths[:limit]))
-    return [rec for rec in records if rec is not None]
+    runs = (load_or_damage(path) for _, path in (paths if limit is None else paths[:limit]))
+    return [run for run in runs if isinstance(run, RunRecord)]
 
 
 def find_run(root: Path, name: str) -> RunRecord:
     """The run called ``name``, or the only one whose name starts with it.
 
-    Raises LookupError with the closest names when there is no such run or the prefix is ambiguous.
+    Raises LookupError with the closest names when there is no such run or the prefix is ambiguous, and
+    DamagedRun when it is listed as damaged (its record or plan cannot be read).
     """
-    exact = load_record(root / name) if name and "/" not in name else None
-    if exact is not None:
-        return exact
-    names = [path.name for _, path in record_paths(root)]
-    return load_record(root / unique_prefix(name, names, "run named", root))  # type: ignore[return-value]
+    if not (name and "/" not in name and name not in (".", "..") and is_run(root / name)):
+        name = unique_prefix(name, [path.name for _, path in record_paths(root)], "run named", root)
+    run = load_or_damage(root / name)
+    if isinstance(run, DamagedRun):
+        raise run
+    return run
 
 
 def unique_prefix(text: str, candidates: Iterable[str], what: str, root: Path) -> str:
@@ -257,7 +298,9 @@ def last_metrics(run_dir: Path) -> Optional[dict]:
         return None
     for line in reversed(tail.splitlines()):
         try:
-            return json.loads(line)
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict) and usable_metrics(record):
+            return record
     return None

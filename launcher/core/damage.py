@@ -1,0 +1,95 @@
+"""Reading a run's records when they may be damaged: a disk that filled up, a hand edit, a copy cut short.
+
+A damaged record must never hide its run nor break a listing of the others. Whole-file records (run.json,
+plan.json, config.yaml) that cannot be read raise DamagedRun, which says which file and how; listings show
+the run as DAMAGED with that reason, commands on it say it in one line. A damaged *line* of a JSON-lines
+log (events, metrics) is skipped, so the rest of the log stays usable.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+# The metrics fields readers format as numbers: a record where one is not a number is a damaged line.
+NUMERIC_METRICS = ("loss", "eval_loss", "lr", "grad_norm", "step_time", "tokens_per_s", "tokens_per_s_per_gpu", "mfu")
+
+
+class DamagedRun(ValueError):
+    """A run whose records cannot be read: which file, and how."""
+
+    def __init__(self, run_dir: Path, file: str, how: str) -> None:
+        super().__init__(f"run {Path(run_dir).name} is damaged: {Path(run_dir) / file} {how}")
+        self.run_dir, self.file, self.how = Path(run_dir), file, how
+
+    @property
+    def reason(self) -> str:
+        """The file and how it is damaged, for a listing (the message names the whole path)."""
+        return f"{self.file} {self.how}"
+
+
+def read_text(run_dir: Path, file: str) -> str:
+    """The run's ``file`` as text; DamagedRun when it is missing, unreadable or empty."""
+    try:
+        text = (Path(run_dir) / file).read_text()
+    except FileNotFoundError:
+        raise DamagedRun(run_dir, file, "is missing") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DamagedRun(run_dir, file, f"cannot be read ({getattr(err, 'strerror', None) or err})") from None
+    if not text.strip():
+        raise DamagedRun(run_dir, file, "is empty")
+    return text
+
+
+def read_json_object(run_dir: Path, file: str) -> dict:
+    """The JSON object in the run's ``file``; DamagedRun saying how it is missing, unreadable or not one."""
+    text = read_text(run_dir, file)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DamagedRun(run_dir, file, f"is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") \
+            from None
+    if not isinstance(data, dict):
+        raise DamagedRun(run_dir, file, f"holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def read_yaml_mapping(run_dir: Path, file: str) -> dict:
+    """The YAML mapping in the run's ``file`` (read with libyaml where it is built in: listings check every
+    run's config, and must not pay for OmegaConf); DamagedRun saying how it is damaged."""
+    import yaml
+
+    text = read_text(run_dir, file)
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise DamagedRun(run_dir, file, f"is not valid YAML ({getattr(err, 'problem', None) or 'syntax'}{at})") \
+            from None
+    if not isinstance(data, dict):
+        raise DamagedRun(run_dir, file, f"holds a YAML {type(data).__name__}, not a mapping")
+    return data
+
+
+def read_jsonl(path: Path) -> Iterator[dict]:
+    """The JSON objects of a JSON-lines file. A damaged line (cut short by a crash, garbage, or valid JSON
+    that is not an object) is skipped, so the rest of the file stays usable; a missing file has none."""
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict):
+                    yield record
+    except FileNotFoundError:
+        return
+
+
+def usable_metrics(record: dict) -> bool:
+    """Whether a metrics record has what readers rely on: an integer step, and numbers where numbers go."""
+    step = record.get("step")
+    return isinstance(step, int) and not isinstance(step, bool) and all(
+        record.get(key) is None or isinstance(record[key], (int, float)) for key in NUMERIC_METRICS)
