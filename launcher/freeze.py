@@ -16,11 +16,12 @@ is kept in ``RUN/code/diff.patch`` (launcher/git.py runs git).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from launcher.core.rundir import CODE_DIFF, CODE_SOURCE, code_dir, write_json_atomic
 from launcher.git import TreeState, tree_state
@@ -68,3 +69,11 @@ def _not_code(directory: str, names: list[str]) -> list[str]:
     """shutil.copytree's ignore: everything but subdirectories (bar __pycache__) and .py/.yaml files."""
     return [name for name in names if name == "__pycache__"
             or not (name.endswith(SUFFIXES) or os.path.isdir(os.path.join(directory, name)))]
+
+
+def code_source(run_dir: Path) -> Optional[dict]:
+    """Where the run's frozen code came from (commit, dirty, ...), or None for a run without a copy."""
+    try:
+        return json.loads((code_dir(run_dir) / CODE_SOURCE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None

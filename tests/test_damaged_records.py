@@ -74,10 +74,12 @@ FILE_DAMAGE = [
     ("plan.json", lambda p: "garbage", "plan.json is not valid JSON", "plan.json is not valid JSON"),
     ("plan.json", truncated, "plan.json is not valid JSON", "plan.json is not valid JSON"),
     ("plan.json", None, None, "plan.json is missing"),
-    ("config.yaml", lambda p: "{}", None, "config.yaml does not fit the config schema"),
+    ("config.yaml", lambda p: "{}", None, "config.yaml lacks model, layout"),
+    ("config.yaml", lambda p: p.read_text().replace("lr:", "lr: [oops]\n  x:"), None,
+     "config.yaml does not fit the config schema"),
     ("config.yaml", lambda p: "model: [\n", None, "config.yaml is not valid YAML"),
     ("config.yaml", lambda p: "- a\n- b\n", None, "config.yaml holds a YAML list"),
-    ("config.yaml", truncated, None, "config.yaml is not valid YAML"),
+    ("config.yaml", truncated, None, "config.yaml lacks"),
     ("config.yaml", None, None, "config.yaml is missing"),
 ]
 

@@ -14,8 +14,9 @@ from launcher.commands.common import lookup, root_of
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
 from launcher.core.config import load_run_config
-from launcher.core.rundir import (CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, WANDB, RunRecord, code_source,
-                                  read_events, read_metrics)
+from launcher.core.rundir import (CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, WANDB, RunRecord, read_events,
+                                  read_metrics)
+from launcher.freeze import code_source
 from launcher.slurm import Slurm, SlurmError
 from launcher.state import JobState, job_states
 

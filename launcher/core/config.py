@@ -276,11 +276,17 @@ RANGES: Dict[str, Range] = {
 }
 
 
+# The sections every config.yaml the launcher has written holds, whatever its version.
+WRITTEN_SECTIONS = ("model", "layout", "parallel", "train", "data", "cluster")
+
+
 def load_run_config(path: str | Path) -> RunConfig:
     """Read a resolved ``config.yaml`` back into typed dataclasses; DamagedRun when it is missing, is not a
     YAML mapping, or no longer fits the schema (a key lost, a value of the wrong type)."""
     path = Path(path)
-    read_yaml_mapping(path.parent, path.name)  # then OmegaConf's reading, whose YAML reads 1e-4 as a float
+    lacking = [key for key in WRITTEN_SECTIONS if key not in read_yaml_mapping(path.parent, path.name)]
+    if lacking:  # a config cut short can still be valid YAML, whose lost sections the defaults would fill
+        raise DamagedRun(path.parent, path.name, f"lacks {', '.join(lacking)} (cut short?)")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path))
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
