@@ -105,22 +105,14 @@ def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, steady, tmp_
           f"completed {time.time() - killed_at:.0f} s after the kill")
 
 
-def freeze(job, world_size):
-    """SIGSTOP every rank of this test's own job, so that nothing moves while its checkpoints are spoiled."""
-    pids = rank_pids(job)
-    assert sorted(pids) == list(range(world_size)), pids
-    for pid in pids.values():
-        os.kill(pid, signal.SIGSTOP)
-
-
 def newest_step(run_dir):
     newest = latest_checkpoint(run_dir)
     return step_of(newest) if newest else 0
 
 
 def test_a_damaged_checkpoint_is_set_aside_and_the_requeued_job_resumes_from_the_one_before(slurm, steady, tmp_path):
-    """Twice: the newest checkpoint damaged (a shard truncated; then values overwritten inside a shard, its
-    size unchanged) and the job requeued by hand. Each resume names the damage and uses the checkpoint
+    """Twice: the job requeued by hand and the newest checkpoint damaged before it starts again (a shard
+    truncated; then values overwritten inside a shard, its size unchanged). Each resume names the damage and uses the checkpoint
     before it, and the run ends with the uninterrupted run's losses."""
     job = launch(slurm, tmp_path, "spoiled", "train.keep_checkpoints=3")
     run_dir = tmp_path / "spoiled"
@@ -137,10 +129,11 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_requeued_job_resumes_from_the
     for round_no, (damage, words) in enumerate([(truncate, "has"), (overwrite, "wrong checksum")], start=1):
         since = resumed["step"]  # two checkpoints after the last resume: the newest and the one to fall back to
         wait_for(lambda: newest_step(run_dir) >= since + 40, 240, f"checkpoints, round {round_no}")
-        freeze(job, 4)
+        slurm.run("scontrol", "requeuehold", job)  # requeued, and held until the damage is done
+        wait_for(lambda: not rank_pids(job), 60, "the ranks gone")
         spoiled = latest_checkpoint(run_dir)
         damage(spoiled / "__1_0.distcp")
-        slurm.run("scontrol", "requeue", job)
+        slurm.run("scontrol", "release", job)
         resumed = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "resumed"][round_no - 1:], 180,
                            f"resume {round_no}")[0]
         damaged = [e for e in events(run_dir) if e["event"] == "checkpoint_damaged"]
