@@ -1,5 +1,5 @@
 """A run root too small for the checkpoints a run keeps is warned of, in one line, by ``launcher plan``, dry
-runs and launches (the launch goes on); the size of a checkpoint is one rule (launcher/planning/disk.py),
+runs and launches (the launch goes on); the size of a checkpoint is one rule (launcher/core/checkpoints.py),
 also the one preflight refuses a node by."""
 import os
 import subprocess
@@ -10,7 +10,8 @@ import pytest
 
 from launcher.core.config import ModelConfig, RunConfig, TrainConfig, load_run_config
 from launcher.core.plan import read_plan, single_node_plan
-from launcher.planning.disk import checkpoint_bytes, checkpoints_on_disk, free_space
+from launcher.core.checkpoints import checkpoint_bytes, checkpoints_on_disk
+from launcher.planning.disk import free_space
 from train.preflight import disk_problem
 
 REPO = Path(__file__).resolve().parents[1]

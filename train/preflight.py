@@ -5,7 +5,7 @@ seconds and left out of the next attempt instead of failing or slowing the run l
 - the network carries: an all-reduce whose time gives each rank's bus bandwidth; a rank far slower than
   the median is flagged (recorded, not failed: a slow link still trains);
 - the run directory takes a checkpoint: writable, with room for the next one (its size by
-  launcher/planning/disk.py, the rule ``launcher plan`` warns with).
+  launcher/core/checkpoints.py, the rule ``launcher plan`` warns with).
 
 Rank 0 records one ``preflight`` event with the bandwidth of every rank. A rank whose node fails records a
 ``preflight_failed`` event naming the node and the check; every rank then raises :class:`PreflightFailed`,
@@ -24,10 +24,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from launcher.core.checkpoints import checkpoint_bytes, human
 from launcher.core.config import ModelConfig
 from launcher.core.plan import Plan
 from launcher.core.rundir import append_event
-from launcher.planning.disk import checkpoint_bytes, human
 from train import faults
 from train.dist import DistEnv
 

@@ -76,8 +76,9 @@ def check_launch(runs: Sequence[Any], dry_run: bool) -> List[str]:
     machine = machine_memory() if any(run.config.cluster.name == LOCAL_CLUSTER for run in runs) else None
     for run in runs:
         label = sweep_label(run, runs)
-        warnings += [label + warning for warning in (time_budget(run), checkpoint_room(run.config, run.plan))
-                     if warning]
+        late = time_budget(run)
+        if late:
+            warnings.append(label + late)
         reasons = []
         for summary, refusal_line in _findings(run, dry_run, machine):
             if run.config.force:
@@ -88,6 +89,9 @@ def check_launch(runs: Sequence[Any], dry_run: bool) -> List[str]:
             else:
                 reasons.append(label + refusal_line)
         refused += reasons[:1]
+        room = checkpoint_room(run.config, run.plan)
+        if room:
+            warnings.append(label + room)
     if refused:
         more = f" ({len(refused)} of {len(runs)} runs do not fit; nothing was submitted)" if len(runs) > 1 else ""
         raise LaunchError(refused[0] + more)
