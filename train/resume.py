@@ -7,8 +7,8 @@ with its manifest) loads without complaint. But a resume is exact, so the first 
 step of the same run, and its loss and gradient norm must look like those of the step the checkpoint saved
 (kept in its meta.json). When they do not (:func:`first_step_problem`), the checkpoint is set aside like one
 whose checksums failed (``step_<N>.damaged``, a ``checkpoint_damaged`` event saying why) and training starts
-again, in the same attempt, from the previous good checkpoint: :func:`start` builds model, optimizer and
-schedule afresh and loads it (:meth:`Starter.start`), exactly as a new attempt would.
+again, in the same attempt, from the previous good checkpoint: :meth:`Starter.fall_back` builds model,
+optimizer and schedule afresh and loads it, exactly as a new attempt would.
 
 The rule comes from measured noise (docs/recovery.md has the numbers): over 2,300 consecutive steps of
 gpt_tiny and gpt_small on the byte-level corpus (each one what a resume after the step before sees), a
