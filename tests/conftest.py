@@ -68,6 +68,29 @@ def slurm() -> SlurmCluster:
     return SlurmCluster(env=env, nodes=sorted(set(nodes)), gpus_per_node=int(gres.split(":")[-1]))
 
 
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``tmpfs("1m")`` mounts a filesystem of that size under ``tmp_path`` (unmounted after the test): a disk
+    that fills up for real. Needs root; skips without it, except in CI."""
+    mounted = []
+
+    def mount(size: str) -> Path:
+        path = tmp_path / f"disk{len(mounted)}"
+        path.mkdir()
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            if os.environ.get("CI"):
+                pytest.fail(f"cannot mount a tmpfs: {result.stderr.strip()}")
+            pytest.skip(f"cannot mount a tmpfs (needs root): {result.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", str(path)], check=True)
+
+
 @pytest.fixture(scope="session")
 def reference_config(tmp_path_factory) -> dict:
     """A 2-rank run of 6 steps, checkpointed and evaluated every 3 (tests/train_harness.py)."""

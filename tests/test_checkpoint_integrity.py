@@ -7,7 +7,6 @@ a copy of it, or runs it on a full disk, and checks what the resumed (or failed)
 import json
 import os
 import shutil
-import subprocess
 
 import pytest
 
@@ -78,18 +77,9 @@ def test_overwritten_values_are_found_by_their_checksum(reference_run, tmp_path)
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmpfs):
     """A 1 MiB tmpfs: room for one checkpoint of the test model (~0.7 MB), not two."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True,
-                            text=True)
-    if result.returncode != 0:
-        if os.environ.get("CI"):
-            pytest.fail(f"cannot mount a tmpfs: {result.stderr.strip()}")
-        pytest.skip(f"cannot mount a tmpfs (needs root): {result.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+    return tmpfs("1m")
 
 
 def test_full_disk_fails_the_save_clearly_and_keeps_the_earlier_checkpoint(reference_config, small_disk):

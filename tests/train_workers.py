@@ -109,3 +109,32 @@ def allreduce_with_watchdog(run_dir: Path, stop_rank: int, stop_at: int, timeout
             os.kill(os.getpid(), signal.SIGSTOP)
         dist.all_reduce(torch.ones(1))
         time.sleep(0.01)
+
+
+def spoil_checkpoint(run_dir: Path, step: int, factor: float) -> None:
+    """Multiply the weights saved in ``run_dir``'s checkpoint of ``step`` by ``factor`` and save it again in
+    its place through train/checkpoint.py, so that its manifests (train/manifest.py) match the spoiled
+    files and its meta.json keeps the step's record: damage no checksum can find, only the first step."""
+    import shutil
+
+    from launcher.core.checkpoints import step_dir
+    from launcher.core.config import load_run_config
+
+    cfg = load_run_config(run_dir / "config.yaml")
+    env = init_distributed(timeout_s=60)
+    model = build_model(cfg, env)
+    optimizer, scheduler = build_optimizer(model, cfg.train)
+    path = step_dir(run_dir, step)
+    checkpoint.load_checkpoint(path, model, optimizer, scheduler, env)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(factor)
+    spoiled = run_dir / "spoiled"
+    checkpoint.save_checkpoint(spoiled, step, model, optimizer, scheduler, env, keep=1,
+                               record=checkpoint.recorded(path))
+    if env.rank == 0:
+        shutil.rmtree(path)
+        step_dir(spoiled, step).rename(path)
+        shutil.rmtree(spoiled)
+    dist.barrier()
+    dist.destroy_process_group()

@@ -48,14 +48,27 @@ def resume_checkpoint(run_dir: Path, env: DistEnv, on_damage: Callable[[int, lis
         problems = verify(path, env)
         if not problems:
             return path
-        if env.is_main:
-            log.error("checkpoint %s is damaged: %s", path, "; ".join(problems))
-            on_damage(step_of(path), problems)
-            aside = path.with_name(path.name + DAMAGED)
-            shutil.rmtree(aside, ignore_errors=True)
-            os.rename(path, aside)
-        dist.barrier()
+        set_aside(path, problems, env, on_damage)
     return None
+
+
+def set_aside(path: Path, problems: list[str], env: DistEnv, on_damage: Callable[[int, list[str]], None]) -> None:
+    """Rename the damaged checkpoint ``path`` to ``step_<N>.damaged`` (kept for a look, never tried again, its
+    step can be saved again) after ``on_damage(step, problems)`` on rank 0 has recorded why; all ranks call this."""
+    if env.is_main:
+        log.error("checkpoint %s is damaged: %s", path, "; ".join(problems))
+        on_damage(step_of(path), problems)
+        aside = path.with_name(path.name + DAMAGED)
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(path, aside)
+    dist.barrier()
+
+
+def recorded(path: Path) -> dict:
+    """What the checkpoint in ``path`` recorded of its step (loss, grad_norm; empty if saved before records
+    existed), for the check of the first step after resuming from it (train/resume.py)."""
+    meta = json.loads((path / META).read_text())
+    return {key: meta[key] for key in ("loss", "grad_norm") if key in meta}
 
 
 def verify(path: Path, env: DistEnv) -> list[str]:

@@ -93,6 +93,13 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:
                    nodes=launch.nodes, node=launch.node, device=device)
 
 
+def global_mean(value: torch.Tensor, env: DistEnv) -> float:
+    """The mean of a scalar over all ranks (gloo has no AVG, hence SUM / world)."""
+    total = value.detach().clone().reshape(1)
+    dist.all_reduce(total)
+    return total.item() / env.world_size
+
+
 def check_allreduce(env: DistEnv) -> int:
     """All-reduce rank+1 over the world and insist on the known sum, world*(world+1)/2.
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +28,9 @@ from launcher.core.config import RunConfig, TrainConfig, compute_precision
 from launcher.core.heartbeats import SLOW_PHASE_S
 from launcher.core.plan import Plan, flops_per_token, halved_micro_batch
 from train import faults
-from train.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
+from train.checkpoint import save_checkpoint
 from train.data import StepSampler, TokenData, token_file, val_indices
-from train.dist import DistEnv
+from train.dist import DistEnv, global_mean
 from train.guard import check_finite
 from train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
 from train.interrupt import Interrupt, Requeue
@@ -40,8 +39,9 @@ from train.tracking import open_tracker
 from train.optim import build_optimizer, optimizer_step
 from train.parallel import parallelize
 from train.progress import job_comment
+from train.resume import Starter
 from train.watchdog import Watchdog
-from launcher.core.rundir import METRICS, append_event
+from launcher.core.rundir import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +97,6 @@ def forward_backward(model: nn.Module, micro_batches: list[Batch]) -> torch.Tens
     return total
 
 
-def global_mean(value: torch.Tensor, env: DistEnv) -> float:
-    """The mean of a scalar over all ranks (gloo has no AVG, hence SUM / world)."""
-    total = value.detach().clone().reshape(1)
-    dist.all_reduce(total)
-    return total.item() / env.world_size
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, data: TokenData, env: DistEnv, micro_batch: int, batches: int) -> float:
     """Mean loss over ``batches`` fixed val micro-batches per rank (the same ones at every evaluation)."""
@@ -129,26 +122,17 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
 
     ``watchdog`` hears of every step; an exception leaves the loop with the step it happened at
     (``train_step``), for the failure's record. When ``interrupt`` says Slurm's signal came, every rank saves
-    the step just done and :class:`Requeue` ends the loop."""
+    the step just done and :class:`Requeue` ends the loop. A first step after a resume that does not fit the
+    checkpoint's record sets that checkpoint aside and starts again from the one before (train/resume.py)."""
     tc = cfg.train
-    torch.manual_seed(tc.seed)
-    np.random.seed(tc.seed)
-    random.seed(tc.seed)
     batching = Batching.from_plan(plan, tc, env.world_size)
     data = TokenData(token_file(cfg.data), cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction)
     if tc.eval_every > 0:
         data.require("val")
     sampler = StepSampler(data.num_samples("train"), batching.global_batch, tc.seed)
-    model = build_model(cfg, env)
-    optimizer, scheduler = build_optimizer(model, tc)
-
-    start = 0
-    resume_from = resume_checkpoint(run_dir, env, on_damage=functools.partial(_record_damage, run_dir))
-    if resume_from is not None:
-        start = load_checkpoint(resume_from, model, optimizer, scheduler, env)
-        log.info("resumed at step %d from %s", start, resume_from)
-        if env.is_main:
-            append_event(run_dir, "resumed", step=start, checkpoint=str(resume_from))
+    starter = Starter(run_dir, env, tc.seed, functools.partial(_build, cfg, env))
+    begun = starter.start()
+    model, optimizer, scheduler, start = begun.model, begun.optimizer, begun.scheduler, begun.step
     if start >= tc.steps:
         log.info("nothing to do: step %d of %d already reached", start, tc.steps)
         return {"final": True, "step": start, "steps_run": 0}
@@ -161,7 +145,8 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
     record: dict[str, Any] = {}
     timer = _IntervalTimer(env.device)
     try:
-        for step in range(start, tc.steps):
+        step = start
+        while step < tc.steps:
             watchdog.step(step)
             faults.at_step(step, env.rank)
             batches = functools.partial(_rank_batches, data, sampler, env, step)
@@ -171,6 +156,14 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
             else:
                 loss = forward_backward(model, batches(batching.micro_batch))
                 grad_norm = optimizer_step(model, optimizer, scheduler, tc.grad_clip)
+            problem = begun.judge_first_step(step, loss, grad_norm, env)
+            if problem:  # the checkpoint resumed from is damaged
+                model = optimizer = scheduler = None  # freed before the previous checkpoint is loaded
+                begun = starter.fall_back(begun, problem)
+                model, optimizer, scheduler, start = begun.model, begun.optimizer, begun.scheduler, begun.step
+                step = start
+                timer.reset()
+                continue
             check_finite(step, loss, grad_norm)  # before anything of this step is saved
             done, last = step + 1, step + 1 == tc.steps
             timer.steps += 1
@@ -199,9 +192,10 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
                                     record={"loss": global_mean(loss, env), "grad_norm": grad_norm.item()})
             if interrupted:
                 raise Requeue(done)
+            step = done
 
         final = {"final": True, **record, **_overall(intervals, tokens_per_step, env, fpt, peak),
-                 "steps_run": tc.steps - start, "resumed_from": start if resume_from is not None else None,
+                 "steps_run": tc.steps - start, "resumed_from": start if begun.checkpoint is not None else None,
                  "micro_batch": batching.micro_batch, "grad_accum": batching.grad_accum}
         metrics.write(final)
         comment.update(f"done {tc.steps}/{tc.steps} loss {record['loss']:.3f}")
@@ -214,8 +208,10 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
         metrics.close()
 
 
-def _record_damage(run_dir: Path, step: int, problems: list[str]) -> None:
-    append_event(run_dir, "checkpoint_damaged", step=step, damage="; ".join(problems))
+def _build(cfg: RunConfig, env: DistEnv) -> tuple[nn.Module, torch.optim.Optimizer,
+                                                 torch.optim.lr_scheduler.LRScheduler]:
+    model = build_model(cfg, env)
+    return (model, *build_optimizer(model, cfg.train))
 
 
 def _step_fitting_memory(model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -4,8 +4,8 @@ seconds and left out of the next attempt instead of failing or slowing the run l
 - the device computes: a matmul of known integers against its exact answer (on CUDA, also free memory);
 - the network carries: an all-reduce whose time gives each rank's bus bandwidth; a rank far slower than
   the median is flagged (recorded, not failed: a slow link still trains);
-- the run directory takes a checkpoint: writable, with room for the next one (12 bytes per parameter:
-  fp32 weights and AdamW's two moments).
+- the run directory takes a checkpoint: writable, with room for the next one (its size by
+  launcher/core/checkpoints.py, the rule ``launcher plan`` warns with).
 
 Rank 0 records one ``preflight`` event with the bandwidth of every rank. A rank whose node fails records a
 ``preflight_failed`` event naming the node and the check; every rank then raises :class:`PreflightFailed`,
@@ -24,6 +24,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from launcher.core.checkpoints import checkpoint_bytes, human
+from launcher.core.config import ModelConfig
 from launcher.core.plan import Plan
 from launcher.core.rundir import append_event
 from train import faults
@@ -31,7 +33,6 @@ from train.dist import DistEnv
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_BYTES_PER_PARAM = 12
 ALLREDUCE_MB = 4
 SLOW = 3.0  # a rank this many times slower than the median is flagged
 
@@ -57,7 +58,7 @@ def device_problem(env: DistEnv) -> Optional[str]:
     return None
 
 
-def disk_problem(run_dir: Path, plan: Plan) -> Optional[str]:
+def disk_problem(run_dir: Path, plan: Plan, model: ModelConfig) -> Optional[str]:
     """Whether the run directory can take the next checkpoint."""
     probe = run_dir / f".preflight-{os.getpid()}"
     try:
@@ -68,10 +69,10 @@ def disk_problem(run_dir: Path, plan: Plan) -> Optional[str]:
         probe.unlink()
     except OSError as err:
         return f"the run directory {run_dir} cannot be written: {err.strerror or err}"
-    need = CHECKPOINT_BYTES_PER_PARAM * plan.params
+    need = checkpoint_bytes(model, plan.params, plan.world_size)
     free = shutil.disk_usage(run_dir).free
     if free < need:
-        return f"the run directory has {free / 1e9:.2f} GB free; a checkpoint needs about {need / 1e9:.2f} GB"
+        return f"the run directory has {human(free)} free; a checkpoint needs about {human(need)}"
     return None
 
 
@@ -93,9 +94,9 @@ def bandwidth(env: DistEnv) -> float:
     return 2 * (n - 1) / n * tensor.numel() * 4 / seconds / 1e9
 
 
-def preflight(env: DistEnv, run_dir: Path, plan: Plan) -> None:
+def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig) -> None:
     """Every rank calls this before training; raises PreflightFailed on every rank if any node failed."""
-    problem = device_problem(env) or (disk_problem(run_dir, plan) if env.local_rank == 0 else None)
+    problem = device_problem(env) or (disk_problem(run_dir, plan, model) if env.local_rank == 0 else None)
     if problem:
         log.error("preflight failed on %s: %s", env.node, problem)
         append_event(run_dir, "preflight_failed", rank=env.rank, node=env.node, problem=problem,

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import List
 
 from launcher.core.hardware import DEFAULT_GPU, GPUS
 from launcher.core.config import CHECKPOINTING
+from launcher.planning.disk import checkpoint_room
 from launcher.planning.estimate import Estimate, estimate, set_scaling
+from launcher.planning.gate import sweep_label
 from launcher.planning.hardware import GIB, Assumptions, hardware_for, precision_of
 from launcher.planning.memory import activation_components, activation_terms, shard_group
 
@@ -70,6 +73,10 @@ def main(args: argparse.Namespace) -> int:
     estimates = [estimate(run.config, run.plan, hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True), opts,
                           overrides=run.overrides) for run in runs]
     set_scaling(estimates)
+    for run in runs:  # the launch's warning, before the figures
+        room = checkpoint_room(run.config, run.plan)
+        if room:
+            print(f"warning: {sweep_label(run, runs)}{room}", file=sys.stderr)
     if args.json:
         for est, run in zip(estimates, runs):
             print(json.dumps({**est.to_dict(), "data": run.data.to_dict()}))

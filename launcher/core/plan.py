@@ -115,6 +115,15 @@ def single_node_plan(cfg: RunConfig, ranks: int) -> Plan:
         cfg, layout=LayoutConfig(gpus=ranks, nodes=1), cluster=dataclasses.replace(cfg.cluster, gpus_per_node=ranks)))
 
 
+def param_shapes(model: ModelConfig) -> Tuple[List[Tuple[int, ...]], List[Tuple[int, ...]]]:
+    """(root, one block) parameter shapes of train/model.py's GPT. The root FSDP unit holds the
+    tied token embedding, the learned positions and the final LayerNorm; each block is a unit."""
+    d, r = model.d_model, model.mlp_ratio
+    root = [(model.vocab_size, d), (model.seq_len, d), (d,)]
+    block = [(d,), (3 * d, d), (d, d), (d,), (r * d, d), (d, r * d)]  # ln1, qkv, proj, ln2, fc, proj
+    return root, block
+
+
 def parameter_counts(model: ModelConfig) -> Tuple[int, int]:
     """(non-embedding, total) parameters: bias-free Linear and LayerNorm, tied
     embedding, learned positions (docs/design-contract.md)."""

@@ -7,6 +7,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 from launcher.core.config import LOCAL_CLUSTER
 from launcher.errors import LaunchError
 from launcher.planning.advice import MAX_GPUS
+from launcher.planning.disk import checkpoint_room
 from launcher.planning.estimate import Estimate, estimate
 from launcher.planning.hardware import Assumptions, hardware_for, precision_of
 from launcher.planning.host import host_memory, machine_memory, to_fit
@@ -56,19 +57,25 @@ def time_budget(run: Any) -> Optional[str]:
             "unfinished; lower train.steps or raise cluster.max_requeues or cluster.time_limit_min")
 
 
+def sweep_label(run: Any, runs: Sequence[Any]) -> str:
+    """What starts a line about one run of a sweep: its overrides (nothing for a single run)."""
+    return f"[{' '.join(run.overrides)}] " if len(runs) > 1 else ""
+
+
 def check_launch(runs: Sequence[Any], dry_run: bool) -> List[str]:
     """Refuse (LaunchError) before anything is submitted if a run cannot fit its GPUs' memory, or on the
     local cluster this machine's memory.
 
     GPU memory is checked only where it is known (cluster.gpu_memory_gb, the GPU type, or the local
-    cluster's documented stand-in). A run that cannot finish within its time budget is only warned of. A run with ``force=true`` passes with a warning; in a dry run
-    nothing is refused, and the warnings say what a launch would do. Returns the warnings (the
+    cluster's documented stand-in). A run that cannot finish within its time budget, or whose run root cannot
+    hold its checkpoints (planning/disk.py), is only warned of. A run with ``force=true`` passes with a warning;
+    in a dry run nothing is refused, and the warnings say what a launch would do. Returns the warnings (the
     caller prints them to stderr).
     """
     warnings, refused = [], []  # refused: each refused run's first reason
     machine = machine_memory() if any(run.config.cluster.name == LOCAL_CLUSTER for run in runs) else None
     for run in runs:
-        label = f"[{' '.join(run.overrides)}] " if len(runs) > 1 else ""
+        label = sweep_label(run, runs)
         late = time_budget(run)
         if late:
             warnings.append(label + late)
@@ -82,6 +89,9 @@ def check_launch(runs: Sequence[Any], dry_run: bool) -> List[str]:
             else:
                 reasons.append(label + refusal_line)
         refused += reasons[:1]
+        room = checkpoint_room(run.config, run.plan)
+        if room:
+            warnings.append(label + room)
     if refused:
         more = f" ({len(refused)} of {len(runs)} runs do not fit; nothing was submitted)" if len(runs) > 1 else ""
         raise LaunchError(refused[0] + more)

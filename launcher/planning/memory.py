@@ -6,20 +6,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
 
 from launcher.core.config import ModelConfig, RunConfig, checkpointed
-from launcher.core.plan import Plan, divisors
+from launcher.core.plan import Plan, divisors, param_shapes
 from launcher.planning.hardware import GIB, Assumptions, Hardware, dtype_bytes, precision_of
-
-
-def param_shapes(model: ModelConfig) -> Tuple[List[Tuple[int, ...]], List[Tuple[int, ...]]]:
-    """(root, one block) parameter shapes of train/model.py's GPT. The root FSDP unit holds the
-    tied token embedding, the learned positions and the final LayerNorm; each block is a unit."""
-    d, r = model.d_model, model.mlp_ratio
-    root = [(model.vocab_size, d), (model.seq_len, d), (d,)]
-    block = [(d,), (3 * d, d), (d, d), (d,), (r * d, d), (d, r * d)]  # ln1, qkv, proj, ln2, fc, proj
-    return root, block
 
 
 def _numel(shape: Sequence[int]) -> int:
