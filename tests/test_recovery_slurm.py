@@ -134,12 +134,15 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_requeued_job_resumes_from_the
         spoiled = latest_checkpoint(run_dir)
         damage(spoiled / "__1_0.distcp")
         slurm.run("scontrol", "release", job)
+        released = time.time()
         resumed = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "resumed"][round_no - 1:], 180,
                            f"resume {round_no}")[0]
         damaged = [e for e in events(run_dir) if e["event"] == "checkpoint_damaged"]
         assert len(damaged) == round_no and damaged[-1]["step"] == step_of(spoiled), damaged
         assert "__1_0.distcp" in damaged[-1]["damage"] and words in damaged[-1]["damage"], damaged[-1]
         assert resumed["step"] == step_of(spoiled) - 20  # the one before: no more than one interval lost
+        print(f"{damaged[-1]['damage']}: resumed from step {resumed['step']} {resumed['time'] - released:.0f} s "
+              "after the job was released")
     assert slurm.wait(job, timeout=400) == "COMPLETED"
     assert losses(run_dir) == steady()
     ended = [e for e in events(run_dir) if e["event"] == "attempt_ended"]
