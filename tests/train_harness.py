@@ -22,7 +22,7 @@ import torch
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from launcher.core.config import load_run_config
+from launcher.core.config import RunConfig, load_run_config
 from launcher.core.plan import PLAN, Plan, single_node_plan
 from train.data import encode_bytes, stdlib_sources, write_tokens
 
@@ -50,7 +50,7 @@ def make_run_dir(run_dir: Path, config: dict, world_size: int, micro_batch: int)
     """config.yaml and plan.json as the launcher would write them, for ``world_size`` ranks on one node
     starting at ``micro_batch``."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(config), run_dir / "config.yaml")
+    OmegaConf.save(OmegaConf.merge(OmegaConf.structured(RunConfig), config), run_dir / "config.yaml")
     (run_dir / PLAN).write_text(json.dumps(plan_for(run_dir, world_size, micro_batch).to_dict()))
     return run_dir
 
