@@ -9,14 +9,14 @@ from train import manifest
 
 
 def test_a_launch_warns_of_a_small_run_root_and_goes_on(slurm, tmpfs):
-    root = tmpfs("2m")  # one gpt_tiny checkpoint (1.6 MB) fits, two do not
+    root = tmpfs("2500k")  # the run's frozen code (0.4 MB) and one gpt_tiny checkpoint (1.6 MB) fit, two do not
     res = slurm.launcher("gpus=1", "model=gpt_tiny", "train.steps=2", "train.checkpoint_every=1",
                          "train.keep_checkpoints=1", "train.eval_every=0", "cluster.max_retries=0", "name=small",
                          root=root)
     assert res.returncode == 0, res.stderr
     assert [line for line in res.stderr.splitlines() if "warning" in line] == [
         "warning: checkpoints need 3.1 MB (2 x 1.6 MB: train.keep_checkpoints=1 kept and the one being saved) "
-        f"but the run root's filesystem ({root}) has 2.1 MB free: saves will fail; lower train.keep_checkpoints "
+        f"but the run root's filesystem ({root}) has 2.6 MB free: saves will fail; lower train.keep_checkpoints "
         "or set run_root=... on a larger filesystem"]
     job_id = re.search(r"as Slurm job (\d+)", res.stdout).group(1)
     assert slurm.wait(job_id, timeout=300).startswith("FAILED")
