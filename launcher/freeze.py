@@ -40,13 +40,17 @@ def source_state(root: Path = REPO) -> TreeState:
 def freeze(run_dir: Path, root: Path = REPO) -> Dict[str, Any]:
     """Copy the code into ``run_dir``'s code directory and record its source; returns that record."""
     dest, sizes = code_dir(run_dir), []
-
-    def copy(src: str, dst: str) -> None:  # contents only: copy2's metadata calls took 2/3 of the time
-        shutil.copyfile(src, dst)
-        sizes.append(os.path.getsize(dst))
-
+    # Contents only, never modes: the copy is as private as the rest of the run directory (the launcher's
+    # umask), and copy2's metadata calls took 2/3 of the time. (shutil.copytree copies directories' modes.)
     for name in FROZEN:
-        shutil.copytree(root / name, dest / name, ignore=_not_code, copy_function=copy)
+        for folder, subfolders, files in os.walk(root / name):
+            subfolders[:] = [sub for sub in subfolders if sub != "__pycache__"]
+            target = dest / Path(folder).relative_to(root)
+            target.mkdir(parents=True, exist_ok=True)
+            for file in files:
+                if file.endswith(SUFFIXES):
+                    shutil.copyfile(os.path.join(folder, file), target / file)
+                    sizes.append(os.path.getsize(target / file))
     state = source_state(root)
     record = {"source": str(root), "commit": state.commit, "dirty": state.dirty, "changed": state.changed,
               "files": len(sizes), "bytes": sum(sizes), "frozen_at": time.time()}
@@ -63,12 +67,6 @@ def dirty_note(state: TreeState) -> str | None:
     shown = ", ".join(state.changed[:3]) + (f" and {len(state.changed) - 3} more" if len(state.changed) > 3 else "")
     return (f"note: the code has uncommitted changes since {state.commit[:12]} ({shown}); each run keeps them "
             f"in RUN/{code_dir(Path()).name}/{CODE_DIFF}")
-
-
-def _not_code(directory: str, names: list[str]) -> list[str]:
-    """shutil.copytree's ignore: everything but subdirectories (bar __pycache__) and .py/.yaml files."""
-    return [name for name in names if name == "__pycache__"
-            or not (name.endswith(SUFFIXES) or os.path.isdir(os.path.join(directory, name)))]
 
 
 def code_source(run_dir: Path) -> Optional[dict]:

@@ -111,6 +111,20 @@ check_ports() {  # NAMES...: the ports those daemons are to listen on must be fr
   done
 }
 
+# Node names must resolve so that tasks can rendezvous by node name, as on a real cluster; a repair puts
+# back the line too (another cluster of the same name may have taken it away when it stopped).
+ensure_hosts() {
+  local line
+  line="127.0.0.1 $(for ((n = 1; n <= NODES; n++)); do printf '%s ' "$(node_name "$n")"; done)# slurm-local:$NAME"
+  grep -qxF "$line" /etc/hosts 2>/dev/null && return 0
+  if [[ -w /etc/hosts ]]; then
+    { grep -v "# slurm-local:$NAME\$" /etc/hosts; echo "$line"; } >"$SLURM_LOCAL_RUN/hosts.new"
+    cat "$SLURM_LOCAL_RUN/hosts.new" >/etc/hosts
+  else
+    echo "slurm/up.sh: warning: cannot write /etc/hosts; node names $NODE_LIST will not resolve" >&2
+  fi
+}
+
 MISSING=$(missing | tr '\n' ' ')
 NAMES=$(for d in "${DAEMONS[@]}"; do printf '%s ' "${d% *}"; done)
 REPAIR=0
@@ -120,6 +134,7 @@ elif [[ -f $SLURM_LOCAL_DIR/settings && $MISSING != "$NAMES" ]]; then
   [[ $(cat "$SLURM_LOCAL_DIR/settings") == "$SETTINGS" ]] \
     || die "a cluster with other settings is running in $SLURM_LOCAL_DIR ($(cat "$SLURM_LOCAL_DIR/settings")); run slurm/down.sh first, or slurm/up.sh --restart"
   if [[ -z $MISSING ]]; then
+    ensure_hosts
     ready
     exit 0
   fi
@@ -142,16 +157,7 @@ mkdir -p "$SLURM_LOCAL_ETC" "$SLURM_LOCAL_RUN" "$SLURM_LOCAL_LOG" "$SLURM_LOCAL_
 for ((n = 1; n <= NODES; n++)); do mkdir -p "$SLURM_LOCAL_DIR/spool/$(node_name "$n")"; done
 echo "$SETTINGS" >"$SLURM_LOCAL_DIR/settings"
 
-# Node names must resolve so that tasks can rendezvous by node name, as on a real cluster.
-HOSTS_LINE="127.0.0.1 $(for ((n = 1; n <= NODES; n++)); do printf '%s ' "$(node_name "$n")"; done)# slurm-local:$NAME"
-if ! grep -qxF "$HOSTS_LINE" /etc/hosts 2>/dev/null; then
-  if [[ -w /etc/hosts ]]; then
-    { grep -v "# slurm-local:$NAME\$" /etc/hosts; echo "$HOSTS_LINE"; } >"$SLURM_LOCAL_RUN/hosts.new"
-    cat "$SLURM_LOCAL_RUN/hosts.new" >/etc/hosts
-  else
-    echo "slurm/up.sh: warning: cannot write /etc/hosts; node names $NODE_LIST will not resolve" >&2
-  fi
-fi
+ensure_hosts
 
 # Virtual GPUs are character devices (the nvidia major number), so slurmd counts them cleanly.
 if ((REAL_GPUS > 0)); then

@@ -44,6 +44,13 @@ class SlurmCluster:
                               text=True, timeout=timeout, cwd=REPO)
 
 
+def overridden(defaults: tuple, extra: tuple) -> list:
+    """A test's default overrides with ``extra`` replacing those of the same key (the launcher refuses a key
+    given twice)."""
+    keys = {arg.split("=", 1)[0] for arg in extra}
+    return [arg for arg in defaults if arg.split("=", 1)[0] not in keys] + list(extra)
+
+
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}
 
 

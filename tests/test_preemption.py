@@ -6,11 +6,13 @@ import json
 import re
 import time
 
+from conftest import overridden
+
 
 def launch(slurm, root, name, *overrides, env=None):
     """Submit a 400-step 2-GPU run checkpointed every 20 steps (``overrides`` added); returns its job id."""
-    res = slurm.launcher("model=gpt_tiny", "gpus=2", "train.steps=400", "train.log_every=20",
-                         "train.checkpoint_every=20", f"name={name}", *overrides, root=root, env=env)
+    res = slurm.launcher(*overridden(("model=gpt_tiny", "gpus=2", "train.steps=400", "train.log_every=20",
+                                      "train.checkpoint_every=20", f"name={name}"), overrides), root=root, env=env)
     assert res.returncode == 0, res.stderr
     return re.search(r"as Slurm job (\d+)", res.stdout).group(1)
 

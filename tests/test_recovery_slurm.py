@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from conftest import overridden
+
 from launcher.core.checkpoints import latest_checkpoint, step_of
 
 pytestmark = pytest.mark.slurm
 
 
 def launch(slurm, root, name, *extra):
-    res = slurm.launcher("model=gpt_tiny", "gpus=4", "train.steps=300", "train.log_every=10",
-                         "train.checkpoint_every=20", f"name={name}", *extra, root=root)
+    res = slurm.launcher(*overridden(("model=gpt_tiny", "gpus=4", "train.steps=300", "train.log_every=10",
+                                      "train.checkpoint_every=20", f"name={name}"), extra), root=root)
     assert res.returncode == 0, res.stderr
     return re.search(r"as Slurm job (\d+)", res.stdout).group(1)
 

@@ -19,11 +19,15 @@ from launcher.core.plan import Plan
 
 def free_space(path: Path) -> tuple[Path, int]:
     """The nearest existing directory at or above ``path`` (the run root may not exist yet) and the free
-    bytes of its filesystem."""
+    bytes of its filesystem; OSError where that is no disk (``/proc``, whose size is 0: the launch itself
+    says it cannot create the run root there)."""
     path = Path(os.path.expanduser(path)).absolute()
     while not path.is_dir():
         path = path.parent
-    return path, shutil.disk_usage(path).free
+    usage = shutil.disk_usage(path)
+    if usage.total == 0:
+        raise OSError(f"{path} is not on a disk")
+    return path, usage.free
 
 
 def checkpoint_room(cfg: RunConfig, plan: Plan) -> Optional[str]:
