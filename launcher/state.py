@@ -139,11 +139,20 @@ def in_its_words(state: JobState, run_dir: Path) -> JobState:
         return dataclasses.replace(state, state="RECOVERING", reason=", ".join(r for r in (why, state.reason) if r))
     if state.state == "FAILED" and last.get("event") == "failed":  # the verdict, or a rank's own if none came
         return dataclasses.replace(state, reason=in_a_word(last))
+    if state.state in ("RUNNING", "PENDING") and _ended_complete(events):
+        # The run recorded its end, but the controller lost track of it (a crash that cost it its latest state).
+        return dataclasses.replace(state, state="COMPLETED", reason="the run ended; Slurm still lists its job")
     if state.state == "RUNNING":
         idle = stalled_for(run_dir, _stall_limit(run_dir), (last_metrics(run_dir) or {}).get("step_time"), time.time())
         if idle is not None:
             return dataclasses.replace(state, reason=f"stalled? no step for {idle:.0f} s")
     return state
+
+
+def _ended_complete(events: List[dict]) -> bool:
+    """Whether the run's newest attempt ended COMPLETED: every step trained and its batch script done."""
+    last = next((e for e in reversed(events) if e.get("event") in ("attempt", "attempt_ended")), {})
+    return last.get("event") == "attempt_ended" and last.get("outcome") == "COMPLETED"
 
 
 def _stall_limit(run_dir: Path) -> Optional[float]:

@@ -77,7 +77,12 @@ def test_a_lost_node_is_named_left_out_and_the_run_completes_on_the_others(three
 
 def test_training_goes_on_while_the_controller_is_down_and_status_commands_answer(three, tmp_path):
     cluster, state = three
-    job = launch(cluster, tmp_path, "calm", "gpus=2", "train.steps=600", "train.checkpoint_every=100")
+    # Paced to train for a minute at least: the job must outlive the outage (a job that ends while the
+    # controller is down is Slurm's to reconcile; the run's own record already says COMPLETED, see state.py).
+    res = cluster.launcher("model=gpt_tiny", "train.log_every=10", "name=calm", "gpus=2", "train.steps=600",
+                           "train.checkpoint_every=100", root=tmp_path, env={"LAUNCHER_FAULT": "pace@0.1"})
+    assert res.returncode == 0, res.stderr
+    job = re.search(r"as Slurm job (\d+)", res.stdout).group(1)
     run_dir = tmp_path / "calm"
     wait_for(lambda: progress(run_dir) >= 10, 180, "training")
     pidfile = state / "run" / "slurmctld.pid"

@@ -95,6 +95,16 @@ def test_a_failure_the_attempt_never_judged_shows_its_words_not_the_exit_code(tm
     assert (state.state, state.reason) == ("FAILED", shown)
 
 
+@pytest.mark.parametrize("outcome, shown", [("COMPLETED", "COMPLETED"), ("REQUEUED", "RUNNING"), (None, "RUNNING")])
+def test_a_run_that_recorded_its_end_is_not_running_whatever_a_stale_controller_says(tmp_path, outcome, shown):
+    """A controller killed before it saved a job's end lists the job RUNNING for good after its restart; the
+    run's own record of a completed last attempt wins. A requeued attempt, or one still going, does not."""
+    run_dir = make_run(tmp_path, "r", 1.0)
+    events = [{"event": "attempt", "attempt": 1}] + ([{"event": "attempt_ended", "outcome": outcome}] if outcome else [])
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert in_its_words(JobState("RUNNING", "", "squeue"), run_dir).state == shown
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
