@@ -68,7 +68,7 @@ def begin(run_dir: Path) -> dict:
             append_event(run_dir, "attempt_ended", attempt=previous.get("attempt"), job_id=previous.get("job_id"),
                          outcome="REQUEUED", cause="")
         else:
-            append_event(run_dir, "attempt_ended", **lost(run_dir, previous))
+            append_event(run_dir, "attempt_ended", **unjudged(run_dir, previous))
     number = 1 + sum(e.get("event") == "attempt" for e in events)
     log = batch_log(run_dir, job_id)
     fields = {"attempt": number, "job_id": job_id, "nodes": os.environ.get("SLURM_JOB_NODELIST"),
@@ -78,33 +78,18 @@ def begin(run_dir: Path) -> dict:
     return fields
 
 
-def lost(run_dir: Path, attempt: dict) -> dict:
-    """The ``attempt_ended`` fields of an attempt whose batch script never judged it: Slurm requeued the job
-    itself, which it does when one of the job's nodes stops responding (NODE_FAIL). The nodes to blame are
-    the attempt's nodes that Slurm now holds down; the requeued job runs without them."""
+def unjudged(run_dir: Path, attempt: dict) -> dict:
+    """The ``attempt_ended`` fields of an attempt whose batch script never judged it because Slurm requeued
+    the job itself: LOST when one of its nodes stopped responding (NODE_FAIL; the nodes to blame are those
+    Slurm now holds down, and the requeued job runs without them), else REQUEUED from outside the run."""
     nodes = sick_nodes(attempt.get("nodes"))
     step = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *steps_by_rank(run_dir).values()])
-    fields = {"attempt": attempt.get("attempt"), "job_id": attempt.get("job_id"), "outcome": "LOST", "step": step}
-    if not nodes:  # every node still serves: the job was requeued on purpose
+    fields = {"attempt": attempt.get("attempt"), "job_id": attempt.get("job_id"), "step": step}
+    if not nodes:
         return {**fields, "outcome": "REQUEUED", "short": "requeued",
                 "cause": f"requeued from outside the run at step {step} (scontrol requeue, or a node that came back)"}
-    return {**fields, "node": nodes[0], "exclude": nodes, "short": f"{nodes[0]} lost",
+    return {**fields, "outcome": "LOST", "node": nodes[0], "exclude": nodes, "short": f"{nodes[0]} lost",
             "cause": f"node {', '.join(nodes)} lost at step {step}: Slurm holds it down and requeued the job"}
-
-
-def superseded(job_id: str) -> bool:
-    """Whether Slurm has already requeued this job (its node was lost) while this batch script lived on:
-    the next attempt records this one (:func:`lost`), and a retry from here would run the run twice."""
-    from launcher.slurm import Slurm, SlurmError
-
-    try:
-        return any(row.job_id == job_id and row.state in REQUEUED_STATES for row in Slurm(None, timeout=15).squeue())
-    except SlurmError:
-        return False
-
-
-# A job that Slurm has put back in the queue while the old batch script may still be running.
-REQUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 
 
 def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
@@ -124,13 +109,16 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     if exit_code == 0 and "finished" in kinds:
         append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome="COMPLETED")
         return None
-    if "cancelled" not in kinds and cancelled_by_slurm(job_id):  # `launcher stop` records it after scancel
+    queued = queue_state(job_id)
+    if queued.startswith("CANCELLED"):  # by the user or an administrator (`launcher stop` records it too)
         kinds.add("cancelled")
     if "requeued" in kinds or "cancelled" in kinds:  # preemption, time limit, or the user: not a failure
         append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id,
                      outcome="REQUEUED" if "requeued" in kinds else "CANCELLED")
         return None
-    if superseded(job_id):
+    if queued in REQUEUED_STATES:
+        # Slurm requeued the job itself (its node was lost) while this batch script lived on: the next attempt
+        # records this one (unjudged()), and a retry from here would run the run twice.
         return None
     log = batch_log(run_dir, job_id)
     stderr = ""
@@ -160,15 +148,18 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     return decision
 
 
-def cancelled_by_slurm(job_id: str) -> bool:
-    """Whether Slurm has this job as cancelled (by the user or an administrator): never retried."""
+# A job that Slurm has put back in the queue while the old batch script may still be running.
+REQUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+
+
+def queue_state(job_id: str) -> str:
+    """Slurm's state of this job in its queue ("" where the queue cannot be asked)."""
     from launcher.slurm import Slurm, SlurmError
 
     try:
-        return any(row.job_id == job_id and row.state.startswith("CANCELLED")
-                   for row in Slurm(None, timeout=15).squeue())
+        return next((row.state for row in Slurm(None, timeout=15).squeue() if row.job_id == job_id), "")
     except SlurmError:
-        return False
+        return ""
 
 
 def sick_nodes(nodelist: Optional[str]) -> List[str]:
