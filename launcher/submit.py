@@ -93,12 +93,7 @@ def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Opt
     name = run_dir.name
     try:
         protect_dir(run_dir, cfg.share_group)
-        resolved = run.resolved.copy()
-        resolved.name = name
-        resolved.run_root = str(root)
-        write_atomic(run_dir / CONFIG, OmegaConf.to_yaml(resolved))
-        write_atomic(run_dir / "run.yaml", dump(run.run_file))  # `launcher -f RUN_DIR/run.yaml` runs it again
-        write_json_atomic(run_dir / PLAN, plan.to_dict())
+        write_run_files(run, run_dir)
         freeze(run_dir)  # what the job and its requeues import, whatever happens to the checkout meanwhile
         job_id = submit_job(cfg, plan, run_dir)
     except Exception as err:
@@ -118,6 +113,18 @@ def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Opt
     save_record(record)
     append_event(run_dir, "submitted", job_id=job_id)
     return record
+
+
+def write_run_files(run: ComposedRun, run_dir: Path) -> None:
+    """Write what a run's tasks read (config.yaml, plan.json) and its run.yaml into ``run_dir``, named after
+    the directory. The launch writes every run directory with this, and so do the benchmarks and the GPU
+    check, which train without Slurm: what they measure is what a launched run runs."""
+    resolved = run.resolved.copy()
+    resolved.name = run_dir.name
+    resolved.run_root = str(run_dir.parent)
+    write_atomic(run_dir / CONFIG, OmegaConf.to_yaml(resolved))
+    write_atomic(run_dir / "run.yaml", dump(run.run_file))  # `launcher -f RUN_DIR/run.yaml` runs it again
+    write_json_atomic(run_dir / PLAN, run.plan.to_dict())
 
 
 def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str] = ()) -> str:
