@@ -12,8 +12,6 @@ import argparse
 import importlib
 import os
 import re
-import shlex
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,19 +111,6 @@ def take_extras(parsed: argparse.Namespace, extras: List[str], prog: str) -> Non
         raise LaunchError(f"{prog}: unrecognized arguments: {' '.join(unknown)}; see --help")
     if extras:
         parsed.overrides = [*parsed.overrides, *extras]
-
-
-def invocation() -> str:
-    """How this user ran the launcher, for hints meant to be pasted: ``launcher`` when that is the
-    console script on PATH, the script's path when it is another one, else ``<python> -m launcher``
-    (the interpreter that has the launcher's dependencies)."""
-    script = sys.argv[0] if sys.argv else ""
-    if os.path.basename(script) == "launcher":
-        on_path = shutil.which("launcher")
-        if on_path and os.path.realpath(on_path) == os.path.realpath(script):
-            return "launcher"
-        return shlex.quote(os.path.abspath(script))
-    return f"{shlex.quote(sys.executable)} -m launcher"
 
 
 def build_parser(command: Optional[str]) -> Parser:

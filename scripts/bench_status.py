@@ -6,7 +6,7 @@ against a bare ``python -c "import tabulate"``. Goal: under 3x for ``runs --limi
 
 Two cases: "cold", where Slurm must be asked about every listed job (sacct alone costs ~0.09 s here),
 and "finished", the usual history, where each run's final Slurm state was kept in its directory by an
-earlier listing (launcher/state.py) and Slurm is not asked again.
+earlier listing (launcher/status/job_state.py) and Slurm is not asked again.
 
     python scripts/bench_status.py [--runs 10000] [--repeats 5]
 """
@@ -25,9 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launcher.core.rundir import RunRecord, save_record  # noqa: E402
-from launcher.slurm import slurm_conf_for  # noqa: E402
-from launcher.state import SETTLED_FILE  # noqa: E402
+from launcher.status.index import RunRecord, save_record
+from launcher.slurm.client import slurm_conf_for  # noqa: E402
+from launcher.status.job_state import SETTLED_FILE  # noqa: E402
 
 
 def make_runs(root: Path, count: int, settled: bool) -> None:

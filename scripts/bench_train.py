@@ -38,7 +38,8 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from launcher.core.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
-from launcher.core.plan import PLAN, single_node_plan  # noqa: E402
+from launcher.core.plan import PLAN
+from launcher.compose.layout import single_node_plan
 from train.data import StepSampler, TokenData, token_file  # noqa: E402
 from train.optim import build_optimizer  # noqa: E402
 from train.model import GPT  # noqa: E402

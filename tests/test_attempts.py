@@ -1,6 +1,6 @@
 """Cause attribution: the rank that died is blamed, not the peers that lost it (units on evidence as the
 local cluster produced it: srun's stderr, ranks' failed events, heartbeats)."""
-from launcher.attempts import Cause, TaskEnd, attribute, expand_ranks, srun_task_ends
+from launcher.job.attempts import Cause, TaskEnd, attribute, expand_ranks, srun_task_ends
 
 SRUN_KILLED = """\
 [rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer
@@ -55,7 +55,7 @@ def test_no_evidence_at_all_says_so_with_the_exit_status():
 
 
 def test_history_has_one_row_per_attempt_with_what_came_next():
-    from launcher.attempts import history
+    from launcher.job.attempts import history
 
     events = [{"event": "attempt", "attempt": 1, "job_id": "7", "nodes": "n[1-2]", "time": 10.0},
               failed(2, PEER),
@@ -73,7 +73,7 @@ def test_a_running_run_whose_steps_stopped_is_shown_stalled(tmp_path):
 
     from launcher.core.heartbeats import heartbeat_path, stalled_for
     from launcher.core.rundir import write_json_atomic
-    from launcher.state import JobState, in_its_words
+    from launcher.status.job_state import JobState, in_its_words
 
     heartbeat_path(tmp_path, 0).parent.mkdir()
     for rank, since in ((0, 1000.0), (1, 1010.0)):

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from launcher.core.config import ModelConfig, RunConfig, TrainConfig, load_run_config
-from launcher.core.plan import read_plan, single_node_plan
+from launcher.core.plan import read_plan
+from launcher.compose.layout import single_node_plan
 from launcher.core.checkpoints import checkpoint_bytes, checkpoints_on_disk
-from launcher.planning.disk import free_space
+from launcher.forecast.disk import free_space
 from train.preflight import disk_problem
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from launcher import cli
+from launcher.commands import common
+from launcher.submit.launch import Launched
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,9 +108,9 @@ def test_help_lists_the_groups(capsys):
 
 def test_a_real_launch_goes_to_submit_launch(monkeypatch):
     calls = []
-    fake = types.ModuleType("launcher.submit")
-    fake.launch = lambda runs, sweep: calls.append((runs, sweep)) or 0
-    monkeypatch.setitem(sys.modules, "launcher.submit", fake)
+    fake = types.ModuleType("launcher.submit.launch")
+    fake.launch = lambda runs, sweep: calls.append((runs, sweep)) or Launched([])
+    monkeypatch.setitem(sys.modules, "launcher.submit.launch", fake)
     assert cli.main(["-m", "gpus=8,16"]) == 0
     ((runs, sweep),) = calls
     assert sweep is True and [r.plan.gpus for r in runs] == [8, 16]
@@ -136,7 +138,7 @@ def test_help_and_version_import_no_command_or_hydra():
 def test_runs_imports_only_what_it_needs(tmp_path):
     code = (f"import sys; from launcher import cli; assert cli.main(['runs', '--json', '--root', {str(tmp_path)!r}]) == 0; "
             "loaded = [m for m in sys.modules if m.startswith(('hydra', 'omegaconf', 'submitit', 'torch', 'yaml', "
-            "'launcher.commands.launch', 'launcher.compose', 'launcher.catalog'))]; assert not loaded, loaded")
+            "'launcher.commands.launch', 'launcher.compose.runs', 'launcher.compose.catalog'))]; assert not loaded, loaded")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 
@@ -154,14 +156,14 @@ def test_overrides_after_an_option_are_overrides(capsys):
 ])  # fmt: skip
 def test_hints_name_the_command_as_it_was_invoked(monkeypatch, argv0, on_path, expected):
     monkeypatch.setattr(sys, "argv", [argv0])
-    monkeypatch.setattr(cli.shutil, "which", lambda name: on_path if name == "launcher" else None)
-    assert cli.invocation() == expected
+    monkeypatch.setattr(common.shutil, "which", lambda name: on_path if name == "launcher" else None)
+    assert common.invocation() == expected
 
 
 def test_a_pasted_hint_runs(tmp_path):
     """The describe hint printed after a submission works when pasted into a shell elsewhere."""
     env = {**os.environ, "LAUNCHER_RUN_ROOT": str(tmp_path)}
-    hint = subprocess.run([sys.executable, "-c", "from launcher.cli import invocation; print(invocation())"],
+    hint = subprocess.run([sys.executable, "-c", "from launcher.commands.common import invocation; print(invocation())"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60).stdout.strip()
     assert hint == f"{sys.executable} -m launcher"
     result = subprocess.run(f"{hint} runs --json", shell=True, cwd=tmp_path, capture_output=True, text=True,

@@ -2,8 +2,8 @@
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.catalog import CONF_DIR, gpu_presets, options
-from launcher.compose import compose_runs
+from launcher.compose.catalog import CONF_DIR, gpu_presets, options
+from launcher.compose.runs import compose_runs
 from launcher.core.config import RunConfig, load_run_config
 
 MODELS = options("model")
@@ -123,7 +123,7 @@ def test_hydras_own_runtime_config_is_not_composed_and_the_apps_config_is_unchan
     anyway: the runs' configs are exactly what the full Hydra config gives."""
     from hydra.conf import HydraConf
 
-    from launcher import compose as composing
+    from launcher.compose import runs as composing
 
     sweep = ["gpus=1,16,24", "model=gpt_1b,gpt_tiny", "cluster=local,slurm", "train.steps=7",
              "+cluster.sbatch_flags.mail-type=END"]

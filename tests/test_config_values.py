@@ -1,6 +1,6 @@
 """Every bad value or argument is refused before anything is submitted or recorded: exit status 2, one line
 on stderr naming the key (or option), and the run root untouched. The ranges themselves live in one table,
-launcher/core/config.py's RANGES, which docs/configuration.md lists."""
+launcher/compose/ranges.py's RANGES, which docs/configuration.md lists."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from launcher import cli
-from launcher.core.config import RANGES, RunConfig
+from launcher.core.config import RunConfig
+from launcher.compose.ranges import RANGES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,10 +106,10 @@ def root(tmp_path, monkeypatch):
     """An empty run root, and a submission that would fail the test instead of reaching Slurm."""
     monkeypatch.setenv("LAUNCHER_RUN_ROOT", str(tmp_path / "runs"))
     (tmp_path / "runs").mkdir()
-    fake = types.ModuleType("launcher.submit")
+    fake = types.ModuleType("launcher.submit.launch")
     fake.launch = lambda runs, sweep: pytest.fail(f"submitted {[r.overrides for r in runs]}")
     fake.resubmit = lambda run_dir, **kwargs: pytest.fail(f"resubmitted {run_dir}")
-    monkeypatch.setitem(sys.modules, "launcher.submit", fake)
+    monkeypatch.setitem(sys.modules, "launcher.submit.launch", fake)
     return tmp_path / "runs"
 
 

@@ -10,9 +10,10 @@ from omegaconf import OmegaConf
 
 from launcher import cli
 from launcher.core.config import ModelConfig, RunConfig
-from launcher.core.plan import single_node_plan
-from launcher.core.rundir import RunRecord, last_metrics, read_events, read_metrics, save_record
-from launcher.slurm_output import JobRow
+from launcher.compose.layout import single_node_plan
+from launcher.core.rundir import last_metrics, read_events, read_metrics
+from launcher.status.index import RunRecord, save_record
+from launcher.slurm.output import JobRow
 
 GOOD = ("alpha", "gamma")  # listed and usable around the damaged one, "beta"
 
@@ -45,9 +46,9 @@ def make_run(root, name, submitted):
 @pytest.fixture
 def root(tmp_path, monkeypatch):
     """Three runs; Slurm answers that it knows none of their jobs (their final states are kept on disk)."""
-    monkeypatch.setattr("launcher.slurm.Slurm.unreachable", lambda self: None)
-    monkeypatch.setattr("launcher.slurm.Slurm.squeue", lambda self: [])
-    monkeypatch.setattr("launcher.slurm.Slurm.sacct", lambda self, ids: [])
+    monkeypatch.setattr("launcher.slurm.client.Slurm.unreachable", lambda self: None)
+    monkeypatch.setattr("launcher.slurm.client.Slurm.squeue", lambda self: [])
+    monkeypatch.setattr("launcher.slurm.client.Slurm.sacct", lambda self, ids: [])
     for i, name in enumerate(("alpha", "beta", "gamma")):
         make_run(tmp_path, name, 1000.0 + i)
     return tmp_path
@@ -186,7 +187,7 @@ def test_a_damaged_event_line_is_skipped_and_the_rest_used(root, capsys, bad):
 @pytest.mark.parametrize("kept", ["[1]", "garbage", "", "{}"])
 def test_a_damaged_kept_slurm_state_is_asked_again(root, capsys, monkeypatch, kept):
     (root / "alpha" / "slurm_state.json").write_text(kept)
-    monkeypatch.setattr("launcher.slurm.Slurm.sacct", lambda self, ids: [JobRow("7", "COMPLETED", "", "n1", "")])
+    monkeypatch.setattr("launcher.slurm.client.Slurm.sacct", lambda self, ids: [JobRow("7", "COMPLETED", "", "n1", "")])
     assert listed(capsys, root)["alpha"]["status"] == "COMPLETED"
 
 

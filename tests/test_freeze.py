@@ -1,4 +1,4 @@
-"""The frozen code copy (launcher/freeze.py) and the git state it records (launcher/git.py), without Slurm:
+"""The frozen code copy (launcher/submit/freeze.py) and the git state it records (launcher/submit/git.py), without Slurm:
 what is copied, what is recorded, and that a job's Python imports the copy, not the checkout it came from."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.freeze import REPO, dirty_note, freeze, source_state
-from launcher.git import tree_state
-from launcher.sbatch import frozen_code_line
+from launcher.submit.freeze import REPO, dirty_note, freeze, source_state
+from launcher.submit.git import tree_state
+from launcher.slurm.batch import frozen_code_line
 
 PATHS = ("launcher", "train", "conf")
 
@@ -75,9 +75,9 @@ def test_outside_git_there_is_no_commit(tmp_path):
 def test_the_projects_copy_is_small_and_the_jobs_python_imports_it(tmp_path):
     record = freeze(tmp_path / "run")
     assert record["commit"] == source_state().commit and record["bytes"] < 2e6
-    assert (tmp_path / "run/code/launcher/entry.py").read_bytes() == (REPO / "launcher/entry.py").read_bytes()
+    assert (tmp_path / "run/code/launcher/job/entry.py").read_bytes() == (REPO / "launcher/job/entry.py").read_bytes()
     # As the batch script runs it: from the checkout, whose directory (and PYTHONPATH) would come first.
-    shell = f"{frozen_code_line(tmp_path / 'run')}; {sys.executable} -c 'import launcher.entry as e; print(e.__file__)'"
+    shell = f"{frozen_code_line(tmp_path / 'run')}; {sys.executable} -c 'import launcher.job.entry as e; print(e.__file__)'"
     out = subprocess.run(["bash", "-c", shell], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                          capture_output=True, text=True, check=True).stdout
-    assert out.strip() == str(tmp_path / "run/code/launcher/entry.py")
+    assert out.strip() == str(tmp_path / "run/code/launcher/job/entry.py")

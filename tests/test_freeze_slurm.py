@@ -38,7 +38,7 @@ def test_a_requeued_job_trains_with_the_code_it_was_submitted_with(slurm, tmp_pa
     deadline = time.time() + 120
     while not list((run_dir / "checkpoints").glob("step_????????")) and time.time() < deadline:
         time.sleep(0.2)
-    for module in ("train/loop.py", "launcher/entry.py", "launcher/recovery.py"):  # training would break now
+    for module in ("train/loop.py", "launcher/job/entry.py", "launcher/job/recovery.py"):  # training would break now
         (repo / module).write_text(BROKEN + (repo / module).read_text())
     slurm.run("scontrol", "requeue", job)
     assert slurm.wait(job, timeout=300) == "COMPLETED"

@@ -6,7 +6,9 @@ import pytest
 
 from launcher.core.config import ModelConfig, RunConfig
 from launcher.errors import LaunchError
-from launcher.core.plan import PLAN, Plan, flops_per_token, layout, parameter_counts, read_plan
+from launcher.core.plan import PLAN, Plan, flops_per_token, parameter_counts, read_plan
+from launcher.compose.layout import layout
+from launcher.compose.layout import plan_of
 
 
 def tiny_run(**train) -> RunConfig:
@@ -55,7 +57,7 @@ def test_layout_errors(gpus, nodes, message):
 def test_batch_arithmetic_and_plan_keys():
     cfg = tiny_run(batch_per_gpu=4, micro_batch=2)
     cfg.layout.gpus = 16
-    plan = Plan.from_config(cfg)
+    plan = plan_of(cfg)
     assert (plan.nodes, plan.tasks_per_node, plan.world_size) == (2, 8, 16)
     assert (plan.global_batch, plan.micro_batch, plan.grad_accum) == (64, 2, 2)
     assert plan.tokens_per_step == 64 * 64
@@ -66,7 +68,7 @@ def test_batch_arithmetic_and_plan_keys():
 
 
 def test_plan_json_reads_back_typed(tmp_path):
-    plan = Plan.from_config(tiny_run())
+    plan = plan_of(tiny_run())
     (tmp_path / PLAN).write_text(json.dumps(plan.to_dict()))
     assert read_plan(tmp_path) == plan
     old = {**plan.to_dict(), "world_size": 8, "gpus_per_node": 8}  # written before those became properties
@@ -79,7 +81,7 @@ def test_plan_json_reads_back_typed(tmp_path):
 
 def test_explicit_global_batch_must_divide():
     with pytest.raises(LaunchError, match=r"global batch 20 is not divisible by world_size x micro_batch = 8 x 2"):
-        Plan.from_config(tiny_run(global_batch=20))
+        plan_of(tiny_run(global_batch=20))
 
 
 @pytest.mark.parametrize(
@@ -91,6 +93,6 @@ def test_explicit_global_batch_must_divide():
 def test_auto_micro_batch_starts_from_the_model_default(model, global_batch, expected):
     cfg = tiny_run(micro_batch="auto", global_batch=global_batch, batch_per_gpu=32)
     cfg.model.name = model
-    plan = Plan.from_config(cfg)
+    plan = plan_of(cfg)
     assert (plan.micro_batch, plan.micro_batch_auto) == (expected, True)
     assert plan.micro_batch * plan.grad_accum * plan.world_size == plan.global_batch

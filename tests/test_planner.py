@@ -1,4 +1,4 @@
-"""The planner (launcher/planning/) and ``launcher plan``: memory by hand, fit decisions, suggestions,
+"""The planner (launcher/forecast/) and ``launcher plan``: memory by hand, fit decisions, suggestions,
 the CLI, the refusal at launch, and the memory model against a real (CPU, gloo) FSDP2 run."""
 from __future__ import annotations
 
@@ -13,18 +13,19 @@ from pathlib import Path
 import pytest
 
 from launcher import cli
-from launcher.compose import compose_runs
+from launcher.compose.runs import compose_runs
 from launcher.core.config import ModelConfig, ParallelConfig, RunConfig, TrainConfig
-from launcher.core.plan import Plan, parameter_counts
-from launcher.core.hardware import memory_gib as memory_for_type
-from launcher.planning.estimate import estimate
-from launcher.planning.hardware import GIB, Assumptions, Hardware, hardware_for
-from launcher.planning.host import RANK_RUNTIME_GIB, host_fixes, host_memory, machine_memory
-from launcher.planning.memory import activation_components, local_param_numel, memory, shard_numel
-from launcher.planning.timing import timing
+from launcher.core.plan import parameter_counts
+from launcher.core.gpus import memory_gib as memory_for_type
+from launcher.forecast.estimate import estimate
+from launcher.forecast.target import GIB, Assumptions, TargetGpu, hardware_for
+from launcher.forecast.host import RANK_RUNTIME_GIB, host_fixes, host_memory, machine_memory
+from launcher.forecast.memory import activation_components, local_param_numel, memory, shard_numel
+from launcher.forecast.timing import timing
+from launcher.compose.layout import plan_of as layout_of
 
 REPO = Path(__file__).resolve().parents[1]
-H100 = Hardware(gpu_type="h100", memory_gib=80, memory_source="test", enforce=True, peak_flops=989e12,
+H100 = TargetGpu(gpu_type="h100", memory_gib=80, memory_source="test", enforce=True, peak_flops=989e12,
                 peak_source="test")
 
 
@@ -41,7 +42,7 @@ def test_memory_of_a_small_model_by_hand():
     cfg = RunConfig(model=ModelConfig(name="hand", d_model=64, n_heads=2, n_layers=2, seq_len=64, vocab_size=256),
                     train=TrainConfig(batch_per_gpu=2, micro_batch=2))
     cfg.layout.gpus = 4
-    plan = Plan.from_config(cfg)
+    plan = layout_of(cfg)
     assert (plan.world_size, plan.micro_batch, plan.grad_accum) == (4, 2, 1)
     # Parameters. Block: ln1 64 + qkv 192*64 + proj 64*64 + ln2 64 + fc 256*64 + proj 64*256
     #   = 12*64^2 + 2*64 = 49,280. Root: tok_emb 256*64 + pos_emb 64*64 + ln_f 64 = 20,544.
@@ -74,7 +75,7 @@ def test_memory_of_a_small_model_by_hand():
     # (train/loop.py reduce-scatters every micro-batch into the gradient shards; nothing unsharded survives).
     accumulating = dataclasses.replace(cfg, train=TrainConfig(batch_per_gpu=8, micro_batch=2))
     accumulating.layout.gpus = 4
-    plan4 = Plan.from_config(accumulating)
+    plan4 = layout_of(accumulating)
     assert (plan4.micro_batch, plan4.grad_accum) == (2, 4)
     assert memory(accumulating, plan4, H100, Assumptions()) == mem
 
@@ -299,11 +300,12 @@ def test_plan_help_and_bad_options(capsys):
 
 @pytest.fixture
 def submissions(monkeypatch):
-    """launcher.submit.launch replaced by a recorder: nothing can reach Slurm."""
+    """launcher.submit.launch.launch replaced by a recorder: nothing can reach Slurm."""
     calls = []
-    import launcher.submit
+    import launcher.submit.launch
 
-    monkeypatch.setattr(launcher.submit, "launch", lambda runs, sweep: calls.append(runs) or 0)
+    monkeypatch.setattr(launcher.submit.launch, "launch",
+                        lambda runs, sweep: calls.append(runs) or launcher.submit.launch.Launched([]))
     return calls
 
 
@@ -501,7 +503,7 @@ def test_state_memory_matches_a_real_fsdp2_run(tmp_path, sharding, world, per_no
     cfg = RunConfig(model=ModelConfig(**TINY), parallel=ParallelConfig(sharding=sharding),
                     train=TrainConfig(batch_per_gpu=micro_batch * grad_accum, micro_batch=micro_batch))
     cfg.layout.gpus, cfg.layout.nodes, cfg.cluster.gpus_per_node = world, world // per_node, per_node
-    plan = Plan.from_config(cfg)
+    plan = layout_of(cfg)
     assert (plan.nodes, plan.tasks_per_node, plan.grad_accum) == (world // per_node, per_node, grad_accum)
     predicted = memory(cfg, plan, H100, Assumptions())
     predicted_comm = timing(cfg, plan, H100, Assumptions())
@@ -570,5 +572,5 @@ def test_plan_does_not_import_torch():
     result = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "plan", "-m", "gpus=8,16",
                              "model=gpt_1b"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
-    assert "launcher.planning.estimate" in imported and "launcher.compose" in imported
+    assert "launcher.forecast.estimate" in imported and "launcher.compose.runs" in imported
     assert not {name for name in imported if name == "torch" or name.startswith("torch.")}

@@ -14,7 +14,7 @@ import torch
 from launcher import cli
 from launcher.core.checkpoints import latest_checkpoint
 from launcher.core.config import load_run_config
-from launcher.core.rundir import RunRecord, save_record
+from launcher.status.index import RunRecord, save_record
 from train.data import TokenData, val_indices
 from train.generate import load_model
 from train_harness import metrics

@@ -7,9 +7,9 @@ import sys
 import pytest
 from submitit.slurm.slurm import _get_default_parameters
 
-from launcher.compose import compose_runs
+from launcher.compose.runs import compose_runs
 from launcher.errors import LaunchError
-from launcher.sbatch import executor_params, frozen_code_line, render_sbatch
+from launcher.slurm.batch import executor_params, frozen_code_line, render_sbatch
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +50,15 @@ def test_script_requests_the_plans_layout(runs, gpus, nodes, tmp_path):
     lines = script.rstrip().splitlines()
     srun = next(line for line in lines if line.startswith("srun "))
     assert "--kill-on-bad-exit=1" in srun and srun.endswith(f"-m submitit.core._submit {tmp_path / 'submitit'}")
-    # The attempt is recorded around the ranks, and its end judged with srun's exit status (launcher/recovery.py).
-    assert lines.index(next(line for line in lines if line.endswith(f"-m launcher.recovery begin {tmp_path}"))) \
-        < lines.index(srun) < lines.index(lines[-1]) and lines[-1].endswith(f"-m launcher.recovery end {tmp_path} $?")
+    # The attempt is recorded around the ranks, and its end judged with srun's exit status (launcher/job/recovery.py).
+    assert lines.index(next(line for line in lines if line.endswith(f"-m launcher.job.recovery begin {tmp_path}"))) \
+        < lines.index(srun) < lines.index(lines[-1]) and lines[-1].endswith(f"-m launcher.job.recovery end {tmp_path} $?")
 
 
 def test_the_job_imports_the_runs_frozen_code_from_its_first_line_of_python(runs, tmp_path):
     run = runs[(8, "local")]
     lines = render_sbatch(run.config, run.plan, "r", tmp_path / "submitit").splitlines()
-    begin = next(i for i, line in enumerate(lines) if "-m launcher.recovery begin" in line)
+    begin = next(i for i, line in enumerate(lines) if "-m launcher.job.recovery begin" in line)
     assert lines[begin - 1] == frozen_code_line(tmp_path) == \
         f"export PYTHONPATH={tmp_path}/code${{PYTHONPATH:+:$PYTHONPATH}} PYTHONSAFEPATH=1"
 

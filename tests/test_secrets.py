@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from launcher import cli
-from launcher.core import secrets as sec
+from launcher.job import secret_store as sec
 from launcher.core.damage import DamagedRun
-from launcher.entry import TrainTask
+from launcher.job.entry import TrainTask
 
 REPO = Path(__file__).resolve().parents[1]
 SSH_KEY = (b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
@@ -154,7 +154,7 @@ def test_real_stdin_pipe_and_exit_status(tmp_path):
         assert b"launcher/core" not in res.stdout and b"``" not in res.stdout, args  # for users, not internals
     assert b"SSH_KEY_PATH" in launcher("create", "--help").stdout
     assert b"0600" in launcher("--help").stdout
-    res = subprocess.run([sys.executable, "-c", "import launcher.core.secrets, launcher.entry, sys; "
+    res = subprocess.run([sys.executable, "-c", "import launcher.job.secret_store, launcher.job.entry, sys; "
                           "assert 'torch' not in sys.modules and 'tabulate' not in sys.modules"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr

@@ -8,9 +8,9 @@ import pytest
 
 import launcher
 
-from launcher.compose import compose_runs
-from launcher.fit import explain_rejection, mem_mb, refusal
-from launcher.slurm_output import (Partition, SlurmError, field_rows, max_job_nodes, minutes, parse_nodes,
+from launcher.compose.runs import compose_runs
+from launcher.slurm.fit import explain_rejection, mem_mb, refusal
+from launcher.slurm.output import (Partition, SlurmError, field_rows, max_job_nodes, minutes, parse_nodes,
                                    parse_sacct, parse_squeue, partitions_of, sbatch_reason)
 
 SINFO = """\
@@ -110,11 +110,12 @@ def test_an_sbatch_rejection_is_explained_in_one_line():
 
 
 def test_only_the_adapter_runs_slurm_tools():
-    """launcher/slurm.py is the one module that names a Slurm tool to run; it and launcher/git.py (git) are the
-    only ones that start a process."""
+    """launcher/slurm/client.py is the one module that names a Slurm tool to run; it and launcher/submit/git.py
+    (git) are the only ones that start a process."""
     package = Path(launcher.__file__).parent
     tools = [f'["{tool}"' for tool in ("sinfo", "squeue", "sacct", "scontrol", "scancel", "sbatch")]
-    offenders = [str(path.relative_to(package)) for path in package.rglob("*.py") if path.name != "slurm.py"
-                 and (("subprocess" in path.read_text() and path.name != "git.py")
+    offenders = [str(path.relative_to(package)) for path in package.rglob("*.py")
+                 if path.relative_to(package).as_posix() != "slurm/client.py"
+                 and (("subprocess" in path.read_text() and path.relative_to(package).as_posix() != "submit/git.py")
                       or any(tool in path.read_text() for tool in tools))]
     assert offenders == []

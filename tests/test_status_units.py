@@ -12,9 +12,10 @@ import pytest
 
 from launcher import cli
 from launcher.commands.common import duration, parse_since, slurm_seconds
-from launcher.core.rundir import RunRecord, find_run, last_metrics, list_records, save_record
-from launcher.slurm_output import JobRow, parse_gres
-from launcher.state import JobState, fold, from_run_dir, in_its_words, job_states, settled_state
+from launcher.core.rundir import last_metrics
+from launcher.status.index import RunRecord, find_run, list_records, save_record
+from launcher.slurm.output import JobRow, parse_gres
+from launcher.status.job_state import JobState, fold, from_run_dir, in_its_words, job_states, settled_state
 
 
 @pytest.mark.parametrize(
@@ -135,9 +136,9 @@ def test_a_settled_slurm_state_is_kept_and_accounting_not_asked_again(tmp_path, 
         {"job_id": "42", "state": "COMPLETED", "source": "sacct", "elapsed": "00:01:10", "exit_code": "0:0"}))
     rec = list_records(tmp_path)[0]
     queue = []  # what squeue lists; only the queue is asked about a settled job
-    monkeypatch.setattr("launcher.slurm.Slurm.unreachable", lambda self: None)
-    monkeypatch.setattr("launcher.slurm.Slurm.sacct", lambda self, ids: pytest.fail("accounting was asked"))
-    monkeypatch.setattr("launcher.slurm.Slurm.squeue", lambda self: queue)
+    monkeypatch.setattr("launcher.slurm.client.Slurm.unreachable", lambda self: None)
+    monkeypatch.setattr("launcher.slurm.client.Slurm.sacct", lambda self, ids: pytest.fail("accounting was asked"))
+    monkeypatch.setattr("launcher.slurm.client.Slurm.squeue", lambda self: queue)
     state = job_states([rec])["done"]
     assert (state.state, state.source, state.elapsed) == ("COMPLETED", "sacct", "00:01:10")
     # Requeued by hand (scontrol requeue): the same job id lives again, and the kept answer goes.

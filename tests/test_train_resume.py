@@ -59,7 +59,7 @@ def test_task_requeues_itself_for_the_same_run(tmp_path):
 
     import submitit
 
-    from launcher.entry import TrainTask
+    from launcher.job.entry import TrainTask
 
     delayed = TrainTask().checkpoint(str(tmp_path))
     assert isinstance(delayed, submitit.helpers.DelayedSubmission)

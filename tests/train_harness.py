@@ -23,7 +23,8 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from launcher.core.config import RunConfig, load_run_config
-from launcher.core.plan import PLAN, Plan, single_node_plan
+from launcher.core.plan import PLAN, Plan
+from launcher.compose.layout import single_node_plan
 from train.data import encode_bytes, stdlib_sources, write_tokens
 
 ROOT = Path(__file__).resolve().parents[1]

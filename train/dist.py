@@ -133,7 +133,8 @@ def _launch_from_environ() -> _Launch:
                        master_port=int(env.get("MASTER_PORT", 29500)))
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         job = SlurmJobEnvironment()  # submitit's reading of Slurm's variables; rank 0 runs on the first node
-        port = int(env["MASTER_PORT"]) if "MASTER_PORT" in env else _port_for_job(env.get("SLURM_CLUSTER_NAME", ""), int(job.job_id))
+        port = int(env["MASTER_PORT"]) if "MASTER_PORT" in env else \
+            _port_for_job(env.get("SLURM_CLUSTER_NAME", ""), int(job.job_id))
         return _Launch(rank=job.global_rank, local_rank=job.local_rank, world_size=job.num_tasks,
                        nodes=job.num_nodes, node=node, master_host=job.hostnames[0], master_port=port)
     return _Launch(rank=0, local_rank=0, world_size=1, nodes=1, node=node, master_host="127.0.0.1",

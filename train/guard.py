@@ -4,7 +4,7 @@ No check of the config can see this coming: whether a learning rate diverges dep
 and the schedule together. But once one update carries a NaN or an infinity, every weight is poisoned:
 each later step is wasted GPU time, and a checkpoint saved after it is worthless (a resume from it diverges
 again). So every step is checked before its metrics and checkpoint are written, and the attempt ends with
-the step and the value named, as an error of the run's own: launcher/recovery.py does not retry it, since
+the step and the value named, as an error of the run's own: launcher/job/recovery.py does not retry it, since
 the same seed, data and settings diverge the same way again.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 
 import torch
 
-# The words `runs` shows beside FAILED (the exception's ``short``, recorded by launcher/entry.py).
+# The words `runs` shows beside FAILED (the exception's ``short``, recorded by launcher/job/entry.py).
 SHORT = {"loss": "loss", "gradient norm": "grad norm"}
 
 

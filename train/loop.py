@@ -137,9 +137,11 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
         log.info("nothing to do: step %d of %d already reached", start, tc.steps)
         return {"final": True, "step": start, "steps_run": 0}
 
-    metrics = MetricsLog(Path(run_dir) / METRICS, open_tracker(cfg, run_dir, start)) if env.is_main else MetricsLog(None)
+    metrics = MetricsLog(Path(run_dir) / METRICS, open_tracker(cfg, run_dir, start)) if env.is_main \
+        else MetricsLog(None)
     comment = job_comment(env.is_main)
-    fpt, peak = flops_per_token(cfg.model), peak_flops(env.device, compute_precision(cfg.parallel.precision, env.device.type == "cuda"))
+    fpt = flops_per_token(cfg.model)
+    peak = peak_flops(env.device, compute_precision(cfg.parallel.precision, env.device.type == "cuda"))
     tokens_per_step = batching.global_batch * cfg.model.seq_len
     intervals: list[dict[str, Any]] = []
     record: dict[str, Any] = {}

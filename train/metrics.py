@@ -1,6 +1,6 @@
 """Model FLOPs utilisation and the metrics records of a run.
 
-MFU follows the convention stated once in launcher/core/hardware.py, which the planner's predicted
+MFU follows the convention stated once in launcher/core/gpus.py, which the planner's predicted
 MFU follows too, so the two can be set beside each other and beside the public reference numbers.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from launcher.core import hardware
+from launcher.core import gpus
 from launcher.core.rundir import append_jsonl
 from train.tracking import Tracker
 
@@ -34,10 +34,10 @@ SCALARS = {
 
 def peak_flops(device: torch.device, precision: str = "bf16") -> float | None:
     """The device's dense peak FLOP/s in ``precision`` from the GPU table the planner uses
-    (launcher/core/hardware.py), or None where unknown (any CPU, a GPU the table lacks)."""
+    (launcher/core/gpus.py), or None where unknown (any CPU, a GPU the table lacks)."""
     if device.type != "cuda":
         return None
-    return hardware.peak_flops(torch.cuda.get_device_name(device), precision)
+    return gpus.peak_flops(torch.cuda.get_device_name(device), precision)
 
 
 def peak_memory_gb(device: torch.device) -> float:

@@ -9,7 +9,7 @@ seconds and left out of the next attempt instead of failing or slowing the run l
 
 Rank 0 records one ``preflight`` event with the bandwidth of every rank. A rank whose node fails records a
 ``preflight_failed`` event naming the node and the check; every rank then raises :class:`PreflightFailed`,
-and launcher/recovery.py retries the run on other nodes without that node.
+and launcher/job/recovery.py retries the run on other nodes without that node.
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def device_problem(env: DistEnv) -> Optional[str]:
     got = (a @ a.T).cpu().double()
     want = (a.cpu().double() @ a.cpu().double().T)
     if not torch.equal(got, want):
-        return f"a {n}x{n} matmul of small integers on {env.device} is wrong (max error {float((got - want).abs().max()):g})"
+        error = float((got - want).abs().max())
+        return f"a {n}x{n} matmul of small integers on {env.device} is wrong (max error {error:g})"
     if env.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(env.device)
         if free < 0.5 * total:

@@ -1,4 +1,4 @@
-"""What every Slurm task runs: :func:`run` (called by ``launcher.entry.TrainTask``, or ``python -m train``).
+"""What every Slurm task runs: :func:`run` (called by ``launcher.job.entry.TrainTask``, or ``python -m train``).
 
 When Slurm signals an approaching time limit or preemption, every rank saves the step just done and rank 0
 requeues the job (train/interrupt.py); the requeued job resumes from that checkpoint, having lost nothing.
@@ -27,7 +27,7 @@ from train.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
-# Where this code was imported from: the run's frozen copy when the launcher submitted it (launcher/freeze.py).
+# Where this code was imported from: the run's frozen copy when the launcher submitted it (launcher/submit/freeze.py).
 CODE_ROOT = str(Path(__file__).resolve().parents[1])
 
 

@@ -10,7 +10,7 @@ with ``purge_step`` at the first step this attempt logs, which makes TensorBoard
 attempt's events from that step on, so every step is on the curve exactly once; W&B runs under the run's name
 as its id with ``resume="allow"`` and logs by global step (offline, every attempt's files carry that id, and
 ``wandb sync`` joins them into one run). W&B's API key reaches the task as ``WANDB_API_KEY`` from the
-secrets store (launcher/core/secrets.py), which W&B reads itself: no file or config here holds it.
+secrets store (launcher/job/secret_store.py), which W&B reads itself: no file or config here holds it.
 """
 from __future__ import annotations
 

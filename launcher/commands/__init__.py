@@ -1,0 +1,4 @@
+"""The commands, one module each with ``configure(parser)`` and ``main(args)``: the only layer that prints and
+the only one (with launcher/cli.py) that may import another command. The CLI imports a command's module
+only when that command runs.
+"""

@@ -15,8 +15,8 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
-from launcher.slurm import Node, Slurm, SlurmError, slurm_conf_for
-from launcher.slurm_output import unusable
+from launcher.slurm.client import Node, Slurm, SlurmError, slurm_conf_for
+from launcher.slurm.output import unusable
 
 SINFO_TIMEOUT_S = 5
 
@@ -82,7 +82,7 @@ def configured() -> Dict[str, Optional[str]]:
     """Every cluster of conf/cluster/*.yaml (its ``name``) with its slurm.conf, ``local`` first."""
     from omegaconf import OmegaConf
 
-    from launcher.catalog import options, CONF_DIR
+    from launcher.compose.catalog import options, CONF_DIR
 
     found: Dict[str, Optional[str]] = {}
     for option in sorted(options("cluster"), key=lambda o: (o != "local", o)):

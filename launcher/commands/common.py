@@ -1,14 +1,18 @@
-"""What every status command shares: the run root option's value, run lookup by name or prefix, and human
-formatting of times."""
+"""What the commands share: the run root option's value, run lookup by name or prefix, human formatting of
+times, and how to name the launcher in a hint the user pastes."""
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import List, Optional
 
 from launcher.errors import LaunchError
-from launcher.core.rundir import RunRecord, default_root, find_run, list_records, unique_prefix
+from launcher.status.index import RunRecord, default_root, find_run, list_records, unique_prefix
 
 
 def root_of(args: argparse.Namespace) -> Path:
@@ -86,3 +90,16 @@ def parse_since(text: str) -> float:
         except ValueError:
             continue
     raise LaunchError(f"--since {text!r}: use 30m, 2h, 3d, 1w or a date like 2026-11-29 or '2026-11-29 14:00'")
+
+
+def invocation() -> str:
+    """How this user ran the launcher, for hints meant to be pasted: ``launcher`` when that is the
+    console script on PATH, the script's path when it is another one, else ``<python> -m launcher``
+    (the interpreter that has the launcher's dependencies)."""
+    script = sys.argv[0] if sys.argv else ""
+    if os.path.basename(script) == "launcher":
+        on_path = shutil.which("launcher")
+        if on_path and os.path.realpath(on_path) == os.path.realpath(script):
+            return "launcher"
+        return shlex.quote(os.path.abspath(script))
+    return f"{shlex.quote(sys.executable)} -m launcher"

@@ -1,14 +1,9 @@
 """``launcher compare RUN... | --sweep ID``: how model sizes and GPU counts actually compared.
 
 Everything comes from the runs' own ``metrics.jsonl``, ``run.json`` and ``config.yaml``:
-- step time: the median over log intervals, leaving out the first (warm-up, compilation) when there are
-  others; tokens/s, tokens/s/GPU and MFU are taken at that same median step time (what an interval does
-  per step, divided by it), so TOK/S x STEP TIME is exactly the tokens of one step;
-- MFU: "n/a" with the reason where training measured none (a CPU has no peak FLOP/s to divide by);
-- speedup: tokens/s against the run of the same model with the fewest GPUs; scaling efficiency is the
-  speedup divided by the GPU ratio (1.0 is linear scaling);
-- time to the same step: the training time each run needed to reach the highest step all runs reached.
-Runs still going are compared on their steps so far and marked as such.
+The figures (launcher/status/scaling.py) as a table, CSV, JSON or a plot (launcher/commands/compare_plot.py);
+MFU reads "n/a" with the reason where training measured none. Runs still going are compared on their steps
+so far and marked as such.
 """
 from __future__ import annotations
 
@@ -16,156 +11,12 @@ import argparse
 import csv
 import io
 import json
-import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from launcher.commands.common import chosen_runs, duration, root_of
-from launcher.core.damage import DamagedRun, read_yaml_mapping
-from launcher.core.rundir import CONFIG, RunRecord, read_metrics
-from launcher.state import job_states
-
-LOCAL_HARDWARE = "local cluster: CPU processes stand in for GPUs"
-
-
-@dataclass
-class RunStats:
-    name: str
-    model: str
-    gpus: int
-    nodes: int
-    status: str
-    steps_done: int
-    steps_total: int
-    median_step_time: Optional[float]
-    tokens_per_step: Optional[float]
-    tokens_per_s: Optional[float]
-    tokens_per_s_per_gpu: Optional[float]
-    mfu: Optional[float]
-    mfu_note: Optional[str]  # why mfu is None
-    final_loss: Optional[float]
-    hardware: str
-    sweep: Optional[str]
-    time_to_common_step: Optional[float] = None
-    speedup: Optional[float] = None
-    scaling_efficiency: Optional[float] = None
-    loss_curve: List[List[float]] = field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        return self.status == "COMPLETED"
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """What a run trained on, as far as its record and config.yaml tell."""
-
-    cluster: str
-    gpu_type: Optional[str]
-
-    @classmethod
-    def of(cls, rec: RunRecord) -> "Hardware":
-        try:
-            cluster = read_yaml_mapping(Path(rec.run_dir), CONFIG).get("cluster")
-        except DamagedRun:  # the GPU type is then not known, as for a config that does not name it
-            cluster = None
-        return cls(rec.cluster, cluster.get("gpu_type") if isinstance(cluster, dict) else None)
-
-    @property
-    def local(self) -> bool:
-        return self.cluster == "local" and not self.gpu_type
-
-    def describe(self, mfu_measured: bool = False) -> str:
-        """For a title: the cluster and GPU type; on the local cluster, whether its "GPUs" were CPU processes
-        (no MFU measured) or the machine's real GPUs (training found their peak FLOP/s)."""
-        if self.local:
-            return "local cluster: real GPUs" if mfu_measured else LOCAL_HARDWARE
-        return f"cluster {self.cluster}: " + (f"{self.gpu_type} GPUs" if self.gpu_type else "GPU type not set")
-
-    def mfu_missing(self) -> str:
-        """Why training reported no MFU: it does only where the device's peak FLOP/s is known."""
-        if self.local:
-            return "on the local cluster CPU processes stand in for GPUs, and a CPU has no peak FLOP/s to divide by"
-        return ("no peak FLOP/s known for the device it trained on (a CPU, or a GPU missing from "
-                "launcher/core/hardware.py)")
-
-
-def intervals(records: List[dict]) -> List[tuple[int, int, dict]]:
-    """(first step, last step, record) of each log interval, in order."""
-    out, prev = [], 0
-    for rec in records:
-        out.append((prev, rec["step"], rec))
-        prev = rec["step"]
-    return out
-
-
-def steady(records: List[dict]) -> List[dict]:
-    return records[1:] if len(records) > 1 else records
-
-
-RATES = ("tokens_per_s", "tokens_per_s_per_gpu", "mfu")
-
-
-def median_figures(logged: List[dict]) -> Dict[str, Optional[float]]:
-    """The median step time of the steady intervals, and every rate at that step time.
-
-    A rate times its interval's step time is what one step does (tokens, or a share of peak FLOPs), the
-    same in every interval; dividing it by the median step time makes the columns agree exactly, where
-    a median of each column on its own would not (nor would a whole-run mean beside a median)."""
-    rows = steady(logged)
-    if not rows:
-        return {"median_step_time": None, "tokens_per_step": None, **{key: None for key in RATES}}
-    step_time = statistics.median(r["step_time"] for r in rows)
-    per_step = {key: [r[key] * r["step_time"] for r in rows if r.get(key) is not None] for key in RATES}
-    figures = {key: statistics.median(v) / step_time if v else None for key, v in per_step.items()}
-    tokens = statistics.median(per_step["tokens_per_s"]) if per_step["tokens_per_s"] else None
-    return {"median_step_time": step_time, "tokens_per_step": tokens, **figures}
-
-
-def stats_of(rec: RunRecord, status: str) -> tuple[RunStats, List[dict]]:
-    """The run's figures, and its interval records (for the time to a step)."""
-    records = read_metrics(Path(rec.run_dir))
-    final = next((r for r in records if r.get("final")), None)
-    logged = [r for r in records if not r.get("final") and r.get("step_time")]
-    last = final or (logged[-1] if logged else {})
-    figures = median_figures(logged)
-    hardware = Hardware.of(rec)
-    note = None
-    if figures["mfu"] is None:
-        note = hardware.mfu_missing() if logged else "no metrics logged yet"
-    return RunStats(
-        name=rec.name, model=rec.model, gpus=rec.gpus, nodes=rec.nodes, status=status,
-        steps_done=last.get("step", 0), steps_total=rec.steps, **figures, mfu_note=note,
-        final_loss=last.get("loss"), hardware=hardware.describe(figures["mfu"] is not None), sweep=rec.sweep,
-        loss_curve=[[r["step"], r["loss"]] for r in logged if r.get("loss") is not None],
-    ), logged
-
-
-def time_to_step(logged: List[dict], step: int) -> Optional[float]:
-    """Training seconds to reach ``step``, from the intervals' mean step times."""
-    total = 0.0
-    for first, last, rec in intervals(logged):
-        if first >= step:
-            break
-        total += (min(last, step) - first) * rec["step_time"]
-    return total if logged and logged[-1]["step"] >= step else None
-
-
-def compare(records: List[RunRecord]) -> List[RunStats]:
-    states = job_states(records)
-    pairs = [stats_of(rec, states[rec.name].state) for rec in records]
-    common = min((s.steps_done for s, _ in pairs), default=0)
-    for s, logged in pairs:
-        s.time_to_common_step = time_to_step(logged, common) if common else None
-    stats = [s for s, _ in pairs]
-    for s in stats:
-        same = [o for o in stats if o.model == s.model and o.tokens_per_s]
-        base = min(same, key=lambda o: (o.gpus, o.name), default=None)
-        if base is not None and s.tokens_per_s:
-            s.speedup = s.tokens_per_s / base.tokens_per_s
-            s.scaling_efficiency = s.speedup / (s.gpus / base.gpus)
-    return sorted(stats, key=lambda s: (s.model, s.gpus, s.name))
+from launcher.status.scaling import RunStats, compare
 
 
 HEADERS = ["NAME", "MODEL", "GPUS", "NODES", "STEP TIME (median)", "TOK/S (median)", "TOK/S/GPU (median)", "MFU",
@@ -224,7 +75,8 @@ def to_csv(stats: List[RunStats]) -> str:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("names", nargs="*", metavar="RUN", help="runs to compare (names or unique prefixes)")
     parser.add_argument("--sweep", help="compare every run of this sweep (its id or a unique prefix)")
-    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also draw throughput against GPUs (with the ideal linear line) and the loss curves")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png", 
+                        help="also draw throughput against GPUs (with the ideal linear line) and the loss curves")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON")
     out.add_argument("--csv", action="store_true", help="print CSV")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List
 
-from launcher.commands.compare import RunStats
+from launcher.status.scaling import RunStats
 from launcher.errors import LaunchError
 
 

@@ -9,16 +9,16 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from launcher.attempts import history
+from launcher.job.attempts import history
 from launcher.commands.common import lookup, root_of
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
 from launcher.core.config import load_run_config
-from launcher.core.rundir import (CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, WANDB, RunRecord, read_events,
-                                  read_metrics)
-from launcher.freeze import code_source
-from launcher.slurm import Slurm, SlurmError
-from launcher.state import JobState, job_states
+from launcher.core.rundir import CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, WANDB, read_events, read_metrics
+from launcher.status.index import RunRecord
+from launcher.submit.freeze import code_source
+from launcher.slurm.client import Slurm, SlurmError
+from launcher.status.job_state import JobState, job_states
 
 
 def node_states(rec: RunRecord, nodelist: str) -> Dict[str, str]:

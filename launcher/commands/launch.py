@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, List
 from launcher.errors import LaunchError
 
 if TYPE_CHECKING:
-    from launcher.compose import ComposedRun
+    from launcher.compose.runs import ComposedRun
+    from launcher.submit.launch import Launched
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def epilog() -> str:
     """The config groups and override forms, for ``launcher --help`` and ``launcher launch --help``."""
-    from launcher.catalog import GROUPS, options
+    from launcher.compose.catalog import GROUPS, options
 
     groups = "\n".join(f"  {group:<8} {', '.join(options(group))}" for group in GROUPS)
     return f"""launch (the default command: launcher key=value ... is launcher launch key=value ...):
@@ -57,8 +58,8 @@ examples:
 def overrides_of(args: argparse.Namespace) -> List[str]:
     """The command line's overrides, after those of the run file (which they win over); a key given
     twice on the command line (or in the file) is an error."""
-    from launcher.overrides import check_given_once
-    from launcher.runfile import merge, read_run_file
+    from launcher.compose.overrides import check_given_once
+    from launcher.compose.runfile import merge, read_run_file
 
     check_given_once(args.overrides)
     if args.file is None:
@@ -70,7 +71,7 @@ def overrides_of(args: argparse.Namespace) -> List[str]:
 
 def main(args: argparse.Namespace) -> int:
     """Compose the runs the arguments describe; print them (dry run) or submit them."""
-    from launcher.compose import compose_runs
+    from launcher.compose.runs import compose_runs
 
     runs = compose_runs(overrides_of(args), multirun=args.multirun)
     modes = {run.config.dry_run for run in runs}
@@ -78,8 +79,8 @@ def main(args: argparse.Namespace) -> int:
         raise LaunchError("dry_run must be the same for every run of a sweep")
     mode = modes.pop()
     # Refuse (exit 2, before anything is submitted) a run that cannot fit its GPUs' memory, unless force=true;
-    # a dry run only warns. See launcher/planning/gate.py and docs/planning.md.
-    from launcher.planning.gate import check_launch
+    # a dry run only warns. See launcher/forecast/gate.py and docs/planning.md.
+    from launcher.forecast.gate import check_launch
 
     for warning in check_launch(runs, dry_run=mode is not False):
         print(f"warning: {warning}", file=sys.stderr)
@@ -91,14 +92,15 @@ def main(args: argparse.Namespace) -> int:
     if mode is True:
         print_dry_run(runs)
         return 0
-    from launcher.submit import launch
+    from launcher.submit.launch import launch
 
-    return launch(runs, sweep=args.multirun)
+    print_submitted(launch(runs, sweep=args.multirun))
+    return 0
 
 
 def display_name(run: ComposedRun) -> str:
     """The run's name, or its stem where the launch would add a random suffix."""
-    from launcher.core.rundir import base_name
+    from launcher.status.index import base_name
 
     return run.config.name or base_name(run.plan.model, run.plan.gpus)
 
@@ -106,7 +108,7 @@ def display_name(run: ComposedRun) -> str:
 def print_dry_run(runs: List[ComposedRun]) -> None:
     from tabulate import tabulate
 
-    from launcher.sbatch import render_sbatch
+    from launcher.slurm.batch import render_sbatch
 
     for index, run in enumerate(runs):
         name = display_name(run)
@@ -118,3 +120,29 @@ def print_dry_run(runs: List[ComposedRun]) -> None:
         print(run.data.line())
         print(f"\n# sbatch script (submitit folder {folder})")
         print(render_sbatch(run.config, run.plan, name, folder))
+
+
+def print_submitted(launched: Launched) -> None:
+    """What was submitted, with the commands that follow it, as this user runs the launcher."""
+    from launcher.commands.common import invocation
+
+    records, sweep_id, launcher = launched.records, launched.sweep_id, invocation()
+    if launched.note:
+        print(launched.note)
+    if not records:
+        return
+    if sweep_id is None:
+        rec = records[0]
+        print(f"Submitted {rec.name} as Slurm job {rec.job_id}: {rec.model} on {rec.nodes} node(s) x "
+              f"{rec.gpus_per_node} GPUs, {rec.steps} steps")
+        print(f"  run dir  {rec.run_dir}")
+        print(f"  status   {launcher} describe {rec.name}")
+        print(f"  logs     {launcher} logs {rec.name} --follow")
+        print(f"  again    {launcher} -f {rec.run_dir}/run.yaml")
+        return
+    from tabulate import tabulate
+
+    rows = [(r.name, r.job_id, r.model, f"{r.nodes}x{r.gpus_per_node}", r.steps) for r in records]
+    print(f"Submitted sweep {sweep_id}: {len(records)} runs")
+    print(tabulate(rows, headers=["NAME", "JOB ID", "MODEL", "GPUS", "STEPS"]))
+    print(f"  status   {launcher} runs --sweep {sweep_id}")

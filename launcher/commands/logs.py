@@ -11,9 +11,9 @@ from typing import Dict, List, Tuple
 from launcher.commands.common import lookup, root_of
 from launcher.errors import LaunchError
 from launcher.core.plan import read_plan
-from launcher.core.rundir import RunRecord
-from launcher.slurm import Slurm, SlurmError
-from launcher.state import job_states
+from launcher.status.index import RunRecord
+from launcher.slurm.client import Slurm, SlurmError
+from launcher.status.job_state import job_states
 
 
 def log_file(rec: RunRecord, rank: int, err: bool) -> Path:

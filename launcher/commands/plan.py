@@ -4,7 +4,7 @@
     launcher plan -m gpus=8,16,128 model=gpt_1b,gpt_70b
     launcher plan --json --mfu 0.4 --inter-gbps 400 model=gpt_7b gpus=64
 
-The arithmetic is in launcher/planning/, its formulas and sources in docs/planning.md.
+The arithmetic is in launcher/forecast/, its formulas and sources in docs/planning.md.
 """
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 from typing import List
 
-from launcher.core.hardware import DEFAULT_GPU, GPUS
+from launcher.core.gpus import DEFAULT_GPU, GPUS
 from launcher.core.config import CHECKPOINTING
-from launcher.planning.disk import checkpoint_room
-from launcher.planning.estimate import Estimate, estimate, set_scaling
-from launcher.planning.gate import sweep_label
-from launcher.planning.hardware import GIB, Assumptions, hardware_for, precision_of
-from launcher.planning.memory import activation_components, activation_terms, shard_group
+from launcher.forecast.disk import checkpoint_room
+from launcher.forecast.estimate import Estimate, estimate, set_scaling
+from launcher.forecast.gate import sweep_label
+from launcher.forecast.target import GIB, Assumptions, hardware_for, precision_of
+from launcher.forecast.memory import activation_components, activation_terms, shard_group
 
 DEFAULTS = Assumptions()
 
@@ -67,10 +67,11 @@ def main(args: argparse.Namespace) -> int:
     opts.check()
 
     from launcher.commands.launch import overrides_of
-    from launcher.compose import compose_runs
+    from launcher.compose.runs import compose_runs
 
     runs = compose_runs(overrides_of(args), multirun=args.multirun)
-    estimates = [estimate(run.config, run.plan, hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True), opts,
+    estimates = [estimate(run.config, run.plan,
+                          hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True), opts,
                           overrides=run.overrides) for run in runs]
     set_scaling(estimates)
     for run in runs:  # the launch's warning, before the figures
@@ -172,7 +173,7 @@ TIME_ROWS = [
 
 def detail(est: Estimate) -> str:
     """The full estimate of one run: memory, activations by checkpointing level, time and communication,
-    each figure beside the formula the planner computed it with (planning/memory.py, planning/timing.py)."""
+    each figure beside the formula the planner computed it with (forecast/memory.py, forecast/timing.py)."""
     from tabulate import tabulate
 
     cfg, plan, m, t, hw = est.cfg, est.plan, est.memory, est.timing, est.hardware
@@ -230,9 +231,9 @@ def detail(est: Estimate) -> str:
 
 def _host(est: Estimate) -> List[str]:
     """On the local cluster, whose ranks all share this machine's memory: what they need of it
-    (planning/host.py, the same check a launch makes)."""
+    (forecast/host.py, the same check a launch makes)."""
     from launcher.core.config import LOCAL_CLUSTER
-    from launcher.planning.host import host_memory, machine_memory, to_fit
+    from launcher.forecast.host import host_memory, machine_memory, to_fit
 
     machine = machine_memory()
     if est.cfg.cluster.name != LOCAL_CLUSTER or not machine:

@@ -1,7 +1,7 @@
 """``launcher resume RUN``: continue a failed, stopped or finished-early run from its newest good checkpoint.
 
 The run keeps its directory, config and name; it goes on as a new attempt, a new Slurm job submitted exactly
-as the run was composed (launcher.submit.resubmit, the same path automatic recovery takes). Training picks
+as the run was composed (launcher.submit.launch.resubmit, the same path automatic recovery takes). Training picks
 the newest checkpoint whose files check out (train/checkpoint.py), so its losses go on as if never stopped.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from launcher.commands.common import lookup, root_of
 from launcher.core.checkpoints import latest_checkpoint, step_of
 from launcher.core.rundir import append_event, last_metrics
 from launcher.errors import LaunchError
-from launcher.state import job_states
+from launcher.status.job_state import job_states
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,8 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from launcher.slurm import SlurmError
-    from launcher.submit import resubmit
+    from launcher.slurm.client import SlurmError
+    from launcher.job.submission import resubmit
 
     rec = lookup(root_of(args), args.name)
     run_dir = Path(rec.run_dir)

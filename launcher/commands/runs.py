@@ -11,8 +11,10 @@ from typing import List, Optional, TextIO, Tuple, Union
 
 from launcher.commands.common import clock, duration, parse_since, root_of, slurm_seconds, sweep_runs
 from launcher.errors import LaunchError
-from launcher.core.rundir import DamagedRun, RunRecord, last_metrics, load_or_damage, read_events, record_paths
-from launcher.state import ACTIVE, DAMAGED, STATES, JobState, job_states
+from launcher.core.rundir import last_metrics, read_events
+from launcher.status.index import RunRecord, load_or_damage, record_paths
+from launcher.core.damage import DamagedRun
+from launcher.status.job_state import ACTIVE, DAMAGED, STATES, JobState, job_states
 
 
 @dataclass
@@ -39,7 +41,7 @@ class RunRow:
     sweep: Optional[str]
     run_dir: str
     state_source: str
-    attempts: int  # starts of the run's job: the first, and each requeue or retry (launcher/recovery.py)
+    attempts: int  # starts of the run's job: the first, and each requeue or retry (launcher/job/recovery.py)
 
 
 def build_row(rec: RunRecord, state: JobState) -> RunRow:

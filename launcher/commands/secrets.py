@@ -8,7 +8,7 @@
     launcher secrets delete NAME [NAME ...]
 
 The kinds (env, file, ssh) and where values come from: ``launcher secrets create --help``. Storage and
-injection: launcher/core/secrets.py.
+injection: launcher/job/secret_store.py.
 
 Every user mistake is one line ``error: ...`` and exit status 2, with nothing written.
 """
@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
-from launcher.core.secrets import (ENV_VAR, DEFAULT_ENV, check_env_var, check_kind, check_name, create, delete,
+from launcher.job.secret_store import (ENV_VAR, DEFAULT_ENV, check_env_var, check_kind, check_name, create, delete,
                                    load_all, secrets_dir, check_free)
 from launcher.errors import LaunchError
 
@@ -107,7 +107,7 @@ def _list(directory: Path, as_json: bool) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     if not secrets:
-        from launcher.cli import invocation
+        from launcher.commands.common import invocation
 
         print(f"No secrets in {directory}. Create one with: {invocation()} secrets create env NAME < value.txt")
         return 0
@@ -123,7 +123,8 @@ def _create(directory: Path, args: argparse.Namespace) -> int:
     check_kind(kind)
     if "=" in name:
         if kind != "env":
-            raise LaunchError(f"NAME=VALUE is only for env secrets; give a {kind} secret's value with --from FILE or stdin")
+            raise LaunchError(f"NAME=VALUE is only for env secrets; give a {kind} secret's value with --from FILE "
+                              "or stdin")
         name, inline = name.split("=", 1)
     check_name(name)
     env = args.env or DEFAULT_ENV.get(kind)

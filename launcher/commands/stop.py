@@ -7,9 +7,10 @@ from typing import List
 
 from launcher.commands.common import chosen_runs, root_of
 from launcher.errors import LaunchError
-from launcher.core.rundir import RunRecord, append_event
-from launcher.slurm import Slurm, SlurmError
-from launcher.state import job_states
+from launcher.core.rundir import append_event
+from launcher.status.index import RunRecord
+from launcher.slurm.client import Slurm, SlurmError
+from launcher.status.job_state import job_states
 
 
 def cancel(records: List[RunRecord]) -> List[RunRecord]:

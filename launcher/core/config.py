@@ -8,7 +8,6 @@ dataclasses with :func:`load_run_config`. This module must stay free of torch.
 """
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher.core.damage import DamagedRun, read_yaml_mapping
 from launcher.core.rundir import DEFAULT_ROOT
 
-# The choices of the parallelism settings: validated at composition (launcher/validate.py), searched by
+# The choices of the parallelism settings: validated at composition (launcher/compose/validate.py), searched by
 # the planner's suggestions (ordered from least to most memory saved), applied by train/parallel.py.
 SHARDINGS = ("full", "hybrid", "grad_op")
 CHECKPOINTING = ("none", "selective", "full")
@@ -40,13 +39,6 @@ def tracker_missing(backend: str) -> Optional[str]:
         return None
     return (f"tracking={backend} needs the {package} package, which this Python ({sys.executable}) lacks: "
             "pip install 'slurm-gpt-launcher[tracking]' (or choose tracking=none)")
-CHOICES = {
-    "parallel.sharding": SHARDINGS,
-    "parallel.activation_checkpointing": CHECKPOINTING,
-    "parallel.precision": PRECISIONS,
-    "tracking.backend": tuple(TRACKER_PACKAGES),
-    "tracking.mode": WANDB_MODES,
-}
 
 
 def compute_precision(precision: str, cuda: bool) -> str:
@@ -209,71 +201,6 @@ class RunConfig:
     share_group: Optional[str] = None
     dry_run: Any = False  # false, true or "json"
     force: bool = False
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric setting allows: finite, from ``low`` to ``high`` (None: unbounded), an ``open``
-    end excluded. ``zero``: what 0 means, where 0 is allowed and means something other than a size."""
-
-    low: Optional[float] = None
-    high: Optional[float] = None
-    low_open: bool = False
-    high_open: bool = False
-    zero: str = ""
-
-    def allows(self, value: float) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        if self.low is not None and (value < self.low or (value == self.low and self.low_open)):
-            return False
-        return self.high is None or value < self.high or (value == self.high and not self.high_open)
-
-    def __str__(self) -> str:
-        if self.low is not None and self.high is not None:
-            text = f"in {'(['[not self.low_open]}{self.low:,}, {self.high:,}{')]'[not self.high_open]}"
-        else:
-            text = f"{'>' if self.low_open else '>='} {self.low:,}"
-        return f"{text} ({self.zero})" if self.zero else text
-
-
-AT_LEAST_1, POSITIVE, FRACTION = Range(1), Range(0, low_open=True), Range(0, 1, high_open=True)
-# Beyond any run ever made (about 10^6 steps); 10^23 was once accepted and would have run forever.
-MAX_STEPS = 10_000_000
-
-# Every numeric setting's allowed values, checked at composition (launcher/validate.py), listed in
-# docs/configuration.md (tests/test_config_values.py keeps the two equal). A null value is not checked.
-RANGES: Dict[str, Range] = {
-    **{f"model.{key}": AT_LEAST_1 for key in ("d_model", "n_heads", "n_layers", "seq_len", "vocab_size", "mlp_ratio")},
-    "layout.gpus": AT_LEAST_1,
-    "layout.nodes": AT_LEAST_1,
-    "train.steps": Range(1, MAX_STEPS),
-    "train.global_batch": AT_LEAST_1,
-    "train.batch_per_gpu": AT_LEAST_1,
-    "train.lr": POSITIVE,
-    "train.min_lr_ratio": Range(0, 1),
-    "train.warmup_steps": Range(0, zero="0: no warmup, the full learning rate from the first step"),
-    "train.weight_decay": Range(0, zero="0: no weight decay"),
-    "train.beta1": FRACTION,
-    "train.beta2": FRACTION,
-    "train.grad_clip": POSITIVE,
-    "train.seed": Range(0, 2**32 - 1),  # numpy's seeds are 32-bit
-    "train.log_every": AT_LEAST_1,
-    "train.eval_every": Range(0, zero="0: no evaluation"),
-    "train.eval_batches": AT_LEAST_1,
-    "train.checkpoint_every": Range(0, zero="0: saved only at a time-limit or preemption signal and at the end, "
-                                            "so a failure loses every step since"),
-    "train.keep_checkpoints": AT_LEAST_1,
-    "train.stall_timeout_s": POSITIVE,
-    "data.val_fraction": Range(0, 1, high_open=True, zero="0: no validation split; needs train.eval_every=0"),
-    "cluster.gpus_per_node": AT_LEAST_1,
-    "cluster.gpu_memory_gb": POSITIVE,
-    "cluster.cpus_per_gpu": AT_LEAST_1,
-    "cluster.time_limit_min": AT_LEAST_1,
-    "cluster.signal_delay_s": Range(0, zero="0: the signal comes at the time limit, leaving no time to save"),
-    "cluster.max_requeues": Range(0, zero="0: a preemption or time limit ends the run"),
-    "cluster.max_retries": Range(0, zero="0: a failed attempt is not retried"),
-}
 
 
 # The sections every config.yaml the launcher has written holds, whatever its version.

@@ -9,7 +9,7 @@ Files are created by many hands: the launcher, submitit, Slurm (the job's output
 torch (checkpoints), logging and training. A umask reaches all of them: the launcher submits under it
 (sbatch passes it to the job as SLURM_UMASK), and the batch script sets it again before anything runs
 (a resubmission from the node inherits it). Files the launcher writes later take their directory's mode
-(file_mode). Secrets (launcher/core/secrets.py) are never shared: their store stays 0700/0600.
+(file_mode). Secrets (launcher/job/secret_store.py) are never shared: their store stays 0700/0600.
 """
 from __future__ import annotations
 

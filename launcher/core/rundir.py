@@ -1,21 +1,17 @@
-"""Run records: one directory per run under the run root.
-
-The directories are the source of truth. A run exists once ``mkdir`` of its directory succeeded (atomic,
-so concurrent launches can never take the same name), and it is listed once its ``run.json`` was written
-(atomically, by rename). Removing a directory by hand removes the run; nothing else needs updating.
+"""A run's directory as the launcher and the training tasks share it: its files' names, writes that readers
+never see half of, the event log and the metrics (docs/design-contract.md). The run root as an index of
+runs (records, listing, lookup) is the launcher's alone: launcher/status/index.py.
 """
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
-from launcher.core.damage import DamagedRun, read_json_object, read_jsonl, usable_metrics
+from launcher.core.damage import read_jsonl, usable_metrics
 from launcher.core.privacy import file_mode
 
 RECORD = "run.json"
@@ -23,41 +19,16 @@ CONFIG = "config.yaml"
 PLAN = "plan.json"
 EVENTS = "events.jsonl"
 METRICS = "metrics.jsonl"
-INDEX = ".index"
 TENSORBOARD = "tensorboard"  # TensorBoard's event files (train/tracking.py)
 WANDB = "wandb"  # W&B's files: wandb.init(dir=RUN) keeps them in RUN/wandb
-CODE = "code"  # the frozen copy of the code the run's tasks import (launcher/freeze.py)
+CODE = "code"  # the frozen copy of the code the run's tasks import (launcher/submit/freeze.py)
 CODE_SOURCE = "source.json"  # in CODE: the copy's checkout, git commit and dirty flag
 CODE_DIFF = "diff.patch"  # in CODE: the uncommitted changes of a dirty checkout
 DEFAULT_ROOT = "~/.launcher/runs"
 
 
-def default_root() -> Path:
-    """Where runs live unless a command says otherwise: $LAUNCHER_RUN_ROOT or ~/.launcher/runs."""
-    return Path(os.path.expanduser(os.environ.get("LAUNCHER_RUN_ROOT", DEFAULT_ROOT)))
-
-
-@dataclass
-class RunRecord:
-    """What was submitted, written once at submit time (job_id is filled in after sbatch answers)."""
-
-    name: str
-    run_dir: str
-    model: str
-    gpus: int
-    nodes: int
-    gpus_per_node: int
-    steps: int
-    cluster: str
-    submitted_at: float
-    job_id: Optional[str] = None
-    sweep: Optional[str] = None
-    slurm_conf: Optional[str] = None
-    argv: list[str] = field(default_factory=list)
-
-
 def code_dir(run_dir: Path) -> Path:
-    """Where the run's frozen code lives; the tasks import from it (launcher/sbatch.py)."""
+    """Where the run's frozen code lives; the tasks import from it (launcher/slurm/batch.py)."""
     return Path(run_dir).absolute() / CODE
 
 
@@ -103,179 +74,6 @@ def read_events(run_dir: Path) -> list[dict]:
 def read_metrics(run_dir: Path) -> list[dict]:
     """The metrics records, skipping damaged lines (a record must have an integer step)."""
     return [m for m in read_jsonl(Path(run_dir) / METRICS) if usable_metrics(m)]
-
-
-def ensure_root(root: str) -> Path:
-    """The run root, created if needed; a one-line error if it cannot be written."""
-    path = Path(os.path.expanduser(root))
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)  # a new root is private (launcher/core/privacy.py)
-    except OSError as err:
-        raise PermissionError(f"run root {path} cannot be created ({err.strerror})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise PermissionError(f"run root {path} is not writable; set run_root=... or LAUNCHER_RUN_ROOT")
-    return path
-
-
-def base_name(model: str, gpus: int) -> str:
-    """A readable name stem, e.g. ``gpt-1b-16g``; a launch adds a random suffix."""
-    return f"{model.replace('_', '-')}-{gpus}g"
-
-
-def create_run_dir(root: Path, base: str, explicit: bool) -> Path:
-    """Make the run's directory. An explicit name must be new; a generated one gets a random suffix."""
-    if explicit:
-        path = root / base
-        try:
-            path.mkdir()
-        except FileExistsError:
-            raise FileExistsError(f"a run named '{base}' already exists in {root}; choose another name=") from None
-        return path
-    while True:
-        path = root / f"{base}-{secrets.token_hex(2)}"
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-
-
-def save_record(record: RunRecord) -> None:
-    """Write the run's record (once, at submit time) and index it."""
-    run_dir = Path(record.run_dir)
-    write_json_atomic(run_dir / RECORD, asdict(record))
-    index_run(run_dir.parent, record.name, record.submitted_at)
-
-
-# The JSON types each RunRecord field may hold (the dataclass's annotations, which are strings here).
-_RECORD_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "Optional[str]": (str, type(None)),
-                 "list[str]": (list,)}
-
-
-def load_record(run_dir: Path) -> RunRecord:
-    """The run's record; DamagedRun when run.json is missing, unreadable, or lacks or mistypes a field."""
-    data = read_json_object(run_dir, RECORD)
-    fields = RunRecord.__dataclass_fields__
-    missing = [name for name, f in fields.items() if name not in data and f.default is f.default_factory]
-    if missing:
-        raise DamagedRun(run_dir, RECORD, f"lacks {', '.join(missing)}")
-    for name, f in fields.items():
-        if name in data and (not isinstance(data[name], _RECORD_TYPES[f.type]) or isinstance(data[name], bool)):
-            raise DamagedRun(run_dir, RECORD, f"has {name}={data[name]!r}, not a {f.type}")
-    return RunRecord(**{k: v for k, v in data.items() if k in fields})
-
-
-def check_run(run_dir: Path) -> None:
-    """DamagedRun when the run's plan is there but cannot be read. Listings check this much for every run
-    (JSON is cheap; parsing every config.yaml would multiply a listing's time): what the config and plan
-    must hold, the commands that read them check."""
-    if (run_dir / PLAN).exists():
-        read_json_object(run_dir, PLAN)
-
-
-def is_run(run_dir: Path) -> bool:
-    """Whether a directory of the run root is a run: its record was written, or its event log (begun just
-    after the record) was, so a run whose run.json was lost still counts (as damaged)."""
-    return (run_dir / RECORD).exists() or (run_dir / EVENTS).exists()
-
-
-def record_paths(root: Path) -> list[tuple[float, Path]]:
-    """(submit time, run dir) of every run, newest first.
-
-    The index (``root/.index``, one ``<submitted_at> <name>`` line appended per run at submit time) makes
-    this one read instead of a stat per run. It is only a cache of the directories: a name it lacks is
-    looked up (run.json's mtime is its submit time, as it is written once) and added; a name whose
-    directory is gone is dropped. Deleting the index, or a run directory, by hand breaks nothing.
-    """
-    try:
-        names = {name for name in os.listdir(root) if not name.startswith(".")}
-    except FileNotFoundError:
-        return []
-    submitted: dict[str, float] = {}
-    try:
-        with open(root / INDEX) as f:
-            for line in f:
-                stamp, _, name = line.rstrip("\n").partition(" ")
-                if name in names:
-                    try:
-                        submitted[name] = float(stamp)
-                    except ValueError:  # a torn line
-                        continue
-    except FileNotFoundError:
-        pass
-    for name in names - submitted.keys():
-        for file in (RECORD, EVENTS):  # a run that lost its run.json is still one
-            try:
-                submitted[name] = os.stat(root / name / file).st_mtime
-                break
-            except OSError:  # not a run (yet)
-                continue
-        else:
-            continue
-        index_run(root, name, submitted[name])
-    return sorted(((t, root / name) for name, t in submitted.items()), key=lambda item: item[0], reverse=True)
-
-
-def index_run(root: Path, name: str, submitted_at: float) -> None:
-    """Append the run to the root's index: one write of one line, so concurrent appends never mix."""
-    try:
-        fd = os.open(root / INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, file_mode(root))
-    except OSError:  # a root this user may read but not write: the index stays a cache
-        return
-    try:
-        os.write(fd, f"{submitted_at:.6f} {name}\n".encode())
-    finally:
-        os.close(fd)
-
-
-def load_or_damage(run_dir: Path) -> RunRecord | DamagedRun:
-    """The run's record, or why it or its plan cannot be read."""
-    try:
-        record = load_record(run_dir)
-        check_run(run_dir)
-        return record
-    except DamagedRun as damage:
-        return damage
-
-
-def list_records(root: Path, limit: Optional[int] = None) -> list[RunRecord]:
-    """Records of the newest ``limit`` runs (all with None) that can be read, newest first."""
-    paths = record_paths(root)
-    runs = (load_or_damage(path) for _, path in (paths if limit is None else paths[:limit]))
-    return [run for run in runs if isinstance(run, RunRecord)]
-
-
-def find_run(root: Path, name: str) -> RunRecord:
-    """The run called ``name``, or the only one whose name starts with it.
-
-    Raises LookupError with the closest names when there is no such run or the prefix is ambiguous, and
-    DamagedRun when it is listed as damaged (its record or plan cannot be read).
-    """
-    if not (name and "/" not in name and name not in (".", "..") and is_run(root / name)):
-        name = unique_prefix(name, [path.name for _, path in record_paths(root)], "run named", root)
-    run = load_or_damage(root / name)
-    if isinstance(run, DamagedRun):
-        raise run
-    return run
-
-
-def unique_prefix(text: str, candidates: Iterable[str], what: str, root: Path) -> str:
-    """The candidate equal to ``text``, or the only one starting with it: how run names and sweep ids
-    are typed. Raises LookupError naming the matches (ambiguous) or the closest candidates (unknown)."""
-    candidates = sorted(set(candidates))
-    if text in candidates:
-        return text
-    matches = [c for c in candidates if c.startswith(text)]
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        raise LookupError(f"{what} '{text}' is ambiguous: {', '.join(matches[:5])}"
-                          + (f" (and {len(matches) - 5} more)" if len(matches) > 5 else ""))
-    import difflib
-
-    close = difflib.get_close_matches(text, candidates, n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise LookupError(f"no {what} '{text}' in {root}{hint}")
 
 
 def last_metrics(run_dir: Path) -> Optional[dict]:

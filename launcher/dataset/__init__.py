@@ -1,1 +1,4 @@
-"""Datasets: ``launcher data prepare`` (inputs, tokenizers, shards) and the launch-time checks of ``data.path``."""
+"""Datasets: ``launcher data prepare`` (inputs, tokenizers, shards) and the launch-time checks of ``data.path``.
+
+Imports core/ and errors only; composition calls its checks.
+"""

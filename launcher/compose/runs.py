@@ -1,0 +1,127 @@
+"""Compose validated, typed run configs from ``conf/`` and the command line.
+
+Uses Hydra's compose API rather than ``@hydra.main``: the launcher runs its own
+sweeps (one submission per concrete override list, see launcher/compose/overrides.py)
+and must return as soon as jobs are submitted, while ``@hydra.main`` owns the
+process (working directory, logging) and its launchers block on their jobs.
+
+Every run of a sweep is composed, validated and planned before any is
+submitted, so one bad combination fails the whole command up front.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Sequence
+
+from hydra import compose, initialize_config_dir
+from hydra.conf import HydraConf
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from launcher.compose import overrides as ov
+from launcher.compose.catalog import CONF_DIR, GROUPS, default_choices
+from launcher.core.config import RunConfig
+from launcher.dataset.check import DataSummary, check_data
+from launcher.errors import LaunchError
+from launcher.core.plan import Plan
+from launcher.compose.runfile import NOT_RECORDED, run_file_data
+from launcher.slurm.batch import request_params
+from launcher.compose.validate import validate
+from launcher.compose.layout import plan_of
+
+# What Hydra and OmegaConf raise for bad input (Hydra also raises bare ValueError).
+_CONFIG_ERRORS = (HydraException, OmegaConfBaseException, ValueError)
+
+
+@dataclass(frozen=True)
+class ComposedRun:
+    """One concrete run: what the user typed, the typed config, and its plan."""
+
+    overrides: List[str]  # this run's overrides as typed (sweeps expanded)
+    config: RunConfig
+    resolved: DictConfig  # the fully resolved config, for the run's config.yaml
+    plan: Plan
+    run_file: Dict[str, Any]  # the run as a run file, for the run's run.yaml (launcher/compose/runfile.py)
+    data: DataSummary  # what it trains on: checked before anything is submitted
+
+
+def compose_runs(overrides: Sequence[str], multirun: bool = False) -> List[ComposedRun]:
+    """Compose every run the overrides describe (several only with ``multirun``).
+
+    Raises LaunchError, with a one-line message, for any user mistake.
+    """
+    store = ConfigStore.instance()
+    store.store(name="base", node=RunConfig)
+    store.store(group="hydra", name="config", node=hydra_node(), provider="hydra")
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="launcher"):
+            # With the config loader, glob() sweeps can list a group's options.
+            parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+            runs = ov.expand(ov.parse(parser, overrides), multirun)
+            return [_compose_one(parser, run, label=multirun and len(runs) > 1) for run in runs]
+    except _CONFIG_ERRORS as exc:
+        raise LaunchError(one_line(exc)) from exc
+
+
+def hydra_node() -> HydraConf:
+    """Hydra's own config, without its defaults list: its output dirs, logging, help, launcher and
+    sweeper (six YAML files, a third of a composition's time) serve ``@hydra.main``, which we do not
+    use, and ``compose()`` drops the ``hydra`` node anyway. The app's config groups compose as before."""
+    return HydraConf(defaults=[])
+
+
+def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> ComposedRun:
+    try:
+        parsed = ov.parse(parser, typed)
+        ov.check(parsed)
+        cfg = compose(config_name="config", overrides=ov.normalise(parsed))
+        config: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+        validate(config)
+        plan = plan_of(config)
+        data = check_data(config, plan)
+        request_params(config, plan)  # rejects values unsafe in an sbatch script
+    except (LaunchError, *_CONFIG_ERRORS) as exc:
+        message = exc.message if isinstance(exc, LaunchError) else one_line(exc)
+        raise LaunchError(f"[{' '.join(typed)}] {message}" if label else message) from exc
+    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    return ComposedRun(overrides=list(typed), config=config, resolved=resolved, plan=plan,
+                       run_file=run_file_of(parsed, resolved, plan), data=data)
+
+
+def run_file_of(parsed: List[Override], resolved: DictConfig, plan: Plan) -> Dict[str, Any]:
+    """The run as a run file: every group choice (explicit even when defaulted; gpus as the count,
+    which also stands for ``layout.gpus``) and each overridden value as composed."""
+    choices: Dict[str, Any] = default_choices()
+    values = []
+    for override in parsed:
+        key = override.key_or_group
+        if override.package is not None or key in NOT_RECORDED or key == "layout.gpus":
+            continue
+        if override.is_delete():
+            values.append((f"~{key}", None))
+        elif key in GROUPS:
+            choices[key] = override.value()
+        else:
+            value = OmegaConf.select(resolved, key)
+            values.append((key, OmegaConf.to_container(value) if OmegaConf.is_config(value) else value))
+    choices["gpus"] = plan.gpus
+    return run_file_data(choices, values)
+
+
+def one_line(exc: BaseException) -> str:
+    """Hydra's and OmegaConf's messages (and their causes) on one line, without
+    the indented ``full_key:``/``object_type=`` detail lines."""
+    parts: List[str] = []
+    current: BaseException | None = exc
+    while current is not None:
+        lines = [line.strip() for line in str(current).splitlines() if line.strip() and not line[0].isspace()]
+        text = " ".join(lines)
+        if text and text not in parts:
+            parts.append(text)
+        current = current.__cause__
+    return ": ".join(parts) or type(exc).__name__

@@ -1,0 +1,7 @@
+"""A run's life inside its Slurm job: what each task runs (entry), how an attempt's end is judged (attempts),
+the batch script's recovery steps around srun (recovery), resubmission (submission), and the secrets
+injected into the tasks (secret_store).
+
+This is the in-job path: it imports core/, the Slurm adapter and status's run index, and never Hydra,
+composition, submission, the CLI or a command (tests/test_architecture.py checks what it loads).
+"""

@@ -1,0 +1,168 @@
+"""The Slurm request of a run: submitit executor parameters and the exact
+sbatch script they produce.
+
+submitit writes each parameter as an ``#SBATCH --key=value`` line and the
+``setup`` lines verbatim into a bash script. A newline inside any value would
+start a new shell line, so every value that reaches the script is checked here:
+flag values must be plain tokens (no quotes, ``$``, backticks, ``;``,
+whitespace), and setup lines, which are shell commands by design (written by
+whoever configures the cluster), must each be a single line. Paths and the
+srun command are quoted by submitit itself.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Dict, Sequence
+
+from launcher.core.config import RunConfig
+from launcher.errors import LaunchError
+from launcher.core.plan import Plan
+from launcher.core.privacy import umask_line
+from launcher.core.rundir import code_dir
+
+# Characters a Slurm option value needs (constraints use & | [ ] *, images : / #).
+_TOKEN = re.compile(r"[A-Za-z0-9._,:=@%/+#&|*\[\]-]+")
+_FLAG_KEY = re.compile(r"[a-z][a-z0-9_-]*")
+# Options written into every script by submitit or executor_params.
+_LAUNCHER_FLAGS = {"signal", "output", "error", "open-mode", "array", "wckey", "job-name", "comment"}
+
+
+def request_params(cfg: RunConfig, plan: Plan) -> Dict[str, Any]:
+    """The parameters that follow from the config alone (all but the job name).
+
+    One task per GPU: ``ntasks_per_node`` tasks on each of ``nodes`` nodes
+    (``--ntasks`` in all when the cluster overcommits CPUs),
+    each with ``cluster.cpus_per_gpu`` CPUs (none asked when null). USR2 arrives ``signal_delay_s``
+    before the time limit so rank 0 can checkpoint and requeue. Composition
+    calls this too, so an unsafe cluster value fails before any run of a sweep
+    is submitted. Raises LaunchError.
+    """
+    cluster = cfg.cluster
+    gpus: Any = plan.gpus_per_node
+    if cluster.gpu_type is not None:
+        gpus = f"{_token('cluster.gpu_type', cluster.gpu_type)}:{plan.gpus_per_node}"
+    params: Dict[str, Any] = {
+        "nodes": plan.nodes,
+        "gpus_per_node": gpus,
+        "time": cluster.time_limit_min,
+        "signal_delay_s": cluster.signal_delay_s,
+    }
+    if cluster.cpus_per_gpu is not None:
+        params["cpus_per_task"] = cluster.cpus_per_gpu
+    if cluster.setup:
+        params["setup"] = [_setup_line(line) for line in cluster.setup]
+    for key in ("partition", "account", "qos", "constraint", "mem_per_gpu"):
+        value = getattr(cluster, key)
+        if value is not None:
+            params[key] = _token(f"cluster.{key}", value)
+    if cluster.exclusive:
+        params["exclusive"] = True
+    extra: Dict[str, Any] = {}
+    if cluster.overcommit:
+        # Slurm checks --ntasks-per-node against the node's CPUs even with --overcommit, but not
+        # --ntasks, which it then spreads evenly over the nodes.
+        extra.update(overcommit=True, ntasks=plan.nodes * plan.tasks_per_node)
+    else:
+        params["ntasks_per_node"] = plan.tasks_per_node
+    managed = {key.replace("_", "-") for key in [*params, *extra, "ntasks_per_node"]} | _LAUNCHER_FLAGS
+    extra.update(_sbatch_flags(cluster.sbatch_flags, managed))
+    if extra:
+        params["additional_parameters"] = extra
+    if cluster.container_image is not None:
+        params["srun_args"] = [f"--container-image={_token('cluster.container_image', cluster.container_image)}"]
+    return params
+
+
+def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | None = None,
+                    exclude: Sequence[str] = (), python: str | None = None) -> Dict[str, Any]:
+    """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``.
+
+    With the run's directory, the job also records its attempt around the ranks and recovers from a
+    failure (launcher/job/recovery.py): ``begin`` before srun, ``end`` with srun's exit status after it, both,
+    like the tasks, importing the run's frozen code (:func:`frozen_code_line`); and
+    srun ends every rank as soon as one dies (``--kill-on-bad-exit``), so an attempt fails in seconds, not
+    after a collective's timeout. ``exclude``: nodes the job must not run on (an earlier attempt's culprits).
+    """
+    check_run_name(run_name)
+    params = {**request_params(cfg, plan), "job_name": run_name, "comment": f"launcher:{run_name}"}
+    if run_dir is not None:
+        recovery = f"{python or shlex.quote(sys.executable)} -m launcher.job.recovery"
+        where = shlex.quote(str(Path(run_dir).absolute()))
+        # The umask first: every file of the job (Slurm's output, logs, checkpoints) is the run's alike.
+        params["setup"] = [umask_line(cfg.share_group), *params.get("setup", []), frozen_code_line(run_dir),
+                           f"{recovery} begin {where}"]
+        params["teardown"] = [f"{recovery} end {where} $?"]
+        params["srun_args"] = ["--kill-on-bad-exit=1", *params.get("srun_args", [])]
+    if exclude:
+        params["exclude"] = _token("exclude", ",".join(exclude))
+    return params
+
+
+def frozen_code_line(run_dir: Path) -> str:
+    """The setup line that makes the job import the run's frozen code (launcher/submit/freeze.py): its copy first on
+    PYTHONPATH, and PYTHONSAFEPATH so that ``python -m`` does not put the working directory (often the
+    checkout the job was submitted from) before it."""
+    code = shlex.quote(str(code_dir(run_dir)))
+    return f"export PYTHONPATH={code}${{PYTHONPATH:+:$PYTHONPATH}} PYTHONSAFEPATH=1"
+
+
+def render_sbatch(cfg: RunConfig, plan: Plan, run_name: str, folder: str | Path, python: str | None = None) -> str:
+    """The sbatch script submitit writes for this run into ``folder`` (the
+    executor's folder), from the same parameters as :func:`executor_params`."""
+    from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
+
+    folder = Path(folder).expanduser().absolute()  # as submitit's Executor stores it
+    if any(ord(char) < 32 for char in str(folder)):
+        raise LaunchError(f"run folder {str(folder)!r} contains a control character")
+    # submitit's own command line (SlurmExecutor cannot be built where srun is absent).
+    executor = SimpleNamespace(python=python or shlex.quote(sys.executable), folder=folder)
+    command = SlurmExecutor._submitit_command_str.fget(executor)  # type: ignore[attr-defined]
+    return _make_sbatch_string(command=command, folder=folder,
+                               **executor_params(cfg, plan, run_name, folder.parent, python=python))
+
+
+def _token(key: str, value: Any) -> str:
+    text = str(value)
+    if not _TOKEN.fullmatch(text):
+        raise LaunchError(
+            f"{key}={text!r} is not allowed in an sbatch script; "
+            "use letters, digits and . _ , : = @ % / + # & | * [ ] -"
+        )
+    return text
+
+
+def _setup_line(line: str) -> str:
+    if any(char in line for char in "\n\r\0"):
+        raise LaunchError(f"cluster.setup line {line!r} must be a single line")
+    return line
+
+
+def _sbatch_flags(flags: Dict[str, Any], managed: set) -> Dict[str, Any]:
+    """``cluster.sbatch_flags`` as submitit additional_parameters: ``true`` is a
+    bare flag, false/null omit it; the launcher's own options cannot be replaced."""
+    out: Dict[str, Any] = {}
+    for key, value in flags.items():
+        if not _FLAG_KEY.fullmatch(key):
+            raise LaunchError(f"cluster.sbatch_flags key {key!r} is not an sbatch option name")
+        if key.replace("_", "-") in managed:
+            raise LaunchError(f"cluster.sbatch_flags.{key} is set by the launcher; change the cluster or layout")
+        if value is True:
+            out[key] = True
+        elif value is not None and value is not False:
+            out[key] = _token(f"cluster.sbatch_flags.{key}", value)
+    return out
+
+
+# Run names become directory names, Slurm job names and #SBATCH values.
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_run_name(name: str) -> None:
+    if not RUN_NAME.fullmatch(name):  # fullmatch: '$' would accept a trailing newline
+        raise LaunchError(
+            f"invalid run name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )

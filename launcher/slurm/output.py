@@ -1,0 +1,176 @@
+"""What Slurm's client tools print, parsed by field name into typed rows (launcher/slurm/client.py runs the tools).
+
+Output is requested with named fields (``sinfo -O``, ``squeue -O``, ``sacct -o``), one ``|`` after each value,
+and every row is zipped with those names, so adding a field never shifts another.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+
+class SlurmError(RuntimeError):
+    """A Slurm client tool failed or could not be reached; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Gres:
+    gpus: int
+    gpu_type: Optional[str]  # None where the gres names no type (``gpu:8``)
+
+
+def parse_gres(gres: str) -> Gres:
+    """The GPUs in a gres string: ``gpu:8``, ``gpu:h100:8(S:0-1)``, ``craynetwork:1,gpu:a100:2``, ``(null)``."""
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and parts[-1].isdigit():
+            return Gres(int(parts[-1]), parts[1] if len(parts) == 3 else None)
+    return Gres(0, None)
+
+
+def field_rows(out: str, names: Sequence[str]) -> List[Dict[str, str]]:
+    """Rows of ``|``-separated values (``-O Name:|`` or ``-P`` output) zipped with the field names."""
+    rows = []
+    for line in out.splitlines():
+        values = line.split("|")
+        if len(values) < len(names):
+            raise SlurmError(f"unexpected Slurm output {line!r} for fields {','.join(names)}")
+        rows.append({name: value.strip() for name, value in zip(names, values)})
+    return rows
+
+
+def minutes(text: str) -> Optional[int]:
+    """A Slurm time limit (``infinite``, ``30:00``, ``4:00:00``, ``2-00:00:00``) in minutes; None if unlimited."""
+    if not text or text.lower() in ("infinite", "unlimited", "n/a"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    seconds = {1: lambda: parts[0] * 60, 2: lambda: parts[0] * 60 + parts[1],
+               3: lambda: parts[0] * 3600 + parts[1] * 60 + parts[2]}[len(parts)]()
+    return (int(days or 0) * 86400 + seconds) // 60
+
+
+def max_job_nodes(size: str) -> Optional[int]:
+    """The upper end of sinfo's job size ``1-infinite`` / ``1-4``; None if unlimited."""
+    top = size.rpartition("-")[2]
+    return int(top) if top.isdigit() else None
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of one partition (a node in two partitions is two rows), as sinfo reports it."""
+
+    name: str
+    partition: str
+    default: bool
+    gpus: int
+    gpu_type: Optional[str]
+    gpus_used: int
+    state: str
+    cpus: int
+    mem_mb: int
+    max_time: str
+    max_nodes: Optional[int]
+
+
+NODE_FIELDS = ("NodeList", "Partition", "Gres", "GresUsed", "StateLong", "CPUs", "Memory", "Time", "Size")
+
+
+def parse_nodes(out: str) -> List[Node]:
+    nodes = []
+    for row in field_rows(out, NODE_FIELDS):
+        gres = parse_gres(row["Gres"])
+        nodes.append(Node(
+            name=row["NodeList"], partition=row["Partition"].rstrip("*"), default=row["Partition"].endswith("*"),
+            gpus=gres.gpus, gpu_type=gres.gpu_type, gpus_used=parse_gres(row["GresUsed"]).gpus,
+            state=row["StateLong"], cpus=int(row["CPUs"]), mem_mb=int(row["Memory"] or 0), max_time=row["Time"],
+            max_nodes=max_job_nodes(row["Size"])))
+    return nodes
+
+
+@dataclass(frozen=True)
+class Partition:
+    """What a partition can ever hold (the largest node's resources where nodes differ)."""
+
+    name: str
+    default: bool
+    nodes: int
+    gpus_per_node: int
+    gpu_type: Optional[str]
+    cpus_per_node: int
+    mem_mb_per_node: int
+    max_nodes: Optional[int]  # per job (MaxNodes); None if unlimited
+    max_time: str  # as Slurm prints it
+
+    @property
+    def max_time_min(self) -> Optional[int]:
+        return minutes(self.max_time)
+
+    def offers(self) -> str:
+        """One phrase: ``2 nodes x 8 GPUs, 8 CPUs, 4096 MB each``."""
+        return (f"{self.nodes} node{'s' if self.nodes != 1 else ''} x {self.gpus_per_node} GPUs, "
+                f"{self.cpus_per_node} CPUs, {self.mem_mb_per_node} MB each")
+
+
+def partitions_of(nodes: List[Node]) -> List[Partition]:
+    by_name: Dict[str, List[Node]] = {}
+    for node in nodes:
+        by_name.setdefault(node.partition, []).append(node)
+    return [Partition(name=name, default=group[0].default, nodes=len(group),
+                      gpus_per_node=max(n.gpus for n in group),
+                      gpu_type=next((n.gpu_type for n in group if n.gpu_type), None),
+                      cpus_per_node=max(n.cpus for n in group), mem_mb_per_node=max(n.mem_mb for n in group),
+                      max_nodes=group[0].max_nodes, max_time=group[0].max_time)
+            for name, group in by_name.items()]
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """A job as sacct or squeue reports it, in Slurm's words (launcher/status/job_state.py folds them)."""
+
+    job_id: str
+    state: str
+    reason: str
+    nodes: str
+    start: str
+    end: str = ""
+    elapsed: str = ""
+    exit_code: str = ""
+    source: str = ""
+
+
+SACCT_FIELDS = ("JobID", "State", "Reason", "ExitCode", "Start", "End", "Elapsed", "NodeList")
+SQUEUE_FIELDS = ("JobID", "State", "Reason", "NodeList", "StartTime", "TimeUsed")
+
+
+def parse_sacct(out: str) -> List[JobRow]:
+    return [JobRow(r["JobID"], r["State"], r["Reason"], r["NodeList"], r["Start"], r["End"], r["Elapsed"],
+                   r["ExitCode"], "sacct") for r in field_rows(out, SACCT_FIELDS)]
+
+
+def parse_squeue(out: str) -> List[JobRow]:
+    return [JobRow(r["JobID"], r["State"], r["Reason"], r["NodeList"], r["StartTime"], "", r["TimeUsed"], "",
+                   "squeue") for r in field_rows(out, SQUEUE_FIELDS)]
+
+
+def sbatch_reason(stderr: str) -> str:
+    """Slurm's reason from sbatch's complaint (``sbatch: error: Batch job submission failed: X`` -> ``X``)."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()] or ["sbatch failed"]
+    last = re.sub(r"^sbatch: (error|fatal): ", "", lines[-1])
+    return re.sub(r"^Batch job submission failed: ", "", last)
+
+
+def field_list(names: Sequence[str]) -> str:
+    """``-O`` / ``--Format`` argument for these fields, each value followed by ``|``."""
+    return ",".join(f"{name}:|" for name in names)
+
+
+# Words of a node state (sinfo's StateLong) that mean no job can run there now.
+UNUSABLE = ("down", "drain", "fail", "not_responding", "maint", "reboot", "power", "unknown", "inval")
+
+
+def unusable(state: str) -> bool:
+    """A node in this state runs nothing: down, drained, failing, not responding, ... (``*`` is no response)."""
+    state = state.lower()
+    return state.endswith("*") or any(word in state for word in UNUSABLE)

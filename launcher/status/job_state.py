@@ -1,0 +1,282 @@
+"""The state of a run's Slurm job, from the best source available, never guessed.
+
+1. ``sacct`` when the cluster has accounting: it remembers every job.
+2. ``squeue --states=all`` otherwise: it knows queued and running jobs, and finished ones for
+   ``MinJobAge`` (300 s by default).
+3. The run directory: a final metrics record, or a ``finished``/``failed``/``cancelled`` event.
+
+A job that none of these knows is UNKNOWN, with the reason, not RUNNING. Each source is asked once for
+all the jobs of a listing, directly (never through submitit's 600 s cache), with a timeout.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from launcher.core.damage import DamagedRun, read_json_object
+from launcher.core.heartbeats import stalled_for
+from launcher.core.rundir import last_metrics, read_events, write_json_atomic
+from launcher.status.index import RunRecord
+from launcher.slurm.client import JobRow, Slurm, SlurmError
+
+# A run whose record cannot be read (launcher/core/damage.py): no job to ask Slurm about.
+DAMAGED = "DAMAGED"
+STATES = ("PENDING", "RECOVERING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "REQUEUED",
+          "UNKNOWN", DAMAGED)
+ACTIVE = {"PENDING", "RECOVERING", "RUNNING", "REQUEUED"}
+# Final for good: TIMEOUT and PREEMPTED are not, since submitit requeues such jobs.
+SETTLED = {"COMPLETED", "FAILED", "CANCELLED"}
+SETTLED_FILE = "slurm_state.json"
+# Short enough that a listing with one cluster down still answers within 10 s.
+STATUS_TIMEOUT_S = 6
+
+# Slurm's many job states, folded into ours (with a reason where the fold loses information).
+_FOLD = {
+    "CONFIGURING": ("PENDING", "configuring nodes"),
+    "SUSPENDED": ("PENDING", "suspended"),
+    "REQUEUE_HOLD": ("REQUEUED", "held after requeue"),
+    "REQUEUE_FED": ("REQUEUED", ""),
+    "RESV_DEL_HOLD": ("PENDING", "reservation deleted"),
+    "COMPLETING": ("RUNNING", "completing"),
+    "STAGE_OUT": ("RUNNING", "staging out"),
+    "RESIZING": ("RUNNING", "resizing"),
+    "SIGNALING": ("RUNNING", "signaling"),
+    "STOPPED": ("RUNNING", "stopped"),
+    "NODE_FAIL": ("FAILED", "node failure"),
+    "BOOT_FAIL": ("FAILED", "node boot failure"),
+    "OUT_OF_MEMORY": ("FAILED", "out of memory"),
+    "DEADLINE": ("TIMEOUT", "deadline reached"),
+    "SPECIAL_EXIT": ("FAILED", "special exit"),
+    "REVOKED": ("CANCELLED", "revoked"),
+}
+
+
+@dataclass
+class JobState:
+    """What is known of one job: our state name, a reason, and where the answer came from."""
+
+    state: str
+    reason: str = ""
+    source: str = ""
+    nodes: str = ""
+    start: str = ""
+    end: str = ""
+    elapsed: str = ""
+    exit_code: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+
+def fold(slurm_state: str, reason: str = "") -> tuple[str, str]:
+    """Slurm's state (``CANCELLED by 0`` included) as one of STATES, plus a reason."""
+    word = slurm_state.split()[0].rstrip("+") if slurm_state.strip() else ""
+    if word in STATES:
+        return word, reason
+    if word in _FOLD:
+        state, why = _FOLD[word]
+        return state, ", ".join(r for r in (why, reason) if r)
+    return "UNKNOWN", f"Slurm state {slurm_state!r}"
+
+
+def _clean(reason: str) -> str:
+    return "" if reason in ("None", "(null)") else reason
+
+
+def job_state(row: JobRow) -> JobState:
+    """A job row from sacct or squeue as our state."""
+    state, why = fold(row.state, _clean(row.reason))
+    if state == "FAILED" and row.exit_code not in ("", "0:0"):
+        why = ", ".join(r for r in (why, f"exit code {row.exit_code}") if r)
+    return JobState(state, why, row.source, row.nodes, _clean_time(row.start), _clean_time(row.end), row.elapsed,
+                    row.exit_code)
+
+
+def _clean_time(value: str) -> str:
+    return "" if value in ("Unknown", "N/A", "None") else value
+
+
+def from_run_dir(run_dir: Path) -> Optional[JobState]:
+    """What the run itself recorded when it ended (the newest ending event wins). A rank's failure inside an
+    attempt that launcher/job/recovery.py judges is not the run's end; its verdict (a final ``failed``, or a
+    ``retrying``) is."""
+    events = read_events(run_dir)
+    judged = any(e.get("event") == "attempt" for e in events)
+    for event in reversed(events):
+        kind = event.get("event")
+        if kind == "finished":
+            return JobState("COMPLETED", "", "run directory")
+        if kind == "failed" and (event.get("final") or not judged):
+            return JobState("FAILED", in_a_word(event), "run directory")
+        if kind == "cancelled":
+            return JobState("CANCELLED", "stopped by the user", "run directory")
+        if kind in ("submitted", "started", "requeued", "resumed", "retrying", "resubmitted", "attempt"):
+            return None
+    return None
+
+
+def in_a_word(failure: dict) -> str:
+    """A ``failed`` event as `runs` shows it beside FAILED: its short words ("loss nan", "rank 2 killed"),
+    else its exception's name ("FileNotFoundError"), never Slurm's bare exit code."""
+    error = str(failure.get("error", ""))
+    head = error.split(":", 1)[0]
+    return str(failure.get("short") or (head if head.isidentifier() else error))
+
+
+def in_its_words(state: JobState, run_dir: Path) -> JobState:
+    """Slurm's view of a job, told with what the run recorded: a pending retry is RECOVERING, a failure
+    carries its cause ("rank 2 killed", "OSError") instead of an exit code, even when the attempt's end
+    was never judged (its batch script died before it could be)."""
+    events = read_events(run_dir)
+    last = next((e for e in reversed(events) if e.get("event") in ("attempt", "retrying", "failed", "finished")), {})
+    if state.state == "PENDING" and last.get("event") == "retrying":
+        ended = next((e for e in reversed(events) if e.get("event") == "attempt_ended"), {})
+        why = f"attempt {ended.get('attempt', 0) + 1} after {ended.get('short') or 'a failure'}"
+        return dataclasses.replace(state, state="RECOVERING", reason=", ".join(r for r in (why, state.reason) if r))
+    if state.state == "FAILED" and last.get("event") == "failed":  # the verdict, or a rank's own if none came
+        return dataclasses.replace(state, reason=in_a_word(last))
+    if state.state in ("RUNNING", "PENDING") and _ended_complete(events):
+        # The run recorded its end, but the controller lost track of it (a crash that cost it its latest state).
+        return dataclasses.replace(state, state="COMPLETED", reason="the run ended; Slurm still lists its job")
+    if state.state == "RUNNING":
+        idle = stalled_for(run_dir, _stall_limit(run_dir), (last_metrics(run_dir) or {}).get("step_time"), time.time())
+        if idle is not None:
+            return dataclasses.replace(state, reason=f"stalled? no step for {idle:.0f} s")
+    return state
+
+
+def _ended_complete(events: List[dict]) -> bool:
+    """Whether the run's newest attempt ended COMPLETED: every step trained and its batch script done."""
+    last = next((e for e in reversed(events) if e.get("event") in ("attempt", "attempt_ended")), {})
+    return last.get("event") == "attempt_ended" and last.get("outcome") == "COMPLETED"
+
+
+def _stall_limit(run_dir: Path) -> Optional[float]:
+    """``train.stall_timeout_s`` of the run (read with PyYAML: a listing must not pay for OmegaConf)."""
+    import yaml
+
+    try:
+        limit = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("train", {}).get("stall_timeout_s")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return float(limit) if isinstance(limit, (int, float)) else None
+
+
+def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:
+    """The state of every record's job, keyed by run name, asking each cluster once per source.
+
+    A job Slurm has reported COMPLETED, FAILED or CANCELLED is not asked about in accounting again: that
+    answer is kept in the run directory (``slurm_state.json``), so listings stay fast and ``runs --watch``
+    does not poll accounting for history. Only the queue, which is cheap, is still asked: a job requeued
+    by hand (``scontrol requeue``) lives again under the same id, and then the kept answer is dropped.
+    """
+    result: Dict[str, JobState] = {}
+    by_conf: Dict[Optional[str], List[RunRecord]] = {}
+    settled_by_conf: Dict[Optional[str], List[RunRecord]] = {}
+    for rec in records:
+        settled = settled_state(rec)
+        if settled is not None:
+            result[rec.name] = settled
+            settled_by_conf.setdefault(rec.slurm_conf, []).append(rec)
+        else:
+            by_conf.setdefault(rec.slurm_conf, []).append(rec)
+    answers: Dict[Optional[str], Dict[str, JobState]] = {}
+
+    def ask(conf: Optional[str]) -> None:
+        slurm = Slurm(conf, timeout=STATUS_TIMEOUT_S)
+        answers[conf] = _states_on_cluster(slurm, by_conf.get(conf, []), settled_by_conf.get(conf, []))
+
+    _in_threads(ask, list({**by_conf, **settled_by_conf}))
+    for conf, states in answers.items():
+        for rec in by_conf.get(conf, []) + settled_by_conf.get(conf, []):
+            if rec.name not in states:
+                continue
+            if states[rec.name].state in SETTLED and states[rec.name].source in ("sacct", "squeue"):
+                _keep(rec, states[rec.name])
+            elif rec.name in result:  # kept as settled, but the queue has it alive again
+                (Path(rec.run_dir) / SETTLED_FILE).unlink(missing_ok=True)
+        result.update(states)
+    return result
+
+
+def _keep(rec: RunRecord, state: JobState) -> None:
+    try:
+        write_json_atomic(Path(rec.run_dir) / SETTLED_FILE, {"job_id": rec.job_id, **asdict(state)})
+    except OSError:  # someone else's run directory, or removed meanwhile: just not cached
+        pass
+
+
+def settled_state(rec: RunRecord) -> Optional[JobState]:
+    """The final state Slurm reported for this run's job earlier, if any."""
+    try:
+        data = read_json_object(Path(rec.run_dir), SETTLED_FILE)
+    except DamagedRun:  # none kept yet, or a damaged one: Slurm is asked again
+        return None
+    if data.pop("job_id", None) != rec.job_id:
+        return None
+    return JobState(**{k: v for k, v in data.items() if k in JobState.__dataclass_fields__})
+
+
+def _in_threads(fn: Callable[[Any], None], items: List[Any]) -> None:
+    """``fn(item)`` for every item at once (Slurm's answers are the slow part of a listing)."""
+    threads = [threading.Thread(target=fn, args=(item,)) for item in items]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _ask_slurm(slurm: Slurm, job_ids: List[str], queued_ids: List[str] = ()) -> tuple[Dict[str, JobState], List[str]]:
+    """Ask sacct about ``job_ids`` and squeue about them and ``queued_ids`` at the same time; sacct wins where
+    both know a job, squeue covers a job accounting has not seen yet or a cluster without accounting."""
+    answers: Dict[str, List[JobRow]] = {}
+    failures: List[str] = []
+    sources = {"squeue": slurm.squeue, **({"sacct": lambda: slurm.sacct(job_ids)} if job_ids else {})}
+
+    def ask(name: str) -> None:
+        try:
+            answers[name] = sources[name]()
+        except SlurmError as err:
+            failures.append(str(err))
+
+    wanted = set(job_ids) | set(queued_ids)
+    if not wanted:
+        return {}, []
+    _in_threads(ask, list(sources))
+    rows = [row for name in ("squeue", "sacct") for row in answers.get(name, []) if row.job_id in wanted]
+    return {row.job_id: job_state(row) for row in rows}, failures
+
+
+def _states_on_cluster(slurm: Slurm, records: List[RunRecord], settled: List[RunRecord] = ()) -> Dict[str, JobState]:
+    """The states of ``records``, and of those ``settled`` records whose job the queue has alive again."""
+    down = slurm.unreachable()  # a cluster that is down says so at once; sacct and squeue would wait
+    if down:
+        return _unknown_or_recorded(records, [down, down])
+    known, failures = _ask_slurm(slurm, [rec.job_id for rec in records if rec.job_id],
+                                 [rec.job_id for rec in settled if rec.job_id])
+    states = {rec.name: in_its_words(known[rec.job_id], Path(rec.run_dir)) for rec in settled
+              if rec.job_id in known and known[rec.job_id].active}
+    return {**_unknown_or_recorded(records, failures, known), **states}
+
+
+def _unknown_or_recorded(records: List[RunRecord], failures: List[str],
+                         known: Optional[Dict[str, JobState]] = None) -> Dict[str, JobState]:
+    known = known or {}
+    states: Dict[str, JobState] = {}
+    for rec in records:
+        state = known.get(rec.job_id or "")
+        state = in_its_words(state, Path(rec.run_dir)) if state else from_run_dir(Path(rec.run_dir))
+        if state is None:
+            if len(failures) == 2:  # neither sacct nor squeue answered
+                why = f"Slurm could not be reached on cluster {rec.cluster} ({failures[-1]})"
+            else:
+                why = f"Slurm no longer knows job {rec.job_id}"
+                why += f" ({'; '.join(failures)})" if failures else " (not in accounting or the queue)"
+            state = JobState("UNKNOWN", why + "; the run left no final record", "none")
+        states[rec.name] = state
+    return states

@@ -1,0 +1,77 @@
+"""Freeze the code a run's tasks import: a copy in the run directory, taken at submit, that its jobs run.
+
+A job reads its code when its tasks start. From the shared checkout, a queued job would run whatever the
+checkout holds by then, and a job requeued next week next week's code. So at submit the launcher copies
+``launcher/``, ``train/`` and ``conf/`` (their .py and .yaml files only: a few hundred KB) into ``RUN/code/``,
+and the batch script puts that copy first on the tasks' PYTHONPATH (launcher/slurm/batch.py): the tasks, the
+pickled task object (``launcher.job.entry.TrainTask``, pickled by name) and the recovery steps around them all
+import from it. Requeues, automatic retries and ``launcher resume`` submit the run again with the same copy.
+The training code has no other entry point a config could name (model and loop are train/'s own), so these
+three directories are all the code a run imports beside installed packages.
+
+``RUN/code/source.json`` records where the copy came from: the checkout, its git commit, and whether the
+tree was dirty under the copied directories (changed or untracked files); a dirty tree's ``git diff HEAD``
+is kept in ``RUN/code/diff.patch`` (launcher/submit/git.py runs git).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from launcher.core.rundir import CODE_DIFF, CODE_SOURCE, code_dir, write_json_atomic
+from launcher.submit.git import TreeState, tree_state
+
+REPO = Path(__file__).resolve().parents[2]
+FROZEN = ("launcher", "train", "conf")
+SUFFIXES = (".py", ".yaml")
+
+
+@functools.lru_cache(maxsize=None)
+def source_state(root: Path = REPO) -> TreeState:
+    """The checkout's git state, asked once per launch however many runs a sweep submits."""
+    return tree_state(root, FROZEN)
+
+
+def freeze(run_dir: Path, root: Path = REPO) -> Dict[str, Any]:
+    """Copy the code into ``run_dir``'s code directory and record its source; returns that record."""
+    dest, sizes = code_dir(run_dir), []
+    # Contents only, never modes: the copy is as private as the rest of the run directory (the launcher's
+    # umask), and copy2's metadata calls took 2/3 of the time. (shutil.copytree copies directories' modes.)
+    for name in FROZEN:
+        for folder, subfolders, files in os.walk(root / name):
+            subfolders[:] = [sub for sub in subfolders if sub != "__pycache__"]
+            target = dest / Path(folder).relative_to(root)
+            target.mkdir(parents=True, exist_ok=True)
+            for file in files:
+                if file.endswith(SUFFIXES):
+                    shutil.copyfile(os.path.join(folder, file), target / file)
+                    sizes.append(os.path.getsize(target / file))
+    state = source_state(root)
+    record = {"source": str(root), "commit": state.commit, "dirty": state.dirty, "changed": state.changed,
+              "files": len(sizes), "bytes": sum(sizes), "frozen_at": time.time()}
+    if state.diff:
+        (dest / CODE_DIFF).write_text(state.diff)
+    write_json_atomic(dest / CODE_SOURCE, record)
+    return record
+
+
+def dirty_note(state: TreeState) -> str | None:
+    """The one line a launch from a dirty tree prints, or None for a clean (or unknown) one."""
+    if not state.dirty:
+        return None
+    shown = ", ".join(state.changed[:3]) + (f" and {len(state.changed) - 3} more" if len(state.changed) > 3 else "")
+    return (f"note: the code has uncommitted changes since {state.commit[:12]} ({shown}); each run keeps them "
+            f"in RUN/{code_dir(Path()).name}/{CODE_DIFF}")
+
+
+def code_source(run_dir: Path) -> Optional[dict]:
+    """Where the run's frozen code came from (commit, dirty, ...), or None for a run without a copy."""
+    try:
+        return json.loads((code_dir(run_dir) / CODE_SOURCE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None

@@ -1,0 +1,137 @@
+"""Submit composed runs to Slurm: check the cluster, record each run, hand it to submitit, return at once.
+
+Every check that can refuse a launch (Slurm reachable, the request fits the partition, the run root is
+writable) runs for every run of a sweep before the first one is submitted. A run whose submission fails
+leaves no directory behind.
+"""
+from __future__ import annotations
+
+import secrets
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from omegaconf import OmegaConf
+
+from launcher.compose.runs import ComposedRun
+from launcher.errors import LaunchError
+from launcher.compose.runfile import dump
+from launcher.core.config import tracker_missing
+from launcher.core.rundir import CONFIG, PLAN, append_event, write_atomic, write_json_atomic
+from launcher.status.index import RunRecord, base_name, create_run_dir, ensure_root, save_record
+from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
+from launcher.slurm.fit import explain_rejection, refusal
+from launcher.job.submission import submit_job
+from launcher.submit.freeze import dirty_note, freeze, source_state
+from launcher.slurm.client import Partition, SlurmError, for_cluster, slurm_conf_for
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What a launch submitted, for the command to show: the runs' records, the sweep id, a note on the code."""
+
+    records: List[RunRecord]
+    sweep_id: Optional[str] = None
+    note: Optional[str] = None  # the code had uncommitted changes (launcher/submit/freeze.py)
+
+
+def launch(runs: List[ComposedRun], sweep: bool) -> Launched:
+    """Submit every run (one Slurm job each) and return what was submitted."""
+    for missing in filter(None, (tracker_missing(run.config.tracking.backend) for run in runs)):
+        raise LaunchError(missing)
+    try:
+        for run in runs:
+            group_id(run.config.share_group)
+        roots = [ensure_root(run.config.run_root) for run in runs]
+        parts = check_cluster(runs)
+    except (SlurmError, PermissionError, ValueError) as err:
+        raise LaunchError(str(err)) from None
+    sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}" if sweep else None
+    records = [submit_one(run, root, sweep_id, part) for run, root, part in zip(runs, roots, parts)]
+    return Launched(records, sweep_id, dirty_note(source_state()))
+
+
+def check_cluster(runs: List[ComposedRun]) -> List[Partition]:
+    """Slurm answers, and each run fits its partition as it could ever be (not as it is now): GPUs, CPUs and
+    memory per node, node count, MaxNodes and MaxTime. Returns each run's partition.
+
+    Each cluster is asked once per partition, however many runs of a sweep go there."""
+    partitions: Dict[tuple, Partition] = {}
+    for run in runs:
+        cluster = run.config.cluster
+        slurm = for_cluster(cluster)
+        key = (slurm.conf, cluster.partition)
+        if key not in partitions:
+            try:
+                partitions[key] = slurm.partition(cluster.partition)
+            except SlurmError:
+                slurm.ping()  # when the controller is what failed, say so in one line (no extra round trip before)
+                raise
+        check_fits(run, partitions[key])
+    return [partitions[(for_cluster(run.config.cluster).conf, run.config.cluster.partition)] for run in runs]
+
+
+def check_fits(run: ComposedRun, part: Partition) -> None:
+    """SlurmError with one line when the partition can never run this request."""
+    message = refusal(run.plan, run.config.cluster, part)
+    if message:
+        raise SlurmError(message)
+
+
+def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition] = None) -> RunRecord:
+    """Create the run's directory, submit its job, and record it; on failure remove the directory."""
+    with run_umask(run.config.share_group):
+        share_root(root, run.config.share_group)
+        return _submit_one(run, root, sweep_id, part)
+
+
+def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition]) -> RunRecord:
+    cfg, plan = run.config, run.plan
+    try:
+        run_dir = create_run_dir(root, cfg.name or base_name(plan.model, plan.gpus), explicit=cfg.name is not None)
+    except FileExistsError as err:
+        raise LaunchError(str(err)) from None
+    name = run_dir.name
+    try:
+        protect_dir(run_dir, cfg.share_group)
+        write_run_files(run, run_dir)
+        freeze(run_dir)  # what the job and its requeues import, whatever happens to the checkout meanwhile
+        job_id = submit_job(cfg, plan, run_dir)
+    except Exception as err:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(err, LaunchError):
+            raise
+        if isinstance(err, SlurmError):
+            raise LaunchError(explain_rejection(str(err), plan, cfg.cluster, part)) from None
+        raise LaunchError(f"submitting {name} failed: {last_line(err)}") from None
+    shutil.copyfile(run_dir / "submitit" / f"{job_id}_submission.sh", run_dir / "sbatch.sh")
+    record = RunRecord(
+        name=name, run_dir=str(run_dir), model=plan.model, gpus=plan.gpus, nodes=plan.nodes,
+        gpus_per_node=plan.gpus_per_node, steps=cfg.train.steps, cluster=cfg.cluster.name,
+        submitted_at=time.time(), job_id=job_id, sweep=sweep_id,
+        slurm_conf=slurm_conf_for(cfg.cluster.name, cfg.cluster.slurm_conf), argv=list(sys.argv[1:]),
+    )
+    save_record(record)
+    append_event(run_dir, "submitted", job_id=job_id)
+    return record
+
+
+def write_run_files(run: ComposedRun, run_dir: Path) -> None:
+    """Write what a run's tasks read (config.yaml, plan.json) and its run.yaml into ``run_dir``, named after
+    the directory. The launch writes every run directory with this, and so do the benchmarks and the GPU
+    check, which train without Slurm: what they measure is what a launched run runs."""
+    resolved = run.resolved.copy()
+    resolved.name = run_dir.name
+    resolved.run_root = str(run_dir.parent)
+    write_atomic(run_dir / CONFIG, OmegaConf.to_yaml(resolved))
+    write_atomic(run_dir / "run.yaml", dump(run.run_file))  # `launcher -f RUN_DIR/run.yaml` runs it again
+    write_json_atomic(run_dir / PLAN, run.plan.to_dict())
+
+
+def last_line(err: BaseException) -> str:
+    """The informative last line of an error (sbatch's complaint inside submitit's message)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
