@@ -1,7 +1,7 @@
 """``launcher resume RUN``: continue a failed, stopped or finished-early run from its newest good checkpoint.
 
 The run keeps its directory, config and name; it goes on as a new attempt, a new Slurm job submitted exactly
-as the run was composed (launcher.submit.launch.resubmit, the same path automatic recovery takes). Training picks
+as the run was composed (launcher.job.submission.resubmit, the same path automatic recovery takes). Training picks
 the newest checkpoint whose files check out (train/checkpoint.py), so its losses go on as if never stopped.
 """
 from __future__ import annotations
