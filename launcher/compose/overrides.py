@@ -17,7 +17,7 @@ the command line and that list are ours:
 from __future__ import annotations
 
 import itertools
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
@@ -48,7 +48,9 @@ def expand(parsed: Sequence[Override], multirun: bool) -> List[List[str]]:
             axes.append([override.input_line])
             continue
         if not multirun:
-            raise LaunchError(f"'{override.input_line}' is a sweep; add -m (--multirun) to launch one run per value")
+            whole = f", or quote the value to keep it whole: {kept_whole(override)}" if takes_text(override) else ""
+            raise LaunchError(f"'{override.input_line}' is a sweep; add -m (--multirun) to launch one run per value"
+                              + whole)
         if not override.is_discrete_sweep():
             raise LaunchError(
                 f"'{override.input_line}' cannot be enumerated; sweep over a list (a=1,2), range() or choice()"
@@ -114,3 +116,21 @@ def _check_key(key: str, adding: bool) -> Any:
         raise LaunchError(f"{err.message}; '+' adds a key only inside a free-form map ({maps})") from None
 
 
+def takes_text(override: Override) -> bool:
+    """Whether the override's key holds a string (or anything, inside a free-form map such as
+    ``cluster.sbatch_flags``), where a value with commas may be meant as one string."""
+    key = override.key_or_group
+    if key in GROUPS:
+        return False
+    try:
+        kind, free = field_type(key)
+    except LaunchError:
+        return False
+    return free or kind in (str, Optional[str])
+
+
+def kept_whole(override: Override) -> str:
+    """The override with its value quoted for Hydra, as it is typed in a shell, so that commas and brackets
+    stay part of one string value: ``"+cluster.sbatch_flags.mail-type='END,FAIL'"``."""
+    prefix, _, value = override.input_line.partition("=")
+    return f"\"{prefix}='{value.strip(chr(39) + chr(34))}'\""

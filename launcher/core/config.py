@@ -179,6 +179,10 @@ class ClusterConfig:
     max_retries: int = 3
     sbatch_flags: Dict[str, Any] = field(default_factory=dict)
     setup: List[str] = field(default_factory=list)
+    # Variables exported to every task (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...), over the launcher's defaults
+    # (launcher/slurm/batch.py TASK_ENV); null drops a default.
+    env: Dict[str, Any] = field(default_factory=dict)
+    wckey: Optional[str] = None  # #SBATCH --wckey, written only when set
     container_image: Optional[str] = None
     slurm_conf: Optional[str] = None
 

@@ -28,7 +28,11 @@ from launcher.core.rundir import code_dir
 _TOKEN = re.compile(r"[A-Za-z0-9._,:=@%/+#&|*\[\]-]+")
 _FLAG_KEY = re.compile(r"[a-z][a-z0-9_-]*")
 # Options written into every script by submitit or executor_params.
-_LAUNCHER_FLAGS = {"signal", "output", "error", "open-mode", "array", "wckey", "job-name", "comment"}
+_LAUNCHER_FLAGS = {"signal", "output", "error", "open-mode", "array", "wckey", "job-name", "comment", "no-requeue"}
+# What every task's environment has unless cluster.env says otherwise: Python's stacks on a fatal signal
+# (a hung or crashed rank's log says where), and NCCL's warnings (not its info flood) in the rank's log.
+TASK_ENV = {"PYTHONFAULTHANDLER": "1", "NCCL_DEBUG": "WARN"}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def request_params(cfg: RunConfig, plan: Plan) -> Dict[str, Any]:
@@ -51,10 +55,14 @@ def request_params(cfg: RunConfig, plan: Plan) -> Dict[str, Any]:
         "time": cluster.time_limit_min,
         "signal_delay_s": cluster.signal_delay_s,
     }
+    srun_args: list = []
     if cluster.cpus_per_gpu is not None:
         params["cpus_per_task"] = cluster.cpus_per_gpu
-    if cluster.setup:
-        params["setup"] = [_setup_line(line) for line in cluster.setup]
+        # srun no longer inherits sbatch's --cpus-per-task (Slurm 22.05): without this every rank gets one CPU.
+        srun_args.append(f"--cpus-per-task={cluster.cpus_per_gpu}")
+    params["setup"] = [env_line(cluster.env), *(_setup_line(line) for line in cluster.setup)]
+    # submitit writes --wckey=submitit unless told None; sites that enforce wckeys reject a made-up one.
+    params["wckey"] = None if cluster.wckey is None else _token("cluster.wckey", cluster.wckey)
     for key in ("partition", "account", "qos", "constraint", "mem_per_gpu"):
         value = getattr(cluster, key)
         if value is not None:
@@ -70,11 +78,27 @@ def request_params(cfg: RunConfig, plan: Plan) -> Dict[str, Any]:
         params["ntasks_per_node"] = plan.tasks_per_node
     managed = {key.replace("_", "-") for key in [*params, *extra, "ntasks_per_node"]} | _LAUNCHER_FLAGS
     extra.update(_sbatch_flags(cluster.sbatch_flags, managed))
-    if extra:
-        params["additional_parameters"] = extra
+    extra["requeue"] = True  # requeued by Slurm after a lost node, and at a time limit, whatever JobRequeue says
+    if "exclude" in extra:  # merged with a retry's exclusions (executor_params), never replacing them
+        params["exclude"] = extra.pop("exclude")
+    params["additional_parameters"] = extra
     if cluster.container_image is not None:
-        params["srun_args"] = [f"--container-image={_token('cluster.container_image', cluster.container_image)}"]
+        srun_args.append(f"--container-image={_token('cluster.container_image', cluster.container_image)}")
+    if srun_args:
+        params["srun_args"] = srun_args
     return params
+
+
+def env_line(env: Dict[str, Any]) -> str:
+    """The setup line that exports the tasks' variables: TASK_ENV under ``cluster.env`` (null drops one)."""
+    merged = {**TASK_ENV, **env}
+    for name in merged:
+        if not _ENV_NAME.fullmatch(name):
+            raise LaunchError(f"cluster.env.{name}: not a variable name; use letters, digits and _, "
+                              "not starting with a digit")
+    exports = [f"{name}={shlex.quote(_setup_line(str(value)))}" for name, value in merged.items()
+               if value is not None]
+    return f"export {' '.join(exports)}" if exports else ":"
 
 
 def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | None = None,
@@ -98,7 +122,7 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
         params["teardown"] = [f"{recovery} end {where} $?"]
         params["srun_args"] = ["--kill-on-bad-exit=1", *params.get("srun_args", [])]
     if exclude:
-        params["exclude"] = _token("exclude", ",".join(exclude))
+        params["exclude"] = _token("exclude", ",".join([*filter(None, [params.get("exclude")]), *exclude]))
     return params
 
 
@@ -152,6 +176,10 @@ def _sbatch_flags(flags: Dict[str, Any], managed: set) -> Dict[str, Any]:
             raise LaunchError(f"cluster.sbatch_flags.{key} is set by the launcher; change the cluster or layout")
         if value is True:
             out[key] = True
+        elif isinstance(value, (list, tuple)):
+            joined = ",".join(map(str, value))
+            raise LaunchError(f"cluster.sbatch_flags.{key} is a list ({joined}); an sbatch option takes one value: "
+                              f"quote it to keep its commas, \"+cluster.sbatch_flags.{key}='{joined}'\"")
         elif value is not None and value is not False:
             out[key] = _token(f"cluster.sbatch_flags.{key}", value)
     return out

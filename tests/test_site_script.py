@@ -1,0 +1,89 @@
+"""The batch script a site gets, read line by line from a dry run of the real composition (no cluster needed):
+what a GPU cluster with accounts, wckeys and fabrics needs that the local cluster does not show."""
+from __future__ import annotations
+
+import pytest
+from submitit.slurm.slurm import _make_sbatch_string
+
+from launcher.compose.runs import compose_runs
+from launcher.errors import LaunchError
+from launcher.slurm.batch import executor_params, render_sbatch
+
+
+def script(tmp_path, *overrides, exclude=()):
+    (run,) = compose_runs(["cluster=slurm", "gpus=16", "model=gpt_1b", *overrides])
+    if exclude:  # as a retry submits it (launcher/job/submission.py)
+        params = executor_params(run.config, run.plan, "site", tmp_path, exclude=exclude)
+        return _make_sbatch_string(command="python -u -m submitit.core._submit", folder=tmp_path / "submitit",
+                                   **params)
+    return render_sbatch(run.config, run.plan, "site", tmp_path / "submitit")
+
+
+def lines(text):
+    return text.splitlines()
+
+
+def srun_line(text):
+    (line,) = [line for line in lines(text) if line.startswith("srun ")]
+    return line
+
+
+def test_every_job_may_be_requeued_and_srun_gets_the_cpus_sbatch_asked_for(tmp_path):
+    text = script(tmp_path)
+    assert "#SBATCH --requeue" in lines(text)
+    assert "#SBATCH --cpus-per-task=8" in lines(text)
+    assert " --cpus-per-task=8 " in srun_line(text)  # Slurm >= 22.05: srun does not inherit it
+    assert script(tmp_path, "cluster.cpus_per_gpu=null").count("cpus-per-task") == 0
+
+
+def test_the_wckey_is_written_only_when_the_cluster_names_one(tmp_path):
+    assert not [line for line in lines(script(tmp_path)) if line.startswith("#SBATCH --wckey")]
+    assert "#SBATCH --wckey=proj-7" in lines(script(tmp_path, "cluster.wckey=proj-7"))
+    with pytest.raises(LaunchError, match="cluster.wckey='a b' is not allowed in an sbatch script"):
+        script(tmp_path, "cluster.wckey='a b'")
+
+
+def test_tasks_get_faulthandler_nccl_warnings_and_the_clusters_variables(tmp_path):
+    (export,) = [line for line in lines(script(tmp_path)) if line.startswith("export PYTHONFAULTHANDLER")]
+    assert export == "export PYTHONFAULTHANDLER=1 NCCL_DEBUG=WARN"
+    text = script(tmp_path, "+cluster.env.NCCL_SOCKET_IFNAME=ib0", "+cluster.env.NCCL_DEBUG=INFO",
+                  "+cluster.env.PYTHONFAULTHANDLER=null", "+cluster.env.NOTE='two words'")
+    assert "export NCCL_DEBUG=INFO NCCL_SOCKET_IFNAME=ib0 NOTE='two words'" in lines(text)
+    with_setup = lines(script(tmp_path, "cluster.setup=[module load cuda/12.4]"))
+    exports = with_setup.index("export PYTHONFAULTHANDLER=1 NCCL_DEBUG=WARN")
+    assert with_setup[exports + 1] == "module load cuda/12.4"  # the cluster's own setup can use them
+    with pytest.raises(LaunchError, match="cluster.env.BAD-NAME: not a variable name"):
+        script(tmp_path, "+cluster.env.BAD-NAME=x")
+
+
+def test_a_users_exclude_is_kept_beside_a_retrys(tmp_path):
+    assert "#SBATCH --exclude=gpu-17" in lines(script(tmp_path, "+cluster.sbatch_flags.exclude=gpu-17"))
+    retried = script(tmp_path, "+cluster.sbatch_flags.exclude=gpu-17", exclude=["gpu-03"])
+    excluded = [line for line in lines(retried) if line.startswith("#SBATCH --exclude")]
+    assert excluded == ["#SBATCH --exclude=gpu-17,gpu-03"]
+    assert "#SBATCH --exclude=gpu-03" in lines(script(tmp_path, exclude=["gpu-03"]))
+
+
+@pytest.mark.parametrize("typed, hint, written", [
+    ("+cluster.sbatch_flags.mail-type=END,FAIL", "\"+cluster.sbatch_flags.mail-type='END,FAIL'\"",
+     "#SBATCH --mail-type=END,FAIL"),
+    ("cluster.account=a,b", "\"cluster.account='a,b'\"", "#SBATCH --account=a,b"),
+])  # fmt: skip
+def test_a_value_with_commas_is_shown_the_quoted_form_that_works(tmp_path, typed, hint, written):
+    with pytest.raises(LaunchError) as err:
+        compose_runs([typed])
+    assert err.value.message.endswith(f"or quote the value to keep it whole: {hint}")
+    assert written in lines(script(tmp_path, hint.strip('"')))  # the hint, as the shell hands it over
+
+
+def test_a_sweep_of_a_number_is_not_told_to_quote_it():
+    with pytest.raises(LaunchError) as err:
+        compose_runs(["train.steps=10,20"])
+    assert err.value.message == "'train.steps=10,20' is a sweep; add -m (--multirun) to launch one run per value"
+
+
+def test_a_list_for_an_sbatch_option_is_shown_the_quoted_form(tmp_path):
+    with pytest.raises(LaunchError, match=r"cluster.sbatch_flags.mail-type is a list \(END,FAIL\); an sbatch option "
+                                          r"takes one value: quote it to keep its commas, "
+                                          r"\"\+cluster.sbatch_flags.mail-type='END,FAIL'\""):
+        script(tmp_path, "+cluster.sbatch_flags.mail-type=[END,FAIL]")
