@@ -8,6 +8,7 @@ import pytest
 from submitit.slurm.slurm import _get_default_parameters
 
 from launcher.compose.runs import compose_runs
+from launcher.core.config import ContainerConfig
 from launcher.errors import LaunchError
 from launcher.slurm.batch import executor_params, frozen_code_line, render_sbatch
 
@@ -79,7 +80,7 @@ def test_site_cluster_fields_reach_the_script(runs, tmp_path):
     cfg, plan = config_of(
         runs, 16, "slurm", account="proj", qos="high", gpu_type="h100",
         setup=["module load cuda/12.4", "source /opt/venv/bin/activate"],
-        container_image="nvcr.io#nvidia/pytorch:24.05-py3",
+        container=ContainerConfig(image="nvcr.io#nvidia/pytorch:24.05-py3"),
         sbatch_flags={"mail-type": "END", "requeue": True, "hint": None},
     )  # fmt: skip
     script = render_sbatch(cfg, plan, "site", tmp_path)
@@ -110,7 +111,8 @@ def test_launcher_managed_options_cannot_be_replaced(runs):
 INJECTIONS = ["$(touch {m})", "`touch {m}`", "x;touch {m}", "x\ntouch {m}", "x' && touch {m} #", "x | touch {m}"]
 
 
-@pytest.mark.parametrize("field", ["partition", "account", "qos", "constraint", "mem_per_gpu", "gpu_type", "container_image"])
+@pytest.mark.parametrize("field", ["partition", "account", "qos", "constraint", "mem_per_gpu", "mem", "gpu_type", "gres",
+                                   "wckey"])
 @pytest.mark.parametrize("payload", INJECTIONS)
 def test_metacharacters_in_cluster_values_are_rejected(runs, field, payload, tmp_path):
     cfg, plan = config_of(runs, **{field: payload.format(m=tmp_path / "pwned")})

@@ -87,3 +87,46 @@ def test_a_list_for_an_sbatch_option_is_shown_the_quoted_form(tmp_path):
                                           r"takes one value: quote it to keep its commas, "
                                           r"\"\+cluster.sbatch_flags.mail-type='END,FAIL'\""):
         script(tmp_path, "+cluster.sbatch_flags.mail-type=[END,FAIL]")
+
+
+def test_a_container_runs_the_tasks_with_its_python_and_sees_the_run_data_and_secrets(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "home"))
+    run_dir = tmp_path / "runs" / "site"
+    (run,) = compose_runs(["cluster=slurm", "gpus=16", "model=gpt_1b", f"run_root={tmp_path / 'runs'}",
+                           f"data.cache_dir={tmp_path / 'cache'}", "cluster.container.image=/images/pytorch.sqsh",
+                           "cluster.container.name=gpt", "cluster.container.python=/usr/bin/python3",
+                           "cluster.container.mounts=[/lustre:/lustre:ro]", "cluster.python=/opt/venv/bin/python"])
+    text = render_sbatch(run.config, run.plan, "site", run_dir / "submitit", mounts=[str(tmp_path / "home/secrets")])
+    srun = srun_line(text)
+    assert (f"--container-image=/images/pytorch.sqsh --container-name=gpt --container-mounts="
+            f"{tmp_path}/runs:{tmp_path}/runs,{tmp_path}/cache:{tmp_path}/cache,"
+            f"{tmp_path}/home/secrets:{tmp_path}/home/secrets,/lustre:/lustre:ro "
+            f"--container-workdir={run_dir} /usr/bin/python3 -u -m submitit.core._submit") in srun
+    # The batch script's own steps run on the host, with the cluster's interpreter, never inside the image.
+    assert f"/opt/venv/bin/python -m launcher.job.recovery begin {run_dir}" in lines(text)
+    assert f"/opt/venv/bin/python -m launcher.job.recovery end {run_dir} $?" in lines(text)
+
+
+def test_without_a_container_the_tasks_run_the_clusters_python(tmp_path):
+    srun = srun_line(script(tmp_path, "cluster.python=/opt/venv/bin/python"))
+    assert "--container-" not in srun and srun.endswith("/opt/venv/bin/python -u -m submitit.core._submit "
+                                                     f"{tmp_path / 'submitit'}")
+
+
+def test_the_old_container_key_is_refused_with_its_new_spelling(tmp_path):
+    with pytest.raises(LaunchError, match=r"^cluster.container_image is now cluster.container.image; set "
+                                          r"cluster.container.image=nvcr.io#nvidia/pytorch:24.05-py3 "):
+        script(tmp_path, "cluster.container_image='nvcr.io#nvidia/pytorch:24.05-py3'")
+    with pytest.raises(LaunchError, match="cluster.container.image=.* is not allowed in an sbatch script"):
+        script(tmp_path, "cluster.container.image='img;touch x'")
+
+
+def test_gres_memory_per_node_and_srun_options_for_a_site(tmp_path):
+    text = script(tmp_path, "cluster.gres=gpu:h100", "cluster.mem=0", "cluster.srun_args=['--mpi=pmix']")
+    assert "#SBATCH --gres=gpu:h100:8" in lines(text) and "#SBATCH --mem=0" in lines(text)
+    assert not [line for line in lines(text) if line.startswith(("#SBATCH --gpus-per-node", "#SBATCH --mem-per"))]
+    assert " --mpi=pmix " in srun_line(text)
+    with pytest.raises(LaunchError, match="cluster.gres=gpu:h100:8 names a count; give the gres without it"):
+        script(tmp_path, "cluster.gres=gpu:h100:8")
+    with pytest.raises(LaunchError, match="cluster.sbatch_flags.mem is set by the launcher"):
+        script(tmp_path, "+cluster.sbatch_flags.mem=0")

@@ -108,6 +108,7 @@ def display_name(run: ComposedRun) -> str:
 def print_dry_run(runs: List[ComposedRun]) -> None:
     from tabulate import tabulate
 
+    from launcher.job.secret_store import secrets_dir
     from launcher.slurm.batch import render_sbatch
 
     for index, run in enumerate(runs):
@@ -119,7 +120,7 @@ def print_dry_run(runs: List[ComposedRun]) -> None:
         print(tabulate(run.plan.to_dict().items(), headers=["plan", ""], intfmt=","))
         print(run.data.line())
         print(f"\n# sbatch script (submitit folder {folder})")
-        print(render_sbatch(run.config, run.plan, name, folder))
+        print(render_sbatch(run.config, run.plan, name, folder, mounts=[str(secrets_dir())]))
 
 
 def print_submitted(launched: Launched) -> None:

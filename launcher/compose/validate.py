@@ -51,6 +51,10 @@ def validate(cfg: RunConfig) -> None:
     if cfg.data.val_fraction == 0 and cfg.train.eval_every > 0:
         raise LaunchError(f"data.val_fraction=0 leaves no validation data for train.eval_every={cfg.train.eval_every}; "
                           "set train.eval_every=0 (no evaluation) or a fraction in (0, 1)")
+    if cfg.cluster.container_image is not None:
+        raise LaunchError(f"cluster.container_image is now cluster.container.image; set "
+                          f"cluster.container.image={cfg.cluster.container_image} (and cluster.container.python, "
+                          "the interpreter inside it, if it is not python)")
     if cfg.model.d_model % cfg.model.n_heads:
         raise LaunchError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
 

@@ -157,6 +157,17 @@ LOCAL_CLUSTER = "local"
 
 
 @dataclass
+class ContainerConfig:
+    """The image every task runs in (pyxis/enroot: ``srun --container-image``), and what it sees of the host."""
+
+    image: Optional[str] = None  # a registry image (nvcr.io#nvidia/pytorch:24.05-py3) or a pre-imported .sqsh file
+    name: Optional[str] = None  # pyxis --container-name: the job's attempts on a node reuse one container
+    python: str = "python"  # the interpreter inside the image, with torch and this package's dependencies
+    mounts: List[str] = field(default_factory=list)  # SRC[:DST[:FLAGS]]; the run root, data and secrets always
+    workdir: Optional[str] = None  # the tasks' working directory inside; default: the run directory
+
+
+@dataclass
 class ClusterConfig:
     """Where and how the job is submitted (see conf/cluster/*.yaml)."""
 
@@ -170,6 +181,10 @@ class ClusterConfig:
     gpu_memory_gb: Optional[float] = None
     cpus_per_gpu: Optional[int] = 1  # null: no --cpus-per-task (lets --overcommit pack tasks)
     mem_per_gpu: Optional[str] = None
+    mem: Optional[str] = None  # --mem per node (0: all of it, with exclusive nodes); written instead of mem_per_gpu
+    # The GPUs as a gres (gpu, or gpu:h100) with the count per node appended, for sites that ask for
+    # --gres rather than --gpus-per-node.
+    gres: Optional[str] = None
     time_limit_min: int = 60
     exclusive: bool = False
     overcommit: bool = False
@@ -183,7 +198,12 @@ class ClusterConfig:
     # (launcher/slurm/batch.py TASK_ENV); null drops a default.
     env: Dict[str, Any] = field(default_factory=dict)
     wckey: Optional[str] = None  # #SBATCH --wckey, written only when set
-    container_image: Optional[str] = None
+    srun_args: List[str] = field(default_factory=list)  # more srun options, e.g. --mpi=pmix
+    # The interpreter on the cluster's hosts that runs the batch script's steps, and the tasks when there is
+    # no container; null: the one that submits.
+    python: Optional[str] = None
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    container_image: Optional[str] = None  # replaced by container.image; refused when set (compose/validate.py)
     slurm_conf: Optional[str] = None
 
 

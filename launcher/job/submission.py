@@ -24,11 +24,14 @@ ENTRY = Path("launcher") / "job" / "entry.py"
 def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str] = ()) -> str:
     """Submit the run in ``run_dir`` as one Slurm job (submitit pickles the task); returns its job id."""
     from launcher.job.entry import TrainTask
-    from launcher.slurm.batch import executor_params
+    from launcher.job.secret_store import secrets_dir
+    from launcher.slurm.batch import executor_params, task_python
 
     with run_umask(cfg.share_group):  # submitit's files, and the job (sbatch hands the umask to it)
-        executor = for_cluster(cfg.cluster).executor(run_dir / "submitit", cfg.cluster.max_requeues)
-        executor.update_parameters(**executor_params(cfg, plan, run_dir.name, run_dir, exclude))
+        executor = for_cluster(cfg.cluster).executor(run_dir / "submitit", cfg.cluster.max_requeues,
+                                                     task_python(cfg.cluster))
+        executor.update_parameters(**executor_params(cfg, plan, run_dir.name, run_dir, exclude,
+                                                     mounts=[str(secrets_dir())]))
         return executor.submit(TrainTask(), str(run_dir)).job_id
 
 

@@ -11,6 +11,7 @@ srun command are quoted by submitit itself.
 """
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Dict, Sequence
 
-from launcher.core.config import RunConfig
+from launcher.core.config import ClusterConfig, RunConfig
 from launcher.errors import LaunchError
 from launcher.core.plan import Plan
 from launcher.core.privacy import umask_line
@@ -46,15 +47,8 @@ def request_params(cfg: RunConfig, plan: Plan) -> Dict[str, Any]:
     is submitted. Raises LaunchError.
     """
     cluster = cfg.cluster
-    gpus: Any = plan.gpus_per_node
-    if cluster.gpu_type is not None:
-        gpus = f"{_token('cluster.gpu_type', cluster.gpu_type)}:{plan.gpus_per_node}"
-    params: Dict[str, Any] = {
-        "nodes": plan.nodes,
-        "gpus_per_node": gpus,
-        "time": cluster.time_limit_min,
-        "signal_delay_s": cluster.signal_delay_s,
-    }
+    params: Dict[str, Any] = {"nodes": plan.nodes, "time": cluster.time_limit_min,
+                              "signal_delay_s": cluster.signal_delay_s, **gpu_request(cluster, plan)}
     srun_args: list = []
     if cluster.cpus_per_gpu is not None:
         params["cpus_per_task"] = cluster.cpus_per_gpu
@@ -63,7 +57,8 @@ def request_params(cfg: RunConfig, plan: Plan) -> Dict[str, Any]:
     params["setup"] = [env_line(cluster.env), *(_setup_line(line) for line in cluster.setup)]
     # submitit writes --wckey=submitit unless told None; sites that enforce wckeys reject a made-up one.
     params["wckey"] = None if cluster.wckey is None else _token("cluster.wckey", cluster.wckey)
-    for key in ("partition", "account", "qos", "constraint", "mem_per_gpu"):
+    memory = ("mem",) if cluster.mem is not None else ("mem_per_gpu",)  # sbatch refuses both at once
+    for key in ("partition", "account", "qos", "constraint", *memory):
         value = getattr(cluster, key)
         if value is not None:
             params[key] = _token(f"cluster.{key}", value)
@@ -76,17 +71,63 @@ def request_params(cfg: RunConfig, plan: Plan) -> Dict[str, Any]:
         extra.update(overcommit=True, ntasks=plan.nodes * plan.tasks_per_node)
     else:
         params["ntasks_per_node"] = plan.tasks_per_node
-    managed = {key.replace("_", "-") for key in [*params, *extra, "ntasks_per_node"]} | _LAUNCHER_FLAGS
+    managed = {key.replace("_", "-") for key in [*params, *extra, "ntasks_per_node", "gpus_per_node", "gres",
+                                                  "mem", "mem_per_gpu"]} | _LAUNCHER_FLAGS
     extra.update(_sbatch_flags(cluster.sbatch_flags, managed))
     extra["requeue"] = True  # requeued by Slurm after a lost node, and at a time limit, whatever JobRequeue says
     if "exclude" in extra:  # merged with a retry's exclusions (executor_params), never replacing them
         params["exclude"] = extra.pop("exclude")
     params["additional_parameters"] = extra
-    if cluster.container_image is not None:
-        srun_args.append(f"--container-image={_token('cluster.container_image', cluster.container_image)}")
+    srun_args += [*container_args(cfg, None), *map(_setup_line, cluster.srun_args)]
     if srun_args:
         params["srun_args"] = srun_args
     return params
+
+
+def gpu_request(cluster: ClusterConfig, plan: Plan) -> Dict[str, Any]:
+    """How the GPUs of a node are asked for: ``--gpus-per-node=[TYPE:]N``, or ``--gres=GRES:N`` with
+    ``cluster.gres``."""
+    if cluster.gres is not None:
+        gres = _token("cluster.gres", cluster.gres)
+        if gres.rpartition(":")[2].isdigit():
+            raise LaunchError(f"cluster.gres={gres} names a count; give the gres without it (e.g. gpu or gpu:h100): "
+                              "the launcher appends the GPUs each node runs")
+        return {"gres": f"{gres}:{plan.gpus_per_node}"}
+    if cluster.gpu_type is not None:
+        return {"gpus_per_node": f"{_token('cluster.gpu_type', cluster.gpu_type)}:{plan.gpus_per_node}"}
+    return {"gpus_per_node": plan.gpus_per_node}
+
+
+def container_args(cfg: RunConfig, run_dir: Path | None, mounts: Sequence[str] = ()) -> list:
+    """pyxis's srun options for ``cluster.container``: the image (or a pre-imported .sqsh), the container's
+    name, the mounts that make the run root, the data and ``mounts`` (the secrets store) visible at the same
+    paths inside, plus the cluster's own, and the working directory (the run directory unless set)."""
+    box = cfg.cluster.container
+    if box.image is None:
+        return []
+    args = [f"--container-image={_token('cluster.container.image', box.image)}"]
+    if box.name is not None:
+        args.append(f"--container-name={_token('cluster.container.name', box.name)}")
+    root = Path(run_dir).absolute().parent if run_dir is not None else Path(os.path.expanduser(cfg.run_root))
+    data = cfg.data.path or cfg.data.cache_dir
+    host = [str(Path(os.path.expanduser(path)).absolute()) for path in (root, data, *mounts)]
+    listed = [*dict.fromkeys(f"{path}:{path}" for path in host), *box.mounts]
+    args.append(f"--container-mounts={_token('cluster.container.mounts', ','.join(listed))}")
+    workdir = box.workdir or (str(Path(run_dir).absolute()) if run_dir is not None else None)
+    if workdir is not None:
+        args.append(f"--container-workdir={_token('cluster.container.workdir', workdir)}")
+    return args
+
+
+def host_python(cluster: ClusterConfig) -> str:
+    """The interpreter of the batch script's own steps on the cluster's hosts: ``cluster.python``, else the one
+    that submits (which must then exist at the same path on the compute nodes)."""
+    return cluster.python or shlex.quote(sys.executable)
+
+
+def task_python(cluster: ClusterConfig) -> str:
+    """The interpreter every task runs: the container's, or the hosts'."""
+    return cluster.container.python if cluster.container.image is not None else host_python(cluster)
 
 
 def env_line(env: Dict[str, Any]) -> str:
@@ -102,7 +143,7 @@ def env_line(env: Dict[str, Any]) -> str:
 
 
 def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | None = None,
-                    exclude: Sequence[str] = (), python: str | None = None) -> Dict[str, Any]:
+                    exclude: Sequence[str] = (), mounts: Sequence[str] = ()) -> Dict[str, Any]:
     """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``.
 
     With the run's directory, the job also records its attempt around the ranks and recovers from a
@@ -114,13 +155,15 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
     check_run_name(run_name)
     params = {**request_params(cfg, plan), "job_name": run_name, "comment": f"launcher:{run_name}"}
     if run_dir is not None:
-        recovery = f"{python or shlex.quote(sys.executable)} -m launcher.job.recovery"
+        recovery = f"{host_python(cfg.cluster)} -m launcher.job.recovery"
         where = shlex.quote(str(Path(run_dir).absolute()))
         # The umask first: every file of the job (Slurm's output, logs, checkpoints) is the run's alike.
         params["setup"] = [umask_line(cfg.share_group), *params.get("setup", []), frozen_code_line(run_dir),
                            f"{recovery} begin {where}"]
         params["teardown"] = [f"{recovery} end {where} $?"]
-        params["srun_args"] = ["--kill-on-bad-exit=1", *params.get("srun_args", [])]
+        inside = container_args(cfg, run_dir, mounts)
+        outside = [arg for arg in params.get("srun_args", []) if not arg.startswith("--container-")]
+        params["srun_args"] = ["--kill-on-bad-exit=1", *outside, *inside]
     if exclude:
         params["exclude"] = _token("exclude", ",".join([*filter(None, [params.get("exclude")]), *exclude]))
     return params
@@ -134,7 +177,7 @@ def frozen_code_line(run_dir: Path) -> str:
     return f"export PYTHONPATH={code}${{PYTHONPATH:+:$PYTHONPATH}} PYTHONSAFEPATH=1"
 
 
-def render_sbatch(cfg: RunConfig, plan: Plan, run_name: str, folder: str | Path, python: str | None = None) -> str:
+def render_sbatch(cfg: RunConfig, plan: Plan, run_name: str, folder: str | Path, mounts: Sequence[str] = ()) -> str:
     """The sbatch script submitit writes for this run into ``folder`` (the
     executor's folder), from the same parameters as :func:`executor_params`."""
     from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
@@ -143,10 +186,10 @@ def render_sbatch(cfg: RunConfig, plan: Plan, run_name: str, folder: str | Path,
     if any(ord(char) < 32 for char in str(folder)):
         raise LaunchError(f"run folder {str(folder)!r} contains a control character")
     # submitit's own command line (SlurmExecutor cannot be built where srun is absent).
-    executor = SimpleNamespace(python=python or shlex.quote(sys.executable), folder=folder)
+    executor = SimpleNamespace(python=task_python(cfg.cluster), folder=folder)
     command = SlurmExecutor._submitit_command_str.fget(executor)  # type: ignore[attr-defined]
     return _make_sbatch_string(command=command, folder=folder,
-                               **executor_params(cfg, plan, run_name, folder.parent, python=python))
+                               **executor_params(cfg, plan, run_name, folder.parent, mounts=mounts))
 
 
 def _token(key: str, value: Any) -> str:

@@ -136,9 +136,10 @@ class Slurm:
             raise SlurmError(sbatch_reason(proc.stderr))
         return proc.stdout.strip().split(";")[0]
 
-    def executor(self, folder: Path, max_num_timeout: int):
-        """A submitit SlurmExecutor whose sbatch runs through this cluster (see :func:`_executor_class`)."""
-        return _executor_class()(self, folder=folder, max_num_timeout=max_num_timeout)
+    def executor(self, folder: Path, max_num_timeout: int, python: Optional[str] = None):
+        """A submitit SlurmExecutor whose sbatch runs through this cluster (see :func:`_executor_class`), its
+        tasks run by ``python`` (default: this interpreter)."""
+        return _executor_class()(self, folder=folder, max_num_timeout=max_num_timeout, python=python)
 
 
 _CLUSTERS: Dict[Optional[str], Slurm] = {}
