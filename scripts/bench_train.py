@@ -17,7 +17,12 @@ number is the best of ``--repeats`` rounds, the four measurements interleaved
 in each round, to shed noise from other processes. Run on an idle machine with
 at least 2 cores.
 
+Every run directory (the one- and two-rank runs of ``python -m train``, and the plain loop's settings) is
+composed and written by the launcher's own code (``launcher.compose.runs.compose_runs``,
+``launcher.submit.launch.write_run_files``; see :func:`make_run_dir`), so what is measured is what a launch runs.
+
     python scripts/bench_train.py [--steps 30] [--repeats 3] [--d-model 256] [--layers 4] [--seq-len 256] [--batch 8]
+    python scripts/bench_train.py --quick    # seconds: a tiny model, 12 steps, one round (tests/test_bench_quick.py)
 """
 from __future__ import annotations
 
@@ -35,37 +40,51 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 
-from launcher.core.config import DataConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
-from launcher.core.plan import PLAN
-from launcher.compose.layout import single_node_plan
+from launcher.core.config import RunConfig  # noqa: E402
 from train.data import StepSampler, TokenData, token_file  # noqa: E402
 from train.optim import build_optimizer  # noqa: E402
 from train.model import GPT  # noqa: E402
 
 LOG_EVERY = 5
+QUICK = {"steps": 12, "repeats": 1, "d_model": 64, "layers": 2, "seq_len": 64, "batch": 2}
 
 
-def model_config(args) -> ModelConfig:
-    return ModelConfig(name="bench", d_model=args.d_model, n_heads=args.d_model // 64, n_layers=args.layers,
-                       seq_len=args.seq_len, vocab_size=256)
+def make_run_dir(overrides: list[str], run_dir: Path) -> RunConfig:
+    """A run directory as a launch writes it (config.yaml, plan.json, run.yaml), from Hydra overrides.
+
+    The launcher's two entry points are imported here only, so that a move of them touches one line."""
+    from launcher.compose.runs import compose_runs
+    from launcher.submit.launch import write_run_files
+    (run,) = compose_runs(overrides)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_run_files(run, run_dir)
+    return run.config
 
 
-def train_config(args, global_batch: int) -> TrainConfig:
-    return TrainConfig(steps=args.steps, global_batch=global_batch, micro_batch=args.batch, log_every=LOG_EVERY,
-                       eval_every=0, checkpoint_every=0, keep_checkpoints=1)
+def overrides(args, world_size: int) -> list[str]:
+    """The benchmark's run: ``--batch`` sequences per rank in one micro-batch, fp32, no eval or checkpoints."""
+    return ["model=gpt_tiny", f"model.d_model={args.d_model}", f"model.n_heads={max(1, args.d_model // 64)}",
+            f"model.n_layers={args.layers}", f"model.seq_len={args.seq_len}", f"gpus={world_size}",
+            f"train.steps={args.steps}", f"train.global_batch={args.batch * world_size}",
+            f"train.micro_batch={args.batch}", f"train.log_every={LOG_EVERY}", "train.eval_every=0",
+            "train.checkpoint_every=0", "train.keep_checkpoints=1", "cluster=local", "parallel.precision=fp32",
+            "tracking=none"]
+
+
+def describe(cfg: RunConfig, world_size: int) -> str:
+    m, t = cfg.model, cfg.train
+    return (f"composed ({world_size} rank{'s' if world_size > 1 else ''}): {m.name} d_model={m.d_model} "
+            f"n_layers={m.n_layers} n_heads={m.n_heads} seq_len={m.seq_len} vocab={m.vocab_size}; "
+            f"global_batch={t.global_batch} micro_batch={t.micro_batch} steps={t.steps} "
+            f"precision={cfg.parallel.precision} sharding={cfg.parallel.sharding}")
 
 
 def ours(args, world_size: int) -> float:
     """Per-rank tokens/s of ``python -m train`` on ``world_size`` local ranks."""
     with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp)
-        global_batch = args.batch * world_size
-        cfg = RunConfig(model=model_config(args), train=train_config(args, global_batch))
-        config = {"model": OmegaConf.structured(cfg.model), "train": OmegaConf.structured(cfg.train)}
-        OmegaConf.save(OmegaConf.create(config), run_dir / "config.yaml")
-        (run_dir / PLAN).write_text(json.dumps(single_node_plan(cfg, world_size).to_dict()))
+        run_dir = Path(tmp) / f"bench_{world_size}"
+        make_run_dir(overrides(args, world_size), run_dir)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -85,13 +104,15 @@ def ours(args, world_size: int) -> float:
 
 
 def plain(args) -> float:
-    """Tokens/s of a plain single-process loop on one thread: no FSDP, no process group."""
-    torch.manual_seed(0)
+    """Tokens/s of a plain single-process loop on one thread: no FSDP, no process group; the model,
+    batch and optimizer settings of the composed one-rank run."""
     torch.set_num_threads(1)
-    mcfg, tcfg = model_config(args), train_config(args, args.batch)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = make_run_dir(overrides(args, 1), Path(tmp) / "plain")
+    torch.manual_seed(0)
+    mcfg, tcfg, dcfg = cfg.model, cfg.train, cfg.data
     model = GPT(mcfg)
     optimizer, scheduler = build_optimizer(model, tcfg)
-    dcfg = DataConfig()
     data = TokenData(token_file(dcfg), dcfg.dtype, mcfg.seq_len, dcfg.val_fraction)
     sampler = StepSampler(data.num_samples("train"), args.batch, tcfg.seed)
     start = None
@@ -132,14 +153,23 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run in seconds (a tiny model, few steps, one round): the figures it prints "
+                             "say that everything runs, not how fast")
     args = parser.parse_args()
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
     if args.steps <= 2 * LOG_EVERY:
         parser.error(f"--steps must be more than {2 * LOG_EVERY}")
     if args.plain_only:
         print(plain(args))
         return
     print(f"model d={args.d_model} L={args.layers} T={args.seq_len}, {args.batch} sequences per rank per step, "
-          f"{args.steps} steps, best of {args.repeats}, {os.cpu_count()} CPUs")
+          f"{args.steps} steps, best of {args.repeats}, {os.cpu_count()} CPUs{' (quick)' if args.quick else ''}")
+    with tempfile.TemporaryDirectory() as tmp:  # what the runs train, as composed by the launcher's code
+        for world_size in (1, 2):
+            print("  " + describe(make_run_dir(overrides(args, world_size), Path(tmp) / str(world_size)), world_size))
 
     plain_one, plain_two, ours_one, ours_two = best_of(
         args.repeats, lambda: plain_processes(1), lambda: plain_processes(2), lambda: ours(args, 1),

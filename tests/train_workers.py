@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from launcher.core.config import DataConfig, ModelConfig, ParallelConfig, RunConfig, TrainConfig
 from train import checkpoint, task
@@ -18,6 +19,10 @@ from train.optim import build_optimizer, optimizer_step
 def run_config(raw: dict) -> RunConfig:
     return RunConfig(model=ModelConfig(**raw["model"]), train=TrainConfig(**raw["train"]),
                      data=DataConfig(**raw["data"]), parallel=ParallelConfig(**raw.get("parallel", {})))
+
+
+def _full(grad: torch.Tensor) -> torch.Tensor:
+    return grad.full_tensor() if isinstance(grad, DTensor) else grad
 
 
 def parity(raw: dict, micro_batch: int, out_dir: Path) -> None:
@@ -36,8 +41,9 @@ def parity(raw: dict, micro_batch: int, out_dir: Path) -> None:
         batches = [tuple(torch.from_numpy(a) for a in data.batch("train", idx))
                    for idx in sampler.micro_batches(step, env.rank, env.world_size, micro_batch)]
         loss = forward_backward(model, batches)
-        # clone: with one rank full_tensor() is the gradient itself, which clipping scales in place.
-        grads = {name.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor().clone()
+        # clone: with one rank full_tensor() (or the unwrapped model's own gradient, train/parallel.py) is
+        # the gradient itself, which clipping scales in place.
+        grads = {name.replace("_checkpoint_wrapped_module.", ""): _full(p.grad).clone()
                  for name, p in model.named_parameters()}
         grad_norm = optimizer_step(model, optimizer, scheduler, cfg.train.grad_clip)
         steps.append({"loss": global_mean(loss, env), "grad_norm": grad_norm.item(), "grads": grads})

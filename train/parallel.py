@@ -33,6 +33,15 @@ def parallelize(model: GPT, cfg: ParallelConfig, env: DistEnv, seed: int) -> nn.
     (replicate across nodes, shard within a node) so the all-gathers stay on the
     fast intra-node links; ``grad_op`` keeps parameters gathered between forward
     and backward (more memory, one all-gather fewer per step).
+
+    A world of one computing in fp32 (any CPU run, or ``precision=fp32`` on one GPU) is not wrapped at
+    all: there is nothing to shard and no precision to cast, and FSDP2 would only copy every parameter
+    into and out of its all-gather buffers and every gradient through its reduce-scatter buffers, each
+    step (6-11% of a CPU step, docs/performance.md). The maths is the same (FSDP's all-gather and
+    reduce-scatter on one rank are copies; gradients of micro-batches are summed in the same order), and so
+    is the checkpoint: DCP saves the same keys, each tensor as one chunk of its full shape, whichever wraps
+    it, and reshards on load, so such a checkpoint resumes on any world size and vice versa. With bf16
+    (one GPU) the model stays wrapped: FSDP's MixedPrecisionPolicy is what casts it.
     """
     _check_choice("sharding", cfg.sharding, SHARDINGS)
     _check_choice("activation_checkpointing", cfg.activation_checkpointing, CHECKPOINTING)
@@ -47,22 +56,26 @@ def parallelize(model: GPT, cfg: ParallelConfig, env: DistEnv, seed: int) -> nn.
     # Resharding after forward frees a block's gathered parameters until backward gathers them again;
     # with one rank per shard group there is nothing to free, only copies to make.
     reshard_after_forward = cfg.sharding != "grad_op" and mesh.shape[-1] > 1
+    wrap = env.world_size > 1 or bf16
 
     for i, block in enumerate(model.blocks):
         if checkpointed(cfg.activation_checkpointing, i):
             block = checkpoint_wrapper(block)
         if cfg.compile:
             block.compile()
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+        if wrap:
+            fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
         model.blocks[i] = block
     # The root (embeddings, final norm, tied head) is the first unit backward needs: keep it gathered
     # (as torchtitan does) rather than reshard and gather it again at once.
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
+    if wrap:
+        fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
 
     model.to_empty(device=env.device)
     model.init_weights(seed)
-    log.info("parallelized: sharding %s mesh %s precision %s activation checkpointing %s compile %s",
-             cfg.sharding, tuple(mesh.shape), "bf16" if bf16 else "fp32", cfg.activation_checkpointing, cfg.compile)
+    log.info("parallelized: sharding %s %smesh %s precision %s activation checkpointing %s compile %s",
+             cfg.sharding, "" if wrap else "(one rank in fp32: no FSDP wrapper) ", tuple(mesh.shape),
+             "bf16" if bf16 else "fp32", cfg.activation_checkpointing, cfg.compile)
     return model
 
 
