@@ -38,6 +38,7 @@ def tiny_config(token_path: Path, **train) -> dict:
         "train": {"steps": 4, "global_batch": 8, "micro_batch": 2, "lr": 1e-3, "warmup_steps": 2, "log_every": 1,
                   "eval_every": 0, "checkpoint_every": 0, **train},
         "data": {"path": str(token_path), "dtype": "uint16"},
+        "cluster": {"virtual_gpus": True},  # ranks on the CPU, as on the local cluster
     }
 
 

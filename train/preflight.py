@@ -41,10 +41,16 @@ class PreflightFailed(RuntimeError):
     """A node failed its preflight check; the attempt ends so that the run goes on without it."""
 
 
-def device_problem(env: DistEnv) -> Optional[str]:
-    """What is wrong with this rank's device, or None."""
+def device_problem(env: DistEnv, virtual_gpus: bool = True) -> Optional[str]:
+    """What is wrong with this rank's device, or None. On a cluster of real GPUs (not ``virtual_gpus``), a
+    rank on the CPU is one: its torch cannot see the node's GPUs (a CPU build, a driver it cannot use), and
+    training on would run on gloo at a fraction of the speed."""
     if faults.failing_node() == env.node:
         return f"device check failed on purpose ({faults.VARIABLE})"
+    if not virtual_gpus and env.device.type != "cuda":
+        return (f"torch {torch.__version__} sees no CUDA device on {env.node} (built for CUDA "
+                f"{torch.version.cuda or 'none'}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}); "
+                "this cluster's GPUs are real (cluster.virtual_gpus=false), so it does not train on the CPU")
     n = 64
     a = (torch.arange(n * n, dtype=torch.float64).reshape(n, n) % 7).to(env.device, torch.float32)
     got = (a @ a.T).cpu().double()
@@ -95,9 +101,9 @@ def bandwidth(env: DistEnv) -> float:
     return 2 * (n - 1) / n * tensor.numel() * 4 / seconds / 1e9
 
 
-def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig) -> None:
+def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig, virtual_gpus: bool = True) -> None:
     """Every rank calls this before training; raises PreflightFailed on every rank if any node failed."""
-    problem = device_problem(env) or (disk_problem(run_dir, plan, model) if env.local_rank == 0 else None)
+    problem = device_problem(env, virtual_gpus) or (disk_problem(run_dir, plan, model) if env.local_rank == 0 else None)
     if problem:
         log.error("preflight failed on %s: %s", env.node, problem)
         append_event(run_dir, "preflight_failed", rank=env.rank, node=env.node, problem=problem,

@@ -41,7 +41,7 @@ def run(run_dir: str | Path) -> dict[str, Any]:
     try:
         env = init_distributed()
         check_allreduce(env)
-        preflight(env, run_dir, plan, cfg.model)
+        preflight(env, run_dir, plan, cfg.model, cfg.cluster.virtual_gpus)
         if env.is_main:
             append_event(run_dir, "started", job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
                          nodes=env.nodes, code=CODE_ROOT)

@@ -177,6 +177,9 @@ class ClusterConfig:
     qos: Optional[str] = None
     constraint: Optional[str] = None
     gpus_per_node: int = 8
+    # The local cluster's GPUs are gres entries with CPU processes for ranks; a real cluster's are GPUs, and a
+    # rank whose torch sees none fails preflight (train/preflight.py) instead of training on the CPU.
+    virtual_gpus: bool = False
     gpu_type: Optional[str] = None
     gpu_memory_gb: Optional[float] = None
     cpus_per_gpu: Optional[int] = 1  # null: no --cpus-per-task (lets --overcommit pack tasks)
