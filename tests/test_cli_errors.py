@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 BAD_INPUTS = [
     (["model=gpt_2b"], "unknown model 'gpt_2b' (did you mean 'gpt_7b'?); valid: gpt_1b, gpt_3b"),
-    (["cluster=nope"], "unknown cluster 'nope'; valid: local, local2, slurm"),
+    (["cluster=nope"], "unknown cluster 'nope'; valid: local, slurm"),
     (["gpus=abc"], "gpus must be a GPU count (presets: 1, 2, 4, 8, 16, 128;"),
     (["gpus=2.5"], "gpus must be a GPU count"),
     (["gpus=0"], "gpus must be a positive number of GPUs, got 0"),

@@ -1,8 +1,7 @@
 """Two local clusters at once: both listed, a run on each, runs/describe/logs/stop on both, one of them down.
 
-The second cluster (conf/cluster/local2.yaml, found through $LAUNCHER_LOCAL2_CONF) is started here on the
-first cluster's port + 100 (16910 beside the default
-cluster; README's local2 uses 16850), so the suite runs beside whichever cluster $SLURM_CONF names.
+The second cluster (slurm/site/cluster/local2.yaml, a site layer; found through $LAUNCHER_LOCAL2_CONF) is
+started here on the first cluster's port + 100 (16910 beside the default cluster; README's local2 uses 16850), so the suite runs beside whichever cluster $SLURM_CONF names.
 """
 from __future__ import annotations
 
@@ -30,7 +29,8 @@ def local2(slurm, tmp_path_factory):
                          "--port", str(port), "--nodes", "1", "--gpus", "2", "--no-accounting"],
                         capture_output=True, text=True, timeout=180)
     assert up.returncode == 0, up.stderr
-    yield {"LAUNCHER_LOCAL2_CONF": str(state / "etc" / "slurm.conf"), "STATE_DIR": str(state)}
+    yield {"LAUNCHER_LOCAL2_CONF": str(state / "etc" / "slurm.conf"), "STATE_DIR": str(state),
+           "LAUNCHER_SITE_CONFIG": str(REPO / "slurm" / "site")}  # where local2.yaml lives
     down(state)
 
 

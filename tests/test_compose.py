@@ -22,7 +22,7 @@ def grid():
 def test_conf_offers_the_documented_options():
     assert PRESETS == [1, 2, 4, 8, 16, 128]
     assert "custom" in options("gpus")
-    assert options("cluster") == ["local", "local2", "slurm"]
+    assert options("cluster") == ["local", "slurm"]
     sizes = ["125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b"]
     assert set(MODELS) == {"gpt_tiny", "gpt_small"} | {f"gpt_{size}" for size in sizes}
 

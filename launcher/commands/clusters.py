@@ -1,4 +1,4 @@
-"""``launcher clusters``: every configured cluster (conf/cluster/*.yaml), each partition's GPUs and how much of
+"""``launcher clusters``: every configured cluster (the cluster files of every config layer), each partition's GPUs and how much of
 it is free, and whether the cluster answers at all.
 
 The two MAX columns answer "where does a 16- or 128-GPU run fit": the largest run the partition can
@@ -76,31 +76,48 @@ class ClusterUsage:
     reachable: bool = False
     error: str = ""
     partitions: List[PartitionUsage] = field(default_factory=list)
+    origins: List[str] = field(default_factory=list)  # each name's config layer and file
 
 
-def configured() -> Dict[str, Optional[str]]:
-    """Every cluster of conf/cluster/*.yaml (its ``name``) with its slurm.conf, ``local`` first."""
+@dataclass(frozen=True)
+class Configured:
+    """A cluster file as ``clusters`` lists it: the cluster's name, its slurm.conf, and where the file is."""
+
+    slurm_conf: Optional[str]
+    origin: str = ""  # the config layer (package, site, user, project) and the file
+
+
+def configured() -> Dict[str, Configured]:
+    """Every cluster file of every config layer (launcher/compose/catalog.py), by its ``name``, with its
+    slurm.conf (a relative one relative to the file) and its layer; ``local`` first."""
     from omegaconf import OmegaConf
 
-    from launcher.compose.catalog import options, CONF_DIR
+    from launcher.compose.catalog import beside, option_files, origin
+    from launcher.compose.layers import check_file
 
-    found: Dict[str, Optional[str]] = {}
-    for option in sorted(options("cluster"), key=lambda o: (o != "local", o)):
-        cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "cluster" / f"{option}.yaml"), resolve=True)
+    found: Dict[str, Configured] = {}
+    files = option_files("cluster")
+    for option in sorted(files, key=lambda o: (o != "local", o)):
+        path = files[option]
+        if origin(path) != "package":
+            check_file("cluster", path)
+        cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
         name = cfg.get("name") or option
-        found[name] = slurm_conf_for(name, cfg.get("slurm_conf"))
+        conf = beside(cfg["slurm_conf"], path) if cfg.get("slurm_conf") else None
+        found[name] = Configured(slurm_conf_for(name, conf), f"{origin(path)}: {path}")
     return found
 
 
-def survey(clusters: Dict[str, Optional[str]]) -> List[ClusterUsage]:
+def survey(clusters: Dict[str, Configured]) -> List[ClusterUsage]:
     """Ask every distinct cluster at once; a silent one is unreachable within a few seconds."""
     listed: Dict[Optional[str], ClusterUsage] = {}
-    for name, conf in clusters.items():
-        key = conf or os.environ.get("SLURM_CONF")  # None: Slurm's default, which $SLURM_CONF sets
+    for name, entry in clusters.items():
+        key = entry.slurm_conf or os.environ.get("SLURM_CONF")  # None: Slurm's default, which $SLURM_CONF sets
         if key in listed:
             listed[key].also.append(name)
+            listed[key].origins.append(entry.origin)
         else:
-            listed[key] = ClusterUsage(name, [], conf)
+            listed[key] = ClusterUsage(name, [], entry.slurm_conf, origins=[entry.origin])
 
     def ask(entry: ClusterUsage) -> None:
         slurm = Slurm(entry.slurm_conf)
@@ -145,7 +162,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    clusters = {args.cluster_conf: args.cluster_conf} if args.cluster_conf else configured()
+    clusters = {args.cluster_conf: Configured(args.cluster_conf, "--cluster-conf")} if args.cluster_conf \
+        else configured()
     entries = survey(clusters)
     if args.json:
         print(json.dumps([to_json(entry) for entry in entries], indent=1))
@@ -156,4 +174,6 @@ def main(args: argparse.Namespace) -> int:
     for entry in entries:
         if not entry.reachable:
             print(f"{entry.cluster}: {entry.error}")
+    print("\nfrom: " + "; ".join(f"{name} ({where})" for entry in entries
+                                 for name, where in zip([entry.cluster, *entry.also], entry.origins)))
     return 0

@@ -1,17 +1,29 @@
-"""What ``conf/`` offers: the config groups and their options.
+"""What the config groups offer, and where each option comes from.
 
-Validation messages list the valid choices, and ``--help`` shows them; both
-read them here from the files on disk, so adding ``conf/cluster/mysite.yaml``
-is all it takes to make ``cluster=mysite`` valid.
+Each group (``cluster/``, ``model/``, ``gpus/``, ``tracking/``) is searched in four layers, later ones adding
+options and overriding an earlier file of the same name:
+
+1. the package's ``conf/`` (the project's own choices);
+2. a site directory, ``$LAUNCHER_SITE_CONFIG`` (an administrator's, e.g. ``/etc/launcher``);
+3. the user's directory, ``$XDG_CONFIG_HOME/launcher`` (default ``~/.config/launcher``);
+4. a project directory, ``.launcher/conf`` in the current directory.
+
+So ``~/.config/launcher/cluster/mysite.yaml`` is all it takes to make ``cluster=mysite`` valid. Validation
+messages and ``--help`` list the choices from here, ``launcher clusters`` says where each cluster comes from,
+and composition (launcher/compose/runs.py) composes from the winning files.
 """
 from __future__ import annotations
 
 import functools
+import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+SITE_VARIABLE = "LAUNCHER_SITE_CONFIG"
+PROJECT_DIR = Path(".launcher") / "conf"
 
 # The config groups a user chooses from, in the order of conf/config.yaml.
 GROUPS = ("model", "gpus", "cluster", "tracking")
@@ -20,14 +32,64 @@ GROUPS = ("model", "gpus", "cluster", "tracking")
 CUSTOM_GPUS = "custom"
 
 
+@dataclass(frozen=True)
+class Layer:
+    """One directory of config groups: which layer it is, and where."""
+
+    name: str  # package, site, user or project
+    path: Path
+
+
+def layers() -> List[Layer]:
+    """The layers in search order (later wins), the package's always, the others where their directory exists.
+    Asked anew each time: the environment and the current directory decide."""
+    user = Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config").expanduser() / "launcher"
+    site = os.environ.get(SITE_VARIABLE)
+    found = [Layer("package", CONF_DIR)]
+    for name, path in (("site", Path(site).expanduser() if site else None), ("user", user),
+                       ("project", Path.cwd() / PROJECT_DIR)):
+        if path is not None and path.is_dir() and path.resolve() != CONF_DIR:
+            found.append(Layer(name, path.absolute()))
+    return found
+
+
+def option_files(group: str) -> Dict[str, Path]:
+    """Each option of ``group`` and the file that defines it (the last layer that has one)."""
+    files: Dict[str, Path] = {}
+    for layer in layers():
+        for path in sorted((layer.path / group).glob("*.yaml")):
+            files[path.stem] = path
+    return files
+
+
+def beside(value: str, path: Optional[Path]) -> str:
+    """A path a config file gives, absolute: a relative one is relative to the file's own directory (to the
+    current directory where no file gave it)."""
+    value = os.path.expanduser(value)
+    return os.path.normpath(os.path.join(path.parent if path is not None else Path.cwd(), value))
+
+
+def origin(path: Path) -> str:
+    """Which layer a config file belongs to, as ``launcher clusters`` shows it."""
+    for layer in reversed(layers()):
+        if layer.path in path.parents:
+            return layer.name
+    return "?"
+
+
 def _natural_key(name: str) -> list:
     """Sort ``2`` before ``16`` and ``gpt_7b`` before ``gpt_13b``."""
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
 
 
 def options(group: str) -> List[str]:
-    """The option names of a config group (its YAML files, without suffix)."""
-    return sorted((p.stem for p in (CONF_DIR / group).glob("*.yaml")), key=_natural_key)
+    """The option names of a config group (its YAML files in every layer, without suffix)."""
+    return sorted(option_files(group), key=_natural_key)
+
+
+def option_path(group: str, option: str) -> Optional[Path]:
+    """The file that defines ``group=option``, or None."""
+    return option_files(group).get(option)
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,8 +115,8 @@ def model_micro_batch(model: str) -> int | None:
     starts its search; None if the file is absent or sets no integer."""
     from omegaconf import OmegaConf
 
-    path = CONF_DIR / "model" / f"{model}.yaml"
-    if not path.is_file():
+    path = option_path("model", model)
+    if path is None:
         return None
     value = OmegaConf.select(OmegaConf.load(path), "train.micro_batch")
     return value if isinstance(value, int) and not isinstance(value, bool) else None

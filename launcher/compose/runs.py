@@ -10,6 +10,7 @@ submitted, so one bad combination fails the whole command up front.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence
 
@@ -24,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.compose import overrides as ov
-from launcher.compose.catalog import CONF_DIR, GROUPS, default_choices
+from launcher.compose.catalog import GROUPS, beside, default_choices, option_path
+from launcher.compose.layers import conf_dir
 from launcher.core.config import RunConfig
 from launcher.dataset.check import DataSummary, check_data
 from launcher.errors import LaunchError
@@ -59,7 +61,7 @@ def compose_runs(overrides: Sequence[str], multirun: bool = False) -> List[Compo
     store.store(name="base", node=RunConfig)
     store.store(group="hydra", name="config", node=hydra_node(), provider="hydra")
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="launcher"):
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="launcher"):
             # With the config loader, glob() sweeps can list a group's options.
             parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
             runs = ov.expand(ov.parse(parser, overrides), multirun)
@@ -79,7 +81,9 @@ def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> Comp
     try:
         parsed = ov.parse(parser, typed)
         ov.check(parsed)
-        cfg = compose(config_name="config", overrides=ov.normalise(parsed))
+        hydra_overrides = ov.normalise(parsed)
+        cfg = compose(config_name="config", overrides=hydra_overrides)
+        anchor_slurm_conf(cfg, hydra_overrides)
         config: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
         validate(config)
         plan = plan_of(config)
@@ -91,6 +95,19 @@ def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> Comp
     resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     return ComposedRun(overrides=list(typed), config=config, resolved=resolved, plan=plan,
                        run_file=run_file_of(parsed, resolved, plan), data=data)
+
+
+def anchor_slurm_conf(cfg: DictConfig, hydra_overrides: List[str]) -> None:
+    """A relative ``cluster.slurm_conf`` is relative to the cluster file that gives it (a site's file may name
+    its slurm.conf beside it), or to the current directory where it was typed; the composed config holds it
+    absolute, so the run's record and its jobs find the same file from anywhere."""
+    value = cfg.cluster.slurm_conf
+    if not value or os.path.isabs(os.path.expanduser(value)):
+        return
+    typed = any(line.split("=", 1)[0].lstrip("+") == "cluster.slurm_conf" for line in hydra_overrides)
+    choice = next((line.split("=", 1)[1] for line in hydra_overrides if line.startswith("cluster=")),
+                  default_choices()["cluster"])
+    cfg.cluster.slurm_conf = beside(value, None if typed else option_path("cluster", choice))
 
 
 def run_file_of(parsed: List[Override], resolved: DictConfig, plan: Plan) -> Dict[str, Any]:

@@ -48,10 +48,10 @@ def preset_nodes(count: int) -> Optional[int]:
     """layout.nodes as ``gpus=count`` sets it: the preset's (conf/gpus/<count>.yaml), else derived (None)."""
     from omegaconf import OmegaConf
 
-    from launcher.compose.catalog import CONF_DIR
+    from launcher.compose.catalog import option_path
 
-    path = CONF_DIR / "gpus" / f"{count}.yaml"
-    return OmegaConf.select(OmegaConf.load(path), "layout.nodes") if path.is_file() else None
+    path = option_path("gpus", str(count))
+    return OmegaConf.select(OmegaConf.load(path), "layout.nodes") if path is not None else None
 
 
 def _smallest_fitting(counts: List[int], fits) -> Optional[int]:
