@@ -214,7 +214,8 @@ write_configs() {
       echo "AccountingStorageTRES=gres/gpu"
     fi
     for ((n = 1; n <= NODES; n++)); do
-      echo "NodeName=$(node_name "$n") NodeAddr=127.0.0.1 Port=$(node_port "$n") CPUs=$CPUS RealMemory=$MEM_MB $gres State=UNKNOWN"
+      # Features=virtual_gpus: this cluster's GPUs are CPU processes (`launcher clusters add` reads it).
+      echo "NodeName=$(node_name "$n") NodeAddr=127.0.0.1 Port=$(node_port "$n") CPUs=$CPUS RealMemory=$MEM_MB $gres Features=virtual_gpus State=UNKNOWN"
     done
     echo "PartitionName=gpu Nodes=$NODE_LIST Default=YES MaxTime=INFINITE State=UP"
   } >"$SLURM_LOCAL_ETC/slurm.conf"

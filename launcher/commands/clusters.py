@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
+from launcher.errors import LaunchError
 from launcher.slurm.client import Node, Slurm, SlurmError, slurm_conf_for
 from launcher.slurm.output import unusable
 
@@ -157,11 +159,89 @@ def to_json(entry: ClusterUsage) -> dict:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cluster-conf", metavar="SLURM_CONF", help="show only the cluster of this slurm.conf")
+    parser.usage = "launcher clusters [--cluster-conf SLURM_CONF] [--json] | launcher clusters add NAME [options]"
+    parser.add_argument("action", nargs="?", choices=["add"],
+                        help="add NAME: ask Slurm and write a cluster file for it into your config directory")
+    parser.add_argument("name", nargs="?", metavar="NAME", help="with add: the cluster's name (cluster=NAME)")
+    parser.add_argument("--cluster-conf", metavar="SLURM_CONF",
+                        help="show only the cluster of this slurm.conf; with add: the cluster to ask")
+    parser.add_argument("--partition", help="with add: the partition to run on (default: the default partition)")
+    parser.add_argument("--print", dest="print_only", action="store_true",
+                        help="with add: print the cluster file instead of writing it")
+    parser.add_argument("--force", action="store_true", help="with add: replace an existing cluster file")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def proposal(name: str, slurm: Slurm, partition: Optional[str]) -> str:
+    """A cluster file for ``name`` from what Slurm says of the partition: its GPUs per node and their type, CPUs
+    and memory per GPU, MaxTime, whether its GPUs are virtual (the local cluster's nodes say so with the
+    ``virtual_gpus`` feature), and the user's default account."""
+    import time
+
+    import yaml
+
+    slurm.ping()
+    part = slurm.partition(partition)
+    if not part.gpus_per_node:
+        raise SlurmError(f"partition '{part.name}' has no GPUs (no gres gpu on its nodes); choose another "
+                         "with --partition")
+    account = slurm.default_account()
+    limit = part.max_time_min
+    data = {
+        "name": name, "slurm_conf": slurm.conf, "partition": part.name, "account": account,
+        "gpus_per_node": part.gpus_per_node, "gpu_type": part.gpu_type,
+        "virtual_gpus": "virtual_gpus" in slurm.features(part.name),
+        "cpus_per_gpu": max(1, part.cpus_per_node // part.gpus_per_node),
+        "mem_per_gpu": f"{part.mem_mb_per_node // part.gpus_per_node}M" if part.mem_mb_per_node else None,
+        "time_limit_min": min(limit, 1440) if limit else 1440,
+    }
+    said = (f"partition {part.name}: {part.offers()}, MaxTime {part.max_time}; default account "
+            f"{account or 'none'}")
+    return (f"# Written by `launcher clusters add {name}` on {time.strftime('%Y-%m-%d')} from what Slurm said:\n"
+            f"# {said}.\n# Edit freely; every key and its allowed values: docs/configuration.md.\n"
+            + yaml.safe_dump(data, sort_keys=False))
+
+
+def add(args: argparse.Namespace) -> int:
+    """``clusters add NAME``: propose a cluster file and write it into the user's config directory."""
+    from launcher.compose.catalog import option_path, user_dir
+
+    if not args.name or not NAME.fullmatch(args.name):
+        raise LaunchError(f"clusters add needs a NAME of 1-64 letters, digits, '.', '_' or '-' (got "
+                          f"{args.name!r}); e.g. launcher clusters add mysite")
+    conf = os.path.abspath(os.path.expanduser(args.cluster_conf)) if args.cluster_conf else \
+        os.environ.get("SLURM_CONF")
+    try:
+        text = proposal(args.name, Slurm(conf), args.partition)
+    except SlurmError as err:
+        raise LaunchError(str(err)) from None
+    if args.print_only:
+        print(text, end="")
+        return 0
+    path = user_dir() / "cluster" / f"{args.name}.yaml"
+    if path.exists() and not args.force:
+        raise LaunchError(f"{path} exists; --force replaces it, --print shows what would be written")
+    shadowed = option_path("cluster", args.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    print(f"Wrote {path}")
+    if shadowed is not None and shadowed != path:
+        print(f"  it takes the place of {shadowed} for cluster={args.name}")
+    gpus = next(line.split()[1] for line in text.splitlines() if line.startswith("gpus_per_node:"))
+    print(f"  try      launcher plan cluster={args.name} gpus={gpus}")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.action == "add":
+        return add(args)
+    if args.name or args.partition or args.print_only or args.force:
+        raise LaunchError("NAME, --partition, --print and --force go with 'launcher clusters add NAME'")
     clusters = {args.cluster_conf: Configured(args.cluster_conf, "--cluster-conf")} if args.cluster_conf \
         else configured()
     entries = survey(clusters)

@@ -40,10 +40,16 @@ class Layer:
     path: Path
 
 
+def user_dir() -> Path:
+    """The user's layer: ``$XDG_CONFIG_HOME/launcher``, default ``~/.config/launcher`` (``clusters add`` writes
+    there)."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config").expanduser().absolute() / "launcher"
+
+
 def layers() -> List[Layer]:
     """The layers in search order (later wins), the package's always, the others where their directory exists.
     Asked anew each time: the environment and the current directory decide."""
-    user = Path(os.environ.get("XDG_CONFIG_HOME") or "~/.config").expanduser() / "launcher"
+    user = user_dir()
     site = os.environ.get(SITE_VARIABLE)
     found = [Layer("package", CONF_DIR)]
     for name, path in (("site", Path(site).expanduser() if site else None), ("user", user),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pwd
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,21 @@ class Slurm:
         names = ", ".join(p.name for p in parts) or "none"
         wanted = f"partition '{name}'" if name else "a default partition"
         raise SlurmError(f"the cluster has no {wanted} (partitions: {names})")
+
+    def features(self, partition: str) -> List[str]:
+        """The node features every node of ``partition`` has (slurm.conf's ``Features=``)."""
+        rows = [set(filter(None, line.strip().split(","))) - {"(null)"}
+                for line in self.run(["sinfo", "-h", "-N", "-p", partition, "-o", "%f"]).splitlines() if line.strip()]
+        return sorted(set.intersection(*rows)) if rows else []
+
+    def default_account(self) -> Optional[str]:
+        """This user's default account in accounting, or None (no accounting, or no account set)."""
+        user = os.environ.get("USER") or pwd.getpwuid(os.getuid()).pw_name
+        try:
+            out = self.run(["sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount"])
+        except SlurmError:
+            return None
+        return next((line.strip() for line in out.splitlines() if line.strip()), None)
 
     def hostnames(self, nodelist: str) -> List[str]:
         """``node[1-2]`` as ``[node1, node2]``, in Slurm's order."""
