@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+_PACKAGE = Path(__file__).resolve().parents[1]
+# An installed package carries its config groups inside (launcher/conf, pyproject.toml); a checkout has them
+# at the top, beside launcher/.
+CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf" / "config.yaml").is_file() else _PACKAGE.parent / "conf"
 SITE_VARIABLE = "LAUNCHER_SITE_CONFIG"
 PROJECT_DIR = Path(".launcher") / "conf"
 
