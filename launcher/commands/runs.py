@@ -11,10 +11,10 @@ from typing import List, Optional, TextIO, Tuple, Union
 
 from launcher.commands.common import clock, duration, parse_since, root_of, slurm_seconds, sweep_runs
 from launcher.errors import LaunchError
-from launcher.core.rundir import last_metrics, read_events
 from launcher.status.index import RunRecord, load_or_damage, record_paths
 from launcher.core.damage import DamagedRun
 from launcher.status.job_state import ACTIVE, DAMAGED, STATES, JobState, job_states
+from launcher.status.run_files import RunFiles
 
 
 @dataclass
@@ -45,7 +45,9 @@ class RunRow:
 
 
 def build_row(rec: RunRecord, state: JobState) -> RunRow:
-    metrics = last_metrics(Path(rec.run_dir)) or {}
+    """The run's row, from its record, its state and what telling the state read of its directory."""
+    files = state.files or RunFiles(Path(rec.run_dir))
+    metrics = files.last_metrics or {}
     step = metrics.get("step")
     elapsed = slurm_seconds(state.elapsed)
     eta = None
@@ -57,7 +59,7 @@ def build_row(rec: RunRecord, state: JobState) -> RunRow:
         loss=metrics.get("loss"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
         submitted_at=rec.submitted_at, elapsed_s=elapsed, eta_s=eta, sweep=rec.sweep, run_dir=rec.run_dir,
         state_source=state.source,
-        attempts=sum(e.get("event") == "attempt" for e in read_events(Path(rec.run_dir))),
+        attempts=files.attempts.count,
     )
 
 
