@@ -11,7 +11,7 @@ from typing import List, Optional, TextIO, Tuple, Union
 
 from launcher.commands.common import clock, duration, parse_since, root_of, slurm_seconds, sweep_runs
 from launcher.errors import LaunchError
-from launcher.status.index import RunRecord, load_or_damage, record_paths
+from launcher.status.index import RunRecord, load_or_damage, record_names
 from launcher.core.damage import DamagedRun
 from launcher.status.job_state import ACTIVE, DAMAGED, STATES, JobState, job_states
 from launcher.status.run_files import RunFiles
@@ -46,7 +46,7 @@ class RunRow:
 
 def build_row(rec: RunRecord, state: JobState) -> RunRow:
     """The run's row, from its record, its state and what telling the state read of its directory."""
-    files = state.files or RunFiles(Path(rec.run_dir))
+    files = state.files or RunFiles(rec.run_dir)
     metrics = files.last_metrics or {}
     step = metrics.get("step")
     elapsed = slurm_seconds(state.elapsed)
@@ -78,6 +78,47 @@ def rows_for(runs: List[Listed]) -> List[RunRow]:
     states = job_states([run for _, run in runs if isinstance(run, RunRecord)])
     return [build_row(run, states[run.name]) if isinstance(run, RunRecord) else damaged_row(run, submitted)
             for submitted, run in runs]
+
+
+_FIELDS = list(RunRow.__dataclass_fields__)
+_KEYS = [f"  {json.dumps(name)}: " for name in _FIELDS]
+
+
+def json_rows(rows: List[RunRow]) -> str:
+    """``json.dumps([asdict(row) for row in rows], indent=1)``, byte for byte, in a fraction of its time: with an
+    indent, json encodes in Python, and asdict deep-copies every value; a row holds only scalars, so each is
+    encoded on its own with json's own functions (a value of another type falls back to json.dumps)."""
+    items = []
+    for row in rows:
+        values = row.__dict__
+        try:
+            items.append(" {\n" + ",\n".join(key + _scalar(values[name]) for key, name in zip(_KEYS, _FIELDS))
+                         + "\n }")
+        except TypeError:
+            return json.dumps([asdict(row) for row in rows], indent=1)
+    return "[\n" + ",\n".join(items) + "\n]" if items else "[]"
+
+
+_INFINITY = float("inf")
+
+
+def _scalar(value: object) -> str:
+    """One scalar as json.dumps writes it; TypeError for any other value."""
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.encoder.encode_basestring_ascii(value)
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        if value in (_INFINITY, -_INFINITY):
+            return "Infinity" if value > 0 else "-Infinity"
+        return float.__repr__(value)
+    raise TypeError(type(value).__name__)
 
 
 HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "TRY", "PROGRESS", "LOSS", "TOK/S", "MFU",
@@ -114,10 +155,10 @@ def select(root: Path, args) -> List[RunRow]:
         runs = [(rec.submitted_at, rec) for rec in sweep_runs(root, args.sweep)
                 if wanted(rec, args) and (since is None or rec.submitted_at >= since)]
     else:
-        for mtime, path in record_paths(root):
+        for mtime, name in record_names(root):
             if since is not None and mtime < since:
                 break  # newest first: everything after this is older
-            run = load_or_damage(path)
+            run = load_or_damage(root / name)
             if isinstance(run, RunRecord) and not wanted(run, args):
                 continue
             if isinstance(run, DamagedRun) and args.status and DAMAGED not in args.status:
@@ -146,7 +187,7 @@ def statuses(text: str) -> set:
 
 def render(rows: List[RunRow], as_json: bool) -> str:
     if as_json:
-        return json.dumps([asdict(row) for row in rows], indent=1)
+        return json_rows(rows)
     if not rows:
         return "No runs."
     from tabulate import tabulate

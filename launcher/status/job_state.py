@@ -191,10 +191,10 @@ def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:
     settled_by_conf: Dict[Optional[str], List[RunRecord]] = {}
     files: Dict[str, RunFiles] = {}
     for rec in records:
-        files[rec.name] = RunFiles(Path(rec.run_dir))
-        settled = settled_state(rec)
+        files[rec.name] = RunFiles(rec.run_dir)
+        settled = settled_state(rec, files[rec.name])
         if settled is not None:
-            result[rec.name] = dataclasses.replace(settled, files=files[rec.name])
+            result[rec.name] = settled
             settled_by_conf.setdefault(rec.slurm_conf, []).append(rec)
         else:
             by_conf.setdefault(rec.slurm_conf, []).append(rec)
@@ -224,15 +224,15 @@ def _keep(rec: RunRecord, state: JobState) -> None:
         pass
 
 
-def settled_state(rec: RunRecord) -> Optional[JobState]:
-    """The final state Slurm reported for this run's job earlier, if any."""
+def settled_state(rec: RunRecord, files: Optional[RunFiles] = None) -> Optional[JobState]:
+    """The final state Slurm reported for this run's job earlier, if any (carrying ``files``)."""
     try:
-        data = read_json_object(Path(rec.run_dir), SETTLED_FILE)
+        data = read_json_object(rec.run_dir, SETTLED_FILE)
     except DamagedRun:  # none kept yet, or a damaged one: Slurm is asked again
         return None
     if data.pop("job_id", None) != rec.job_id:
         return None
-    return JobState(**{k: v for k, v in data.items() if k in ANSWER_FIELDS})
+    return JobState(**{k: v for k, v in data.items() if k in ANSWER_FIELDS}, files=files)
 
 
 def _in_threads(fn: Callable[[Any], None], items: List[Any]) -> None:

@@ -19,8 +19,8 @@ from launcher.status.attempt_log import AttemptLog
 class RunFiles:
     """One run directory's event log and newest metrics, each read when first asked."""
 
-    def __init__(self, run_dir: Path):
-        self.run_dir = Path(run_dir)
+    def __init__(self, run_dir: Path | str):
+        self.run_dir = run_dir
 
     def __repr__(self) -> str:
         return f"RunFiles({str(self.run_dir)!r})"
