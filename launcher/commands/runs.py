@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -92,33 +93,25 @@ def json_rows(rows: List[RunRow]) -> str:
     for row in rows:
         values = row.__dict__
         try:
-            items.append(" {\n" + ",\n".join(key + _scalar(values[name]) for key, name in zip(_KEYS, _FIELDS))
-                         + "\n }")
-        except TypeError:
+            items.append(" {\n" + ",\n".join([key + _SCALARS[type(values[name])](values[name])
+                                                for key, name in zip(_KEYS, _FIELDS)]) + "\n }")
+        except KeyError:  # not a plain scalar
             return json.dumps([asdict(row) for row in rows], indent=1)
     return "[\n" + ",\n".join(items) + "\n]" if items else "[]"
 
 
-_INFINITY = float("inf")
+def _float(value: float) -> str:
+    """A float as json writes it (NaN and the infinities as JavaScript names them)."""
+    if value != value:
+        return "NaN"
+    if value in (math.inf, -math.inf):
+        return "Infinity" if value > 0 else "-Infinity"
+    return float.__repr__(value)
 
 
-def _scalar(value: object) -> str:
-    """One scalar as json.dumps writes it; TypeError for any other value."""
-    if value is None:
-        return "null"
-    if value is True or value is False:
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.encoder.encode_basestring_ascii(value)
-    if isinstance(value, int):
-        return int.__repr__(value)
-    if isinstance(value, float):
-        if value != value:
-            return "NaN"
-        if value in (_INFINITY, -_INFINITY):
-            return "Infinity" if value > 0 else "-Infinity"
-        return float.__repr__(value)
-    raise TypeError(type(value).__name__)
+# How json.dumps writes each scalar type (exact types: a subclass takes json.dumps's own path).
+_SCALARS = {str: json.encoder.encode_basestring_ascii, int: int.__repr__, float: _float,
+            bool: lambda value: "true" if value else "false", type(None): lambda value: "null"}
 
 
 HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "TRY", "PROGRESS", "LOSS", "TOK/S", "MFU",
