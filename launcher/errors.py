@@ -7,7 +7,6 @@ raised as :class:`LaunchError` with a one-line message; the CLI prints it as
 """
 from __future__ import annotations
 
-import difflib
 from typing import Iterable
 
 
@@ -21,5 +20,7 @@ class LaunchError(Exception):
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest candidate, or '' if none is close."""
+    import difflib  # only for a mistake: not on every command's path
+
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""

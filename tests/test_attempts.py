@@ -55,7 +55,7 @@ def test_no_evidence_at_all_says_so_with_the_exit_status():
 
 
 def test_history_has_one_row_per_attempt_with_what_came_next():
-    from launcher.job.attempts import history
+    from launcher.status.attempt_log import history
 
     events = [{"event": "attempt", "attempt": 1, "job_id": "7", "nodes": "n[1-2]", "time": 10.0},
               failed(2, PEER),

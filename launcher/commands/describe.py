@@ -9,7 +9,6 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from launcher.job.attempts import history
 from launcher.commands.common import lookup, root_of
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
@@ -18,6 +17,7 @@ from launcher.core.rundir import CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORB
 from launcher.status.index import RunRecord
 from launcher.submit.freeze import code_source
 from launcher.slurm.client import Slurm, SlurmError
+from launcher.status.attempt_log import history
 from launcher.status.job_state import JobState, job_states
 
 
@@ -61,7 +61,7 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
         },
         "plan": plan,
         "nodes": node_states(rec, state.nodes),
-        "events": read_events(run_dir),
+        "events": state.files.events if state.files else read_events(run_dir),
         "checkpoints": checkpoints(run_dir),
         "latest_metrics": latest,
         "final_metrics": final,

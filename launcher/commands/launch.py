@@ -73,7 +73,12 @@ def main(args: argparse.Namespace) -> int:
     """Compose the runs the arguments describe; print them (dry run) or submit them."""
     from launcher.compose.runs import compose_runs
 
-    runs = compose_runs(overrides_of(args), multirun=args.multirun)
+    overrides = overrides_of(args)
+    if not dry_run_asked(overrides):  # a submission: git and Slurm answer while Hydra composes
+        from launcher.submit.prefetch import prefetch
+
+        prefetch(overrides)
+    runs = compose_runs(overrides, multirun=args.multirun)
     modes = {run.config.dry_run for run in runs}
     if len(modes) > 1:
         raise LaunchError("dry_run must be the same for every run of a sweep")
@@ -96,6 +101,13 @@ def main(args: argparse.Namespace) -> int:
 
     print_submitted(launch(runs, sweep=args.multirun))
     return 0
+
+
+def dry_run_asked(overrides: List[str]) -> bool:
+    """Whether the overrides ask for a dry run (composition decides; this only spares a dry run the
+    submission's early questions to git and Slurm)."""
+    return any(o.split("=", 1)[0].lstrip("+") == "dry_run" and o.split("=", 1)[1].lower() != "false"
+               for o in overrides if "=" in o)
 
 
 def display_name(run: ComposedRun) -> str:

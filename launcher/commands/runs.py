@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -11,10 +12,10 @@ from typing import List, Optional, TextIO, Tuple, Union
 
 from launcher.commands.common import clock, duration, parse_since, root_of, slurm_seconds, sweep_runs
 from launcher.errors import LaunchError
-from launcher.core.rundir import last_metrics, read_events
-from launcher.status.index import RunRecord, load_or_damage, record_paths
+from launcher.status.index import RunRecord, load_or_damage, record_names
 from launcher.core.damage import DamagedRun
 from launcher.status.job_state import ACTIVE, DAMAGED, STATES, JobState, job_states
+from launcher.status.run_files import RunFiles
 
 
 @dataclass
@@ -45,7 +46,9 @@ class RunRow:
 
 
 def build_row(rec: RunRecord, state: JobState) -> RunRow:
-    metrics = last_metrics(Path(rec.run_dir)) or {}
+    """The run's row, from its record, its state and what telling the state read of its directory."""
+    files = state.files or RunFiles(rec.run_dir)
+    metrics = files.last_metrics or {}
     step = metrics.get("step")
     elapsed = slurm_seconds(state.elapsed)
     eta = None
@@ -57,7 +60,7 @@ def build_row(rec: RunRecord, state: JobState) -> RunRow:
         loss=metrics.get("loss"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
         submitted_at=rec.submitted_at, elapsed_s=elapsed, eta_s=eta, sweep=rec.sweep, run_dir=rec.run_dir,
         state_source=state.source,
-        attempts=sum(e.get("event") == "attempt" for e in read_events(Path(rec.run_dir))),
+        attempts=files.attempts.count,
     )
 
 
@@ -76,6 +79,39 @@ def rows_for(runs: List[Listed]) -> List[RunRow]:
     states = job_states([run for _, run in runs if isinstance(run, RunRecord)])
     return [build_row(run, states[run.name]) if isinstance(run, RunRecord) else damaged_row(run, submitted)
             for submitted, run in runs]
+
+
+_FIELDS = list(RunRow.__dataclass_fields__)
+_KEYS = [f"  {json.dumps(name)}: " for name in _FIELDS]
+
+
+def json_rows(rows: List[RunRow]) -> str:
+    """``json.dumps([asdict(row) for row in rows], indent=1)``, byte for byte, in a fraction of its time: with an
+    indent, json encodes in Python, and asdict deep-copies every value; a row holds only scalars, so each is
+    encoded on its own with json's own functions (a value of another type falls back to json.dumps)."""
+    items = []
+    for row in rows:
+        values = row.__dict__
+        try:
+            items.append(" {\n" + ",\n".join([key + _SCALARS[type(values[name])](values[name])
+                                                for key, name in zip(_KEYS, _FIELDS)]) + "\n }")
+        except KeyError:  # not a plain scalar
+            return json.dumps([asdict(row) for row in rows], indent=1)
+    return "[\n" + ",\n".join(items) + "\n]" if items else "[]"
+
+
+def _float(value: float) -> str:
+    """A float as json writes it (NaN and the infinities as JavaScript names them)."""
+    if value != value:
+        return "NaN"
+    if value in (math.inf, -math.inf):
+        return "Infinity" if value > 0 else "-Infinity"
+    return float.__repr__(value)
+
+
+# How json.dumps writes each scalar type (exact types: a subclass takes json.dumps's own path).
+_SCALARS = {str: json.encoder.encode_basestring_ascii, int: int.__repr__, float: _float,
+            bool: lambda value: "true" if value else "false", type(None): lambda value: "null"}
 
 
 HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "TRY", "PROGRESS", "LOSS", "TOK/S", "MFU",
@@ -112,10 +148,10 @@ def select(root: Path, args) -> List[RunRow]:
         runs = [(rec.submitted_at, rec) for rec in sweep_runs(root, args.sweep)
                 if wanted(rec, args) and (since is None or rec.submitted_at >= since)]
     else:
-        for mtime, path in record_paths(root):
+        for mtime, name in record_names(root):
             if since is not None and mtime < since:
                 break  # newest first: everything after this is older
-            run = load_or_damage(path)
+            run = load_or_damage(root / name)
             if isinstance(run, RunRecord) and not wanted(run, args):
                 continue
             if isinstance(run, DamagedRun) and args.status and DAMAGED not in args.status:
@@ -144,7 +180,7 @@ def statuses(text: str) -> set:
 
 def render(rows: List[RunRow], as_json: bool) -> str:
     if as_json:
-        return json.dumps([asdict(row) for row in rows], indent=1)
+        return json_rows(rows)
     if not rows:
         return "No runs."
     from tabulate import tabulate

@@ -14,7 +14,6 @@ torch (checkpoints), logging and training. A umask reaches all of them: the laun
 from __future__ import annotations
 
 import contextlib
-import grp
 import os
 import stat
 from pathlib import Path
@@ -40,6 +39,8 @@ def group_id(share_group: Optional[str]) -> Optional[int]:
     group, or this user may not give files to it (not a member)."""
     if not share_group:
         return None
+    import grp  # only where a run is shared
+
     try:
         gid = grp.getgrnam(share_group).gr_gid
     except KeyError:
@@ -52,6 +53,8 @@ def group_id(share_group: Optional[str]) -> Optional[int]:
 
 
 def my_groups() -> list[str]:
+    import grp
+
     names = []
     for gid in sorted({os.getegid(), *os.getgroups()}):
         try:

@@ -68,7 +68,7 @@ def append_event(run_dir: Path, event: str, **fields: Any) -> None:
 
 def read_events(run_dir: Path) -> list[dict]:
     """The event log, skipping damaged lines (an event must have a numeric time)."""
-    return [e for e in read_jsonl(Path(run_dir) / EVENTS) if isinstance(e.get("time", 0), (int, float))]
+    return [e for e in read_jsonl(os.path.join(run_dir, EVENTS)) if isinstance(e.get("time", 0), (int, float))]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -79,7 +79,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def last_metrics(run_dir: Path) -> Optional[dict]:
     """The newest complete record of metrics.jsonl, reading only the file's tail."""
     try:
-        with open(run_dir / METRICS, "rb") as f:
+        with open(os.path.join(run_dir, METRICS), "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - 8192))

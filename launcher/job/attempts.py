@@ -12,8 +12,8 @@ from all the evidence an attempt leaves, in this order:
    no error of its own: it was killed by a signal or exited;
 4. a peer-loss error, when nothing better is known; else srun's exit status.
 
-Everything here is pure (evidence in, words out), so the teardown step of the batch script, ``describe``
-and the tests share it.
+Everything here is pure (evidence in, words out), so the teardown step of the batch script and the tests share
+it. The event log read as attempts (which is this one, the attempts table) is launcher/status/attempt_log.py.
 """
 from __future__ import annotations
 
@@ -129,22 +129,3 @@ def _int(value: object) -> Optional[int]:
     except (TypeError, ValueError):
         return None
 
-
-def history(events: List[dict]) -> List[dict]:
-    """One row per attempt: its job, nodes, start and end, outcome, cause, and what came next."""
-    rows: List[dict] = []
-    for event in events:
-        kind = event.get("event")
-        if kind == "attempt":
-            rows.append({"attempt": event.get("attempt"), "job_id": event.get("job_id"), "nodes": event.get("nodes"),
-                         "start": event.get("time"), "end": None, "outcome": "RUNNING", "cause": "", "then": ""})
-        elif rows and kind == "attempt_ended":
-            rows[-1].update(end=event.get("time"), outcome=event.get("outcome", "?"), cause=event.get("cause", ""))
-            if event.get("exclude"):  # a lost node: Slurm requeued the job itself, without it
-                rows[-1]["then"] = f"requeued by Slurm, excluding {','.join(event['exclude'])}"
-        elif rows and kind == "retrying":
-            excluded = f", excluding {','.join(event['exclude'])}" if event.get("exclude") else ""
-            rows[-1]["then"] = f"retried as job {event.get('job_id')}{excluded}"
-        elif rows and kind == "failed" and event.get("final"):
-            rows[-1]["then"] = f"gave up: {event.get('reason', '')}"
-    return rows

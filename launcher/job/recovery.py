@@ -29,6 +29,7 @@ from typing import List, Optional, Sequence
 from launcher.job.attempts import Cause, attribute, srun_task_ends
 from launcher.core.heartbeats import steps_by_rank
 from launcher.core.rundir import append_event, last_metrics, read_events
+from launcher.status.attempt_log import AttemptLog
 
 
 # Exceptions that may pass on another try or another node: I/O, network, device and collective errors.
@@ -50,18 +51,10 @@ def batch_log(run_dir: Path, job_id: str) -> Path:
     return Path(run_dir) / "submitit" / f"{job_id}_0_log.err"
 
 
-def this_attempt(events: List[dict]) -> tuple[Optional[dict], List[dict]]:
-    """The newest ``attempt`` event and every event after it."""
-    for index in range(len(events) - 1, -1, -1):
-        if events[index].get("event") == "attempt":
-            return events[index], events[index + 1:]
-    return None, events
-
-
 def begin(run_dir: Path) -> dict:
     job_id = os.environ.get("SLURM_JOB_ID", "")
-    events = read_events(run_dir)
-    previous, since = this_attempt(events)
+    log = AttemptLog(read_events(run_dir))
+    previous, since = log.this_attempt()
     if previous and not any(e.get("event") == "attempt_ended" for e in since):
         # Its batch script was ended before it could judge: by a requeue, or with its node.
         if any(e.get("event") == "requeued" for e in since):
@@ -69,11 +62,11 @@ def begin(run_dir: Path) -> dict:
                          outcome="REQUEUED", cause="")
         else:
             append_event(run_dir, "attempt_ended", **unjudged(run_dir, previous))
-    number = 1 + sum(e.get("event") == "attempt" for e in events)
-    log = batch_log(run_dir, job_id)
+    number = 1 + log.count
+    stderr = batch_log(run_dir, job_id)
     fields = {"attempt": number, "job_id": job_id, "nodes": os.environ.get("SLURM_JOB_NODELIST"),
               "restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
-              "log_offset": log.stat().st_size if log.exists() else 0}
+              "log_offset": stderr.stat().st_size if stderr.exists() else 0}
     append_event(run_dir, "attempt", **fields)
     return fields
 
@@ -95,7 +88,7 @@ def unjudged(run_dir: Path, attempt: dict) -> dict:
 def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     """Record how the attempt ended; retry it or give up. Returns the decision (None: nothing to decide)."""
     events = read_events(run_dir)
-    attempt, since = this_attempt(events)
+    attempt, since = AttemptLog(events).this_attempt()
     kinds = {e.get("event") for e in since}
     if "requeued" in kinds and [e for e in since if e.get("event") in ("requeued", "failed")][-1]["event"] == "failed":
         kinds.discard("requeued")  # the signal was heard but Slurm could not requeue: judged as a failure

@@ -11,6 +11,7 @@ import functools
 import os
 import pwd
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -43,6 +44,8 @@ class Slurm:
     conf: Optional[str]
     timeout: float = TIMEOUT_S
     _partitions: Optional[List[Partition]] = field(default=None, repr=False)
+    _asking: Optional[threading.Thread] = field(default=None, repr=False, compare=False)
+    _failed: Optional[SlurmError] = field(default=None, repr=False, compare=False)
 
     @property
     def env(self) -> Dict[str, str]:
@@ -89,9 +92,29 @@ class Slurm:
 
     def partitions(self) -> List[Partition]:
         """The cluster's partitions, asked once per process (their shape does not change under a launch)."""
+        if self._asking is not None:  # asked already in a thread (prefetch_partitions): its answer, or its error
+            self._asking.join()
+            self._asking, failed, self._failed = None, self._failed, None
+            if failed is not None:
+                raise failed
         if self._partitions is None:
             self._partitions = partitions_of(self.nodes(timeout=PARTITIONS_TIMEOUT_S))
         return self._partitions
+
+    def prefetch_partitions(self) -> None:
+        """Start asking for the partitions in a thread, so that sinfo answers while Hydra composes a launch;
+        :meth:`partitions` then waits for that answer (or raises its SlurmError) instead of asking again."""
+        if self._partitions is not None or self._asking is not None:
+            return
+
+        def ask() -> None:
+            try:
+                self._partitions = partitions_of(self.nodes(timeout=PARTITIONS_TIMEOUT_S))
+            except SlurmError as err:
+                self._failed = err
+
+        self._asking = threading.Thread(target=ask, daemon=True)
+        self._asking.start()
 
     def partition(self, name: Optional[str]) -> Partition:
         """The named partition, or the default one."""
@@ -163,7 +186,11 @@ _CLUSTERS: Dict[Optional[str], Slurm] = {}
 
 def for_cluster(cluster) -> Slurm:
     """The Slurm of a ClusterConfig (one per slurm.conf per process, so partitions are asked once)."""
-    conf = slurm_conf_for(cluster.name, cluster.slurm_conf)
+    return for_conf(slurm_conf_for(cluster.name, cluster.slurm_conf))
+
+
+def for_conf(conf: Optional[str]) -> Slurm:
+    """The process's one Slurm for this slurm.conf."""
     if conf not in _CLUSTERS:
         _CLUSTERS[conf] = Slurm(conf)
     return _CLUSTERS[conf]

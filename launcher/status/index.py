@@ -9,8 +9,8 @@ Only the launcher reads and writes these; what the training tasks share with it 
 from __future__ import annotations
 
 import os
-import secrets
 from dataclasses import asdict, dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -71,6 +71,8 @@ def create_run_dir(root: Path, base: str, explicit: bool) -> Path:
         except FileExistsError:
             raise FileExistsError(f"a run named '{base}' already exists in {root}; choose another name=") from None
         return path
+    import secrets
+
     while True:
         path = root / f"{base}-{secrets.token_hex(2)}"
         try:
@@ -90,26 +92,27 @@ def save_record(record: RunRecord) -> None:
 # The JSON types each RunRecord field may hold (the dataclass's annotations, which are strings here).
 _RECORD_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "Optional[str]": (str, type(None)),
                  "list[str]": (list,)}
+_FIELD_TYPES = {name: (_RECORD_TYPES[f.type], f.type) for name, f in RunRecord.__dataclass_fields__.items()}
+_REQUIRED = [name for name, f in RunRecord.__dataclass_fields__.items() if f.default is f.default_factory]
 
 
 def load_record(run_dir: Path) -> RunRecord:
     """The run's record; DamagedRun when run.json is missing, unreadable, or lacks or mistypes a field."""
     data = read_json_object(run_dir, RECORD)
-    fields = RunRecord.__dataclass_fields__
-    missing = [name for name, f in fields.items() if name not in data and f.default is f.default_factory]
+    missing = [name for name in _REQUIRED if name not in data]
     if missing:
         raise DamagedRun(run_dir, RECORD, f"lacks {', '.join(missing)}")
-    for name, f in fields.items():
-        if name in data and (not isinstance(data[name], _RECORD_TYPES[f.type]) or isinstance(data[name], bool)):
-            raise DamagedRun(run_dir, RECORD, f"has {name}={data[name]!r}, not a {f.type}")
-    return RunRecord(**{k: v for k, v in data.items() if k in fields})
+    for name, (types, type_name) in _FIELD_TYPES.items():
+        if name in data and (not isinstance(data[name], types) or isinstance(data[name], bool)):
+            raise DamagedRun(run_dir, RECORD, f"has {name}={data[name]!r}, not a {type_name}")
+    return RunRecord(**{k: v for k, v in data.items() if k in _FIELD_TYPES})
 
 
 def check_run(run_dir: Path) -> None:
     """DamagedRun when the run's plan is there but cannot be read. Listings check this much for every run
     (JSON is cheap; parsing every config.yaml would multiply a listing's time): what the config and plan
     must hold, the commands that read them check."""
-    if (run_dir / PLAN).exists():
+    if os.path.exists(os.path.join(run_dir, PLAN)):
         read_json_object(run_dir, PLAN)
 
 
@@ -119,8 +122,9 @@ def is_run(run_dir: Path) -> bool:
     return (run_dir / RECORD).exists() or (run_dir / EVENTS).exists()
 
 
-def record_paths(root: Path) -> list[tuple[float, Path]]:
-    """(submit time, run dir) of every run, newest first.
+def record_names(root: Path) -> list[tuple[float, str]]:
+    """(submit time, run name) of every run, newest first (names, not paths: a listing that stops at
+    ``--limit`` makes the paths of only the runs it shows).
 
     The index (``root/.index``, one ``<submitted_at> <name>`` line appended per run at submit time) makes
     this one read instead of a stat per run. It is only a cache of the directories: a name it lacks is
@@ -153,7 +157,7 @@ def record_paths(root: Path) -> list[tuple[float, Path]]:
         else:
             continue
         index_run(root, name, submitted[name])
-    return sorted(((t, root / name) for name, t in submitted.items()), key=lambda item: item[0], reverse=True)
+    return [(t, name) for name, t in sorted(submitted.items(), key=itemgetter(1), reverse=True)]
 
 
 def index_run(root: Path, name: str, submitted_at: float) -> None:
@@ -180,8 +184,8 @@ def load_or_damage(run_dir: Path) -> RunRecord | DamagedRun:
 
 def list_records(root: Path, limit: Optional[int] = None) -> list[RunRecord]:
     """Records of the newest ``limit`` runs (all with None) that can be read, newest first."""
-    paths = record_paths(root)
-    runs = (load_or_damage(path) for _, path in (paths if limit is None else paths[:limit]))
+    names = record_names(root)
+    runs = (load_or_damage(root / name) for _, name in (names if limit is None else names[:limit]))
     return [run for run in runs if isinstance(run, RunRecord)]
 
 
@@ -192,7 +196,7 @@ def find_run(root: Path, name: str) -> RunRecord:
     DamagedRun when it is listed as damaged (its record or plan cannot be read).
     """
     if not (name and "/" not in name and name not in (".", "..") and is_run(root / name)):
-        name = unique_prefix(name, [path.name for _, path in record_paths(root)], "run named", root)
+        name = unique_prefix(name, [name for _, name in record_names(root)], "run named", root)
     run = load_or_damage(root / name)
     if isinstance(run, DamagedRun):
         raise run

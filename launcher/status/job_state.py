@@ -13,14 +13,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from launcher.core.damage import DamagedRun, read_json_object
 from launcher.core.heartbeats import stalled_for
-from launcher.core.rundir import last_metrics, read_events, write_json_atomic
+from launcher.core.rundir import write_json_atomic
 from launcher.status.index import RunRecord
+from launcher.status.run_files import RunFiles
 from launcher.slurm.client import JobRow, Slurm, SlurmError
 
 # A run whose record cannot be read (launcher/core/damage.py): no job to ask Slurm about.
@@ -57,7 +58,8 @@ _FOLD = {
 
 @dataclass
 class JobState:
-    """What is known of one job: our state name, a reason, and where the answer came from."""
+    """What is known of one job: our state name, a reason, and where the answer came from. ``files``: what was
+    read of the run's directory to tell it (None where nothing was), for the listing's other readers."""
 
     state: str
     reason: str = ""
@@ -67,10 +69,18 @@ class JobState:
     end: str = ""
     elapsed: str = ""
     exit_code: str = ""
+    files: Optional[RunFiles] = field(default=None, repr=False, compare=False)
 
     @property
     def active(self) -> bool:
         return self.state in ACTIVE
+
+    def answer(self) -> Dict[str, str]:
+        """Slurm's answer as kept in ``slurm_state.json``: every field but ``files``."""
+        return {name: getattr(self, name) for name in ANSWER_FIELDS}
+
+
+ANSWER_FIELDS = [name for name in JobState.__dataclass_fields__ if name != "files"]
 
 
 def fold(slurm_state: str, reason: str = "") -> tuple[str, str]:
@@ -101,20 +111,20 @@ def _clean_time(value: str) -> str:
     return "" if value in ("Unknown", "N/A", "None") else value
 
 
-def from_run_dir(run_dir: Path) -> Optional[JobState]:
+def from_run_dir(run_dir: Path, files: Optional[RunFiles] = None) -> Optional[JobState]:
     """What the run itself recorded when it ended (the newest ending event wins). A rank's failure inside an
     attempt that launcher/job/recovery.py judges is not the run's end; its verdict (a final ``failed``, or a
-    ``retrying``) is."""
-    events = read_events(run_dir)
-    judged = any(e.get("event") == "attempt" for e in events)
-    for event in reversed(events):
+    ``retrying``) is. ``files``: the run directory as already read, if it was."""
+    files = files or RunFiles(run_dir)
+    judged = files.attempts.count > 0
+    for event in reversed(files.events):
         kind = event.get("event")
         if kind == "finished":
-            return JobState("COMPLETED", "", "run directory")
+            return JobState("COMPLETED", "", "run directory", files=files)
         if kind == "failed" and (event.get("final") or not judged):
-            return JobState("FAILED", in_a_word(event), "run directory")
+            return JobState("FAILED", in_a_word(event), "run directory", files=files)
         if kind == "cancelled":
-            return JobState("CANCELLED", "stopped by the user", "run directory")
+            return JobState("CANCELLED", "stopped by the user", "run directory", files=files)
         if kind in ("submitted", "started", "requeued", "resumed", "retrying", "resubmitted", "attempt"):
             return None
     return None
@@ -128,32 +138,30 @@ def in_a_word(failure: dict) -> str:
     return str(failure.get("short") or (head if head.isidentifier() else error))
 
 
-def in_its_words(state: JobState, run_dir: Path) -> JobState:
+def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = None) -> JobState:
     """Slurm's view of a job, told with what the run recorded: a pending retry is RECOVERING, a failure
     carries its cause ("rank 2 killed", "OSError") instead of an exit code, even when the attempt's end
-    was never judged (its batch script died before it could be)."""
-    events = read_events(run_dir)
-    last = next((e for e in reversed(events) if e.get("event") in ("attempt", "retrying", "failed", "finished")), {})
+    was never judged (its batch script died before it could be). ``files``: the run directory as already
+    read, if it was; the answer carries it."""
+    files = files or RunFiles(run_dir)
+    state = dataclasses.replace(state, files=files)
+    attempts = files.attempts
+    last = attempts.standing()
     if state.state == "PENDING" and last.get("event") == "retrying":
-        ended = next((e for e in reversed(events) if e.get("event") == "attempt_ended"), {})
+        ended = attempts.last_ended()
         why = f"attempt {ended.get('attempt', 0) + 1} after {ended.get('short') or 'a failure'}"
         return dataclasses.replace(state, state="RECOVERING", reason=", ".join(r for r in (why, state.reason) if r))
     if state.state == "FAILED" and last.get("event") == "failed":  # the verdict, or a rank's own if none came
         return dataclasses.replace(state, reason=in_a_word(last))
-    if state.state in ("RUNNING", "PENDING") and _ended_complete(events):
+    if state.state in ("RUNNING", "PENDING") and attempts.ended_complete():
         # The run recorded its end, but the controller lost track of it (a crash that cost it its latest state).
         return dataclasses.replace(state, state="COMPLETED", reason="the run ended; Slurm still lists its job")
     if state.state == "RUNNING":
-        idle = stalled_for(run_dir, _stall_limit(run_dir), (last_metrics(run_dir) or {}).get("step_time"), time.time())
+        step_time = (files.last_metrics or {}).get("step_time")
+        idle = stalled_for(run_dir, _stall_limit(run_dir), step_time, time.time())
         if idle is not None:
             return dataclasses.replace(state, reason=f"stalled? no step for {idle:.0f} s")
     return state
-
-
-def _ended_complete(events: List[dict]) -> bool:
-    """Whether the run's newest attempt ended COMPLETED: every step trained and its batch script done."""
-    last = next((e for e in reversed(events) if e.get("event") in ("attempt", "attempt_ended")), {})
-    return last.get("event") == "attempt_ended" and last.get("outcome") == "COMPLETED"
 
 
 def _stall_limit(run_dir: Path) -> Optional[float]:
@@ -174,12 +182,17 @@ def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:
     answer is kept in the run directory (``slurm_state.json``), so listings stay fast and ``runs --watch``
     does not poll accounting for history. Only the queue, which is cheap, is still asked: a job requeued
     by hand (``scontrol requeue``) lives again under the same id, and then the kept answer is dropped.
+
+    Each state carries what was read of its run's directory to tell it (``JobState.files``), so that the
+    listing's other readers read no file twice.
     """
     result: Dict[str, JobState] = {}
     by_conf: Dict[Optional[str], List[RunRecord]] = {}
     settled_by_conf: Dict[Optional[str], List[RunRecord]] = {}
+    files: Dict[str, RunFiles] = {}
     for rec in records:
-        settled = settled_state(rec)
+        files[rec.name] = RunFiles(rec.run_dir)
+        settled = settled_state(rec, files[rec.name])
         if settled is not None:
             result[rec.name] = settled
             settled_by_conf.setdefault(rec.slurm_conf, []).append(rec)
@@ -189,7 +202,7 @@ def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:
 
     def ask(conf: Optional[str]) -> None:
         slurm = Slurm(conf, timeout=STATUS_TIMEOUT_S)
-        answers[conf] = _states_on_cluster(slurm, by_conf.get(conf, []), settled_by_conf.get(conf, []))
+        answers[conf] = _states_on_cluster(slurm, files, by_conf.get(conf, []), settled_by_conf.get(conf, []))
 
     _in_threads(ask, list({**by_conf, **settled_by_conf}))
     for conf, states in answers.items():
@@ -206,20 +219,20 @@ def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:
 
 def _keep(rec: RunRecord, state: JobState) -> None:
     try:
-        write_json_atomic(Path(rec.run_dir) / SETTLED_FILE, {"job_id": rec.job_id, **asdict(state)})
+        write_json_atomic(Path(rec.run_dir) / SETTLED_FILE, {"job_id": rec.job_id, **state.answer()})
     except OSError:  # someone else's run directory, or removed meanwhile: just not cached
         pass
 
 
-def settled_state(rec: RunRecord) -> Optional[JobState]:
-    """The final state Slurm reported for this run's job earlier, if any."""
+def settled_state(rec: RunRecord, files: Optional[RunFiles] = None) -> Optional[JobState]:
+    """The final state Slurm reported for this run's job earlier, if any (carrying ``files``)."""
     try:
-        data = read_json_object(Path(rec.run_dir), SETTLED_FILE)
+        data = read_json_object(rec.run_dir, SETTLED_FILE)
     except DamagedRun:  # none kept yet, or a damaged one: Slurm is asked again
         return None
     if data.pop("job_id", None) != rec.job_id:
         return None
-    return JobState(**{k: v for k, v in data.items() if k in JobState.__dataclass_fields__})
+    return JobState(**{k: v for k, v in data.items() if k in ANSWER_FIELDS}, files=files)
 
 
 def _in_threads(fn: Callable[[Any], None], items: List[Any]) -> None:
@@ -252,31 +265,34 @@ def _ask_slurm(slurm: Slurm, job_ids: List[str], queued_ids: List[str] = ()) -> 
     return {row.job_id: job_state(row) for row in rows}, failures
 
 
-def _states_on_cluster(slurm: Slurm, records: List[RunRecord], settled: List[RunRecord] = ()) -> Dict[str, JobState]:
-    """The states of ``records``, and of those ``settled`` records whose job the queue has alive again."""
+def _states_on_cluster(slurm: Slurm, files: Dict[str, RunFiles], records: List[RunRecord],
+                       settled: List[RunRecord] = ()) -> Dict[str, JobState]:
+    """The states of ``records``, and of those ``settled`` records whose job the queue has alive again
+    (``files``: each run's directory, by run name)."""
     down = slurm.unreachable()  # a cluster that is down says so at once; sacct and squeue would wait
     if down:
-        return _unknown_or_recorded(records, [down, down])
+        return _unknown_or_recorded(records, files, [down, down])
     known, failures = _ask_slurm(slurm, [rec.job_id for rec in records if rec.job_id],
                                  [rec.job_id for rec in settled if rec.job_id])
-    states = {rec.name: in_its_words(known[rec.job_id], Path(rec.run_dir)) for rec in settled
+    states = {rec.name: in_its_words(known[rec.job_id], Path(rec.run_dir), files[rec.name]) for rec in settled
               if rec.job_id in known and known[rec.job_id].active}
-    return {**_unknown_or_recorded(records, failures, known), **states}
+    return {**_unknown_or_recorded(records, files, failures, known), **states}
 
 
-def _unknown_or_recorded(records: List[RunRecord], failures: List[str],
+def _unknown_or_recorded(records: List[RunRecord], files: Dict[str, RunFiles], failures: List[str],
                          known: Optional[Dict[str, JobState]] = None) -> Dict[str, JobState]:
     known = known or {}
     states: Dict[str, JobState] = {}
     for rec in records:
         state = known.get(rec.job_id or "")
-        state = in_its_words(state, Path(rec.run_dir)) if state else from_run_dir(Path(rec.run_dir))
+        run_dir, read = Path(rec.run_dir), files[rec.name]
+        state = in_its_words(state, run_dir, read) if state else from_run_dir(run_dir, read)
         if state is None:
             if len(failures) == 2:  # neither sacct nor squeue answered
                 why = f"Slurm could not be reached on cluster {rec.cluster} ({failures[-1]})"
             else:
                 why = f"Slurm no longer knows job {rec.job_id}"
                 why += f" ({'; '.join(failures)})" if failures else " (not in accounting or the queue)"
-            state = JobState("UNKNOWN", why + "; the run left no final record", "none")
+            state = JobState("UNKNOWN", why + "; the run left no final record", "none", files=read)
         states[rec.name] = state
     return states

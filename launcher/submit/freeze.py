@@ -19,6 +19,7 @@ import functools
 import json
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -31,10 +32,26 @@ FROZEN = ("launcher", "train", "conf")
 SUFFIXES = (".py", ".yaml")
 
 
-@functools.lru_cache(maxsize=None)
 def source_state(root: Path = REPO) -> TreeState:
     """The checkout's git state, asked once per launch however many runs a sweep submits."""
+    for thread in _ASKING.pop(root, []):  # asked already in a thread (prefetch_source_state)
+        thread.join()
+    return _source_state(root)
+
+
+@functools.lru_cache(maxsize=None)
+def _source_state(root: Path) -> TreeState:
     return tree_state(root, FROZEN)
+
+
+_ASKING: Dict[Path, list] = {}
+
+
+def prefetch_source_state(root: Path = REPO) -> None:
+    """Start asking git in a thread, so that it answers while Hydra composes a launch."""
+    thread = threading.Thread(target=_source_state, args=(root,), daemon=True)
+    _ASKING.setdefault(root, []).append(thread)
+    thread.start()
 
 
 def freeze(run_dir: Path, root: Path = REPO) -> Dict[str, Any]:
