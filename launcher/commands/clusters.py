@@ -1,5 +1,6 @@
-"""``launcher clusters``: every configured cluster (the cluster files of every config layer), each partition's GPUs and how much of
-it is free, and whether the cluster answers at all.
+"""``launcher clusters``: every configured cluster (the cluster files of every config layer), each partition's
+GPUs and how much of them is free, whether the cluster answers at all, and where each cluster file comes from;
+``launcher clusters add NAME`` writes a cluster file from what a cluster's Slurm says.
 
 The two MAX columns answer "where does a 16- or 128-GPU run fit": the largest run the partition can
 start right now (whole idle nodes, or the free GPUs of one node) and the largest it can ever hold.
