@@ -8,7 +8,7 @@ from typing import List
 
 from omegaconf import OmegaConf
 
-from launcher.compose.catalog import CONF_DIR, default_choices
+from launcher.compose.catalog import beside, default_choices, option_path
 from launcher.slurm.client import for_conf, slurm_conf_for
 from launcher.submit.freeze import prefetch_source_state
 
@@ -16,16 +16,16 @@ from launcher.submit.freeze import prefetch_source_state
 def prefetch(overrides: List[str]) -> None:
     """Ask git and Slurm what a launch will ask them, in threads, before composing: they answer while Hydra
     composes. Slurm is asked about the cluster the overrides name (``cluster=NAME``, else conf/'s default),
-    its slurm.conf read from its file; should the composed run go elsewhere, the answer is not used."""
+    its slurm.conf read from its file (in whichever config layer); should the composed run go elsewhere, the answer is not used."""
     prefetch_source_state()
     named = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "cluster"]
     name = named[0] if named else default_choices()["cluster"]
-    path = CONF_DIR / "cluster" / f"{name}.yaml"
-    if len(named) > 1 or not isinstance(name, str) or "/" in name or not path.is_file():
+    path = option_path("cluster", name) if isinstance(name, str) and "/" not in name else None
+    if len(named) > 1 or path is None:
         return  # a sweep over clusters, or one the composition will refuse
     try:
         slurm_conf = OmegaConf.select(OmegaConf.load(path), "slurm_conf")
     except Exception:  # noqa: BLE001 (a file the composition will say is wrong: nothing to ask)
         return
     if slurm_conf is None or isinstance(slurm_conf, str):
-        for_conf(slurm_conf_for(name, slurm_conf)).prefetch_partitions()
+        for_conf(slurm_conf_for(name, beside(slurm_conf, path) if slurm_conf else None)).prefetch_partitions()
