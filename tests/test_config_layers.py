@@ -114,3 +114,13 @@ def test_without_added_files_composition_reads_the_package_directly(layers, tmp_
     view = conf_dir()
     assert view.parent == tmp_path / "cache" / "launcher" and (view / "cluster" / "mysite.yaml").is_file()
     assert conf_dir() == view  # made once per set of files
+
+
+def test_a_relative_data_path_is_where_the_command_runs_and_recorded_absolute(layers, tmp_path):
+    import numpy as np
+
+    (np.arange(20_000) % 256).astype(np.uint16).tofile(Path.cwd() / "tokens.bin")
+    (run,) = compose_runs(["gpus=1", "data.path=tokens.bin", "data.dtype=uint16"])
+    assert run.config.data.path == str(Path.cwd() / "tokens.bin")
+    assert run.resolved.data.path == str(Path.cwd() / "tokens.bin")  # config.yaml
+    assert run.run_file["data"]["path"] == str(Path.cwd() / "tokens.bin")  # run.yaml

@@ -84,6 +84,10 @@ def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> Comp
         hydra_overrides = ov.normalise(parsed)
         cfg = compose(config_name="config", overrides=hydra_overrides)
         anchor_slurm_conf(cfg, hydra_overrides)
+        if cfg.data.path and not os.path.isabs(os.path.expanduser(cfg.data.path)):
+            # Relative to where the command runs, typed or in a run file; recorded absolute (config.yaml,
+            # run.yaml), so the run and `launcher -f RUN/run.yaml` find it from anywhere.
+            cfg.data.path = os.path.abspath(os.path.expanduser(cfg.data.path))
         config: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
         validate(config)
         plan = plan_of(config)
