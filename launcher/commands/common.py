@@ -9,40 +9,51 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from launcher.errors import LaunchError
-from launcher.status.index import RunRecord, default_root, find_run, list_records, unique_prefix
+from launcher.status.index import RunRecord, default_root, find_run, known_roots, list_records, unique_prefix
 
 
-def root_of(args: argparse.Namespace) -> Path:
-    return args.root.expanduser() if args.root else default_root()
+def roots_of(args: argparse.Namespace) -> List[Path]:
+    """The run roots a status command looks in: ``--root``, else ``$LAUNCHER_RUN_ROOT``, else the default root
+    and every other root a launch used (a cluster's ``run_root``: launcher/status/index.py known_roots)."""
+    if args.root:
+        return [args.root.expanduser()]
+    return [default_root()] if os.environ.get("LAUNCHER_RUN_ROOT") else known_roots()
 
 
-def lookup(root: Path, name: str) -> RunRecord:
-    try:
-        return find_run(root, name)
-    except LookupError as err:
-        raise LaunchError(str(err)) from None
+def lookup(roots: Sequence[Path], name: str) -> RunRecord:
+    """The run called ``name`` (or the only one starting with it) in the first root that has it."""
+    errors = []
+    for root in roots:
+        try:
+            return find_run(root, name)
+        except LookupError as err:
+            if "ambiguous" in str(err):
+                raise LaunchError(str(err)) from None
+            errors.append(str(err))
+    others = f" (nor in {', '.join(map(str, roots[1:]))})" if len(roots) > 1 else ""
+    raise LaunchError(errors[0] + others)
 
 
-def sweep_runs(root: Path, sweep: str) -> List[RunRecord]:
+def sweep_runs(roots: Sequence[Path], sweep: str) -> List[RunRecord]:
     """Every run of the sweep whose id is ``sweep`` or starts with it (a unique prefix, as for run names)."""
-    records = list_records(root)
+    records = [rec for root in roots for rec in list_records(root)]
     try:
-        sweep_id = unique_prefix(sweep, (rec.sweep for rec in records if rec.sweep), "sweep", root)
+        sweep_id = unique_prefix(sweep, (rec.sweep for rec in records if rec.sweep), "sweep", roots[0])
     except LookupError as err:
         raise LaunchError(str(err)) from None
     return [rec for rec in records if rec.sweep == sweep_id]
 
 
-def chosen_runs(root: Path, names: List[str], sweep: Optional[str]) -> List[RunRecord]:
+def chosen_runs(roots: Sequence[Path], names: List[str], sweep: Optional[str]) -> List[RunRecord]:
     """The runs named (by name or unique prefix), or every run of a sweep (by id or unique prefix)."""
     if sweep:
-        return sweep_runs(root, sweep)
+        return sweep_runs(roots, sweep)
     if not names:
         raise LaunchError("name at least one run, or --sweep ID")
-    return [lookup(root, name) for name in names]
+    return [lookup(roots, name) for name in names]
 
 
 def duration(seconds: Optional[float]) -> str:

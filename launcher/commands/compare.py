@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from launcher.commands.common import chosen_runs, duration, root_of
+from launcher.commands.common import chosen_runs, duration, roots_of
 from launcher.status.scaling import RunStats, compare
 
 
@@ -83,7 +83,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    records = chosen_runs(root_of(args), args.names, args.sweep)
+    records = chosen_runs(roots_of(args), args.names, args.sweep)
     stats = compare(records)
     if args.plot:
         from launcher.commands.compare_plot import plot

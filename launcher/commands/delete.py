@@ -5,7 +5,7 @@ import argparse
 import shutil
 import sys
 
-from launcher.commands.common import chosen_runs, root_of
+from launcher.commands.common import chosen_runs, roots_of
 from launcher.commands.stop import cancel, run_args
 from launcher.errors import LaunchError
 
@@ -16,7 +16,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    records = chosen_runs(root_of(args), args.names, args.sweep)
+    records = chosen_runs(roots_of(args), args.names, args.sweep)
     names = ", ".join(rec.name for rec in records)
     if not args.yes:
         if not sys.stdin.isatty():

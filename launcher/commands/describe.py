@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from launcher.commands.common import lookup, root_of
+from launcher.commands.common import lookup, roots_of
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
 from launcher.core.config import load_run_config
@@ -166,7 +166,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    rec = lookup(root_of(args), args.name)
+    rec = lookup(roots_of(args), args.name)
     info = gather(rec, job_states([rec])[rec.name])
     print(json.dumps(info, indent=1) if args.json else render(info))
     return 0

@@ -8,7 +8,7 @@ from collections import deque
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from launcher.commands.common import lookup, root_of
+from launcher.commands.common import lookup, roots_of
 from launcher.errors import LaunchError
 from launcher.core.plan import read_plan
 from launcher.status.index import RunRecord
@@ -88,7 +88,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    rec = lookup(root_of(args), args.name)
+    rec = lookup(roots_of(args), args.name)
     if args.rank is not None and not 0 <= args.rank < rec.gpus:  # one rank per GPU
         raise LaunchError(f"--rank {args.rank}: {rec.name} has ranks 0..{rec.gpus - 1}")
     ranks = ranks_on_node(rec, args.node) if args.node else [args.rank or 0]

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import List, Optional, TextIO, Tuple, Union
 
-from launcher.commands.common import clock, duration, parse_since, root_of, slurm_seconds, sweep_runs
+from launcher.commands.common import clock, duration, parse_since, roots_of, slurm_seconds, sweep_runs
 from launcher.errors import LaunchError
 from launcher.status.index import RunRecord, load_or_damage, record_names
 from launcher.core.damage import DamagedRun
@@ -136,7 +136,7 @@ def table_row(row: RunRow) -> list:
     ]
 
 
-def select(root: Path, args) -> List[RunRow]:
+def select(roots: List[Path], args) -> List[RunRow]:
     """The runs the filters choose, newest first, at most ``--limit`` unless ``--all``.
 
     A damaged run (its record cannot be read) is listed whatever ``--model`` and ``--gpus`` say, as they
@@ -145,10 +145,11 @@ def select(root: Path, args) -> List[RunRow]:
     since = parse_since(args.since) if args.since else None
     runs: List[Listed] = []
     if args.sweep:
-        runs = [(rec.submitted_at, rec) for rec in sweep_runs(root, args.sweep)
+        runs = [(rec.submitted_at, rec) for rec in sweep_runs(roots, args.sweep)
                 if wanted(rec, args) and (since is None or rec.submitted_at >= since)]
     else:
-        for mtime, name in record_names(root):
+        named = [(mtime, root, name) for root in roots for mtime, name in record_names(root)]
+        for mtime, root, name in sorted(named, key=lambda item: -item[0]) if len(roots) > 1 else named:
             if since is not None and mtime < since:
                 break  # newest first: everything after this is older
             run = load_or_damage(root / name)
@@ -209,24 +210,24 @@ def main(args: argparse.Namespace) -> int:
         raise LaunchError(f"--limit must be positive, got {args.limit}")
     if args.interval <= 0:
         raise LaunchError(f"--interval must be positive, got {args.interval:g}")
-    root = root_of(args)
+    roots = roots_of(args)
     if not args.watch:
-        print(render(select(root, args), args.json))
+        print(render(select(roots, args), args.json))
         return 0
     try:
-        watch(root, args, sys.stdout)
+        watch(roots, args, sys.stdout)
     except KeyboardInterrupt:
         pass
     return 0
 
 
-def watch(root: Path, args, out: TextIO) -> None:
+def watch(roots: List[Path], args, out: TextIO) -> None:
     """Print the listing every ``--interval`` seconds until none of its runs is active, ending with the
     final table. Only a terminal gets the escape codes that redraw in place: a pipe or a file gets each
     refresh appended as plain text, so ``runs --watch | tee log`` reads as a log and ends by itself."""
     in_place = out.isatty()
     while True:
-        rows = select(root, args)
+        rows = select(roots, args)
         active = sum(row.status in ACTIVE for row in rows)
         stamp = time.strftime("%H:%M:%S")
         head = (f"{stamp}  {active} of {len(rows)} runs active; every {args.interval:g}s, Ctrl-C to stop" if active

@@ -11,7 +11,7 @@ import math
 import sys
 from pathlib import Path
 
-from launcher.commands.common import lookup, root_of
+from launcher.commands.common import lookup, roots_of
 from launcher.core.checkpoints import latest_checkpoint, step_of
 from launcher.core.config import DataConfig, load_run_config
 from launcher.core.dataset import DatasetError, read_metadata
@@ -36,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
         raise LaunchError(f"--temperature must be a positive number, got {args.temperature}")
     if args.top_k < 0:
         raise LaunchError(f"--top-k must be 0 (all tokens) or more, got {args.top_k}")
-    rec = lookup(root_of(args), args.name)
+    rec = lookup(roots_of(args), args.name)
     run_dir = Path(rec.run_dir)
     try:
         cfg = load_run_config(run_dir / "config.yaml")

@@ -84,6 +84,9 @@ def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> Comp
         hydra_overrides = ov.normalise(parsed)
         cfg = compose(config_name="config", overrides=hydra_overrides)
         anchor_slurm_conf(cfg, hydra_overrides)
+        typed_root = any(line.split("=", 1)[0].lstrip("+") == "run_root" for line in hydra_overrides)
+        if cfg.cluster.run_root and not typed_root and not os.environ.get("LAUNCHER_RUN_ROOT"):
+            cfg.run_root = cfg.cluster.run_root  # the cluster's scratch, unless the user named a root
         if cfg.data.path and not os.path.isabs(os.path.expanduser(cfg.data.path)):
             # Relative to where the command runs, typed or in a run file; recorded absolute (config.yaml,
             # run.yaml), so the run and `launcher -f RUN/run.yaml` find it from anywhere.

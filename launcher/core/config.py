@@ -208,6 +208,8 @@ class ClusterConfig:
     container: ContainerConfig = field(default_factory=ContainerConfig)
     container_image: Optional[str] = None  # replaced by container.image; refused when set (compose/validate.py)
     slurm_conf: Optional[str] = None
+    # Where this cluster's runs live (its shared scratch); a run_root= override and $LAUNCHER_RUN_ROOT win.
+    run_root: Optional[str] = None
 
 
 @dataclass

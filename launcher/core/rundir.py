@@ -27,6 +27,13 @@ CODE_DIFF = "diff.patch"  # in CODE: the uncommitted changes of a dirty checkout
 DEFAULT_ROOT = "~/.launcher/runs"
 
 
+def launcher_home(environ: Optional[dict] = None) -> Path:
+    """The launcher's own directory: ``$LAUNCHER_HOME``, default ``~/.launcher`` (the secrets store, the list of
+    run roots), absolute."""
+    environ = os.environ if environ is None else environ
+    return Path(os.path.expanduser(environ.get("LAUNCHER_HOME") or "~/.launcher")).absolute()
+
+
 def code_dir(run_dir: Path) -> Path:
     """Where the run's frozen code lives; the tasks import from it (launcher/slurm/batch.py)."""
     return Path(run_dir).absolute() / CODE

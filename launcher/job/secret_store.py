@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import List, MutableMapping, Optional, Sequence
 
+from launcher.core.rundir import launcher_home
 from launcher.errors import LaunchError, did_you_mean
 
 KINDS = ("env", "file", "ssh")
@@ -66,9 +67,7 @@ class Secret:
 
 def secrets_dir(environ: Optional[MutableMapping[str, str]] = None) -> Path:
     """The store: ``$LAUNCHER_HOME/secrets`` (default ``~/.launcher/secrets``), as an absolute path."""
-    environ = os.environ if environ is None else environ
-    home = environ.get("LAUNCHER_HOME") or "~/.launcher"
-    return Path(os.path.expanduser(home)).absolute() / "secrets"
+    return launcher_home(environ) / "secrets"
 
 
 def value_path(directory: Path, name: str) -> Path:

@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 
 from launcher.core.damage import DamagedRun, read_json_object
 from launcher.core.privacy import file_mode
-from launcher.core.rundir import DEFAULT_ROOT, EVENTS, PLAN, RECORD, write_json_atomic
+from launcher.core.rundir import DEFAULT_ROOT, launcher_home, EVENTS, PLAN, RECORD, write_json_atomic
 
 INDEX = ".index"
 
@@ -24,6 +24,43 @@ INDEX = ".index"
 def default_root() -> Path:
     """Where runs live unless a command says otherwise: $LAUNCHER_RUN_ROOT or ~/.launcher/runs."""
     return Path(os.path.expanduser(os.environ.get("LAUNCHER_RUN_ROOT", DEFAULT_ROOT)))
+
+
+# In the launcher's home: every run root a launch used besides the default (a cluster's run_root on its
+# scratch, a run_root= override), one per line, so that status commands find those runs too.
+ROOTS = "roots"
+
+
+def known_roots() -> list[Path]:
+    """The default root, then every other root a launch used that still exists."""
+    roots = [default_root()]
+    try:
+        with open(launcher_home() / ROOTS) as f:
+            listed = [Path(line.rstrip("\n")) for line in f if line.strip()]
+    except OSError:
+        listed = []
+    for root in listed:
+        if root not in roots and os.path.isdir(root):
+            roots.append(root)
+    return roots
+
+
+def remember_root(root: Path) -> None:
+    """Add a run root to the launcher's list, once (one O_APPEND write; a root it cannot list is only not
+    found by ``runs`` without ``--root``)."""
+    root = Path(root).absolute()
+    if root in known_roots():
+        return
+    try:
+        home = launcher_home()
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(home / ROOTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{root}\n".encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 @dataclass

@@ -21,7 +21,8 @@ from launcher.errors import LaunchError
 from launcher.compose.runfile import dump
 from launcher.core.config import tracker_missing
 from launcher.core.rundir import CONFIG, PLAN, append_event, write_atomic, write_json_atomic
-from launcher.status.index import RunRecord, base_name, create_run_dir, ensure_root, save_record
+from launcher.status.index import (RunRecord, base_name, create_run_dir, default_root, ensure_root, remember_root,
+                                   save_record)
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
 from launcher.slurm.fit import explain_rejection, refusal
 from launcher.job.submission import submit_job
@@ -46,6 +47,8 @@ def launch(runs: List[ComposedRun], sweep: bool) -> Launched:
         for run in runs:
             group_id(run.config.share_group)
         roots = [ensure_root(run.config.run_root) for run in runs]
+        for root in set(roots) - {default_root()}:
+            remember_root(root)  # so that `launcher runs` lists its runs without --root
         parts = check_cluster(runs)
     except (SlurmError, PermissionError, ValueError) as err:
         raise LaunchError(str(err)) from None

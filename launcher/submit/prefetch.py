@@ -16,7 +16,8 @@ from launcher.submit.freeze import prefetch_source_state
 def prefetch(overrides: List[str]) -> None:
     """Ask git and Slurm what a launch will ask them, in threads, before composing: they answer while Hydra
     composes. Slurm is asked about the cluster the overrides name (``cluster=NAME``, else conf/'s default),
-    its slurm.conf read from its file (in whichever config layer); should the composed run go elsewhere, the answer is not used."""
+    its slurm.conf read from its file (in whichever config layer); should the composed run go elsewhere, the
+    answer is not used."""
     prefetch_source_state()
     named = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "cluster"]
     name = named[0] if named else default_choices()["cluster"]
