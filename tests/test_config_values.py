@@ -97,8 +97,23 @@ SUBCOMMANDS = [
 ROWS = TYPES + RANGE + NON_FINITE + EMPTY + DUPLICATES + ADDED_KEYS + ODD_NAMES + SUBCOMMANDS
 
 
-def test_the_table_has_at_least_80_rows():
-    assert len(ROWS) >= 80 and len({tuple(args) for args, _ in ROWS}) == len(ROWS)
+def value_of(args: list, key: str) -> float:
+    return next(float(arg.split("=", 1)[1]) for arg in args if arg.split("=", 1)[0] == key)
+
+
+def test_every_range_has_a_row_outside_it_whose_refusal_names_the_key_and_the_range(capsys):
+    """The table against the product's ranges: every key of RANGES has a RANGE row giving it a value its range
+    refuses (the other rows of a key are refused for another reason: a cross-check), and the refusal of each
+    such row names the key and states its range, as docs/configuration.md lists it."""
+    assert len({tuple(args) for args, _ in ROWS}) == len(ROWS)  # no row twice
+    outside = {key: [args for args, k in RANGE if k == key and not RANGES[key].allows(value_of(args, key))]
+               for key in RANGES}
+    assert [key for key, rows in outside.items() if not rows] == []
+    for key, rows in outside.items():
+        for args in rows:
+            assert cli.main([*args, "dry_run=json"]) == 2, args
+            err = capsys.readouterr().err
+            assert err.startswith(f"error: {key} must be {RANGES[key]}, got ") and err.count("\n") == 1, (args, err)
 
 
 @pytest.fixture
