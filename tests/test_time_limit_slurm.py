@@ -6,12 +6,8 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-
 from conftest import PACED_STEPS
-from test_recovery_slurm import events
-
-pytestmark = pytest.mark.slurm
+from helpers import events
 
 
 def test_a_time_limit_cuts_the_run_into_attempts_and_no_step_is_lost_or_trained_twice(time_limited):
