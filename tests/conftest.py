@@ -1,10 +1,12 @@
 """Fixtures shared by the test suite: the local Slurm cluster that scripts/test.sh brings up."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,20 +43,54 @@ def xdist_group(item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
+def pytest_itemcollected(item):
+    """The mark as the item is collected, before ``-m`` selects."""
+    if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.slurm)
+
+
+# pytest-xdist's own loadgroup cannot read groups under pytest 9 (it renames item._nodeid, which pytest 9 no longer
+# reads), so the groups go to the controller in a file: each worker writes the groups it collected, and the
+# scheduler below reads them. Its units are handed out in the order collected (no reordering by size).
+GROUPS_FILE = "SUITE_XDIST_GROUPS"
+
+
+def pytest_configure(config):
+    if not under_xdist(config) and getattr(config.option, "dist", "no") != "no":
+        os.environ[GROUPS_FILE] = str(Path(tempfile.mkdtemp(prefix="xdist-groups-")) / "groups.json")
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.slurm)
     if not under_xdist(config):
         return
-    for item in items:
-        group = xdist_group(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
-    # The scheduler hands out groups in this order (with --no-loadscope-reorder): the second cluster's group
-    # first, for its time-limited run takes the longest; then the cluster tests, which mostly wait; then the rest.
+    # The second cluster's group first, for its time-limited run takes the longest; then the cluster tests,
+    # which mostly wait; then the rest.
     items.sort(key=lambda item: 0 if xdist_group(item) == "three" else 1 if item.get_closest_marker("slurm") else 2)
+    path = Path(os.environ[GROUPS_FILE])
+    written = path.with_suffix(f".{config.workerinput['workerid']}")
+    written.write_text(json.dumps({item.nodeid: xdist_group(item) for item in items}))
+    written.replace(path)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") in ("no", "each"):  # -n alone means --dist load: groups must hold there too
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """Each group of tests one unit of work, run in one worker in order; every other test a unit of its own."""
+
+        groups = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = json.loads(Path(os.environ[GROUPS_FILE]).read_text())
+            group = self.groups.get(nodeid)
+            return f"group:{group}" if group else nodeid
+
+    config.option.loadscopereorder = False
+    return GroupScheduling(config, log)
 
 
 def under_xdist(config) -> bool:
