@@ -15,7 +15,7 @@ import pytest
 from helpers import REPO, SlurmCluster, cluster_lock, cluster_port, job_id_of, run_down, run_up
 
 # The fixtures that are, or stand on, a running cluster: a test that uses one is marked ``slurm``
-# (pytest_collection_modifyitems), so that ``pytest -m "not slurm"`` runs without a cluster. A test that starts
+# (pytest_itemcollected), so that ``pytest -m "not slurm"`` runs without a cluster. A test that starts
 # a cluster of its own with slurm/up.sh carries the mark itself.
 CLUSTER_FIXTURES = {"slurm", "three", "time_limited"}
 # Session fixtures that any number of workers may each set up on their own (the rest are shared state: a
@@ -247,7 +247,8 @@ def _time_limited_run_beside_the_three_group(request):
 # Tests on clusters of their own need no lock.
 @pytest.fixture(autouse=True)
 def _share_the_cluster(request):
-    if request.node.get_closest_marker("slurm") is None or "slurm" not in request.fixturenames:
+    if request.node.get_closest_marker("slurm") is None or "slurm" not in request.fixturenames \
+            or "three" in request.fixturenames:  # the second cluster's tests (one waits minutes) use only it
         yield
         return
     with cluster_lock(exclusive=request.node.get_closest_marker("whole_cluster") is not None):
