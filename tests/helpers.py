@@ -89,9 +89,11 @@ def launch(cluster: SlurmCluster, root: Path, *args: str, defaults: tuple = (), 
     return job_id_of(res.stdout)
 
 
-def run_name(root: Path, job_id: str) -> str:
-    """The name of the run under ``root`` that Slurm job ``job_id`` trains."""
-    names = [p.parent.name for p in root.glob("*/run.json") if json.loads(p.read_text())["job_id"] == job_id]
+def run_name(root: Path, job_id: str, cluster: str = "local") -> str:
+    """The name of the run under ``root`` that job ``job_id`` of ``cluster`` trains (two clusters can each have
+    a job of the same id)."""
+    records = [json.loads(p.read_text()) for p in root.glob("*/run.json")]
+    names = [r["name"] for r in records if (r["job_id"], r["cluster"]) == (job_id, cluster)]
     assert len(names) == 1, (job_id, names)
     return names[0]
 

@@ -45,7 +45,7 @@ def clusters(slurm, root, env) -> dict:
 def launch(slurm, root, env, cluster, *args):
     """Launch a 1-GPU gpt_tiny run on ``cluster``; return its name."""
     job = submit(slurm, root, f"cluster={cluster}", "model=gpt_tiny", "gpus=1", *args, env=env, timeout=120)
-    return run_name(root, job)
+    return run_name(root, job, cluster)
 
 
 @pytest.fixture(scope="module")
