@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, SlurmCluster, cluster_lock, cluster_port, job_id_of, run_down, run_up
+from helpers import REPO, SlurmCluster, cluster_lock, cluster_port, job_id_of, run_down, run_up, wait_for
 
 # The fixtures that are, or stand on, a running cluster: a test that uses one is marked ``slurm``
 # (pytest_itemcollected), so that ``pytest -m "not slurm"`` runs without a cluster. A test that starts
@@ -251,5 +251,10 @@ def _share_the_cluster(request):
             or "three" in request.fixturenames:  # the second cluster's tests (one waits minutes) use only it
         yield
         return
-    with cluster_lock(exclusive=request.node.get_closest_marker("whole_cluster") is not None):
+    whole = request.node.get_closest_marker("whole_cluster") is not None
+    with cluster_lock(exclusive=whole):
+        if whole:  # the jobs of tests just ended may hold their GPUs a while after sacct says they ended
+            cluster = request.getfixturevalue("slurm")
+            wait_for(lambda: not cluster.run("squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%i").stdout.strip(),
+                     300, "no job running on the cluster")
         yield

@@ -38,6 +38,7 @@ def test_a_stopped_rank_is_named_and_the_attempt_ends(tmp_path):
     with pytest.raises(mp.ProcessExitedException, match=f"exit code {EXIT_STALLED}"):
         launch_forked(train_workers.allreduce_with_watchdog, (tmp_path, 1, 5, TIMEOUT_S), world_size=3)
     events = read_events(tmp_path)
+    assert events, "no stall was recorded in events.jsonl"
     print(f"the stall was recorded {events[0]['time'] - start:.1f} s after the start (timeout {TIMEOUT_S} s)")
     assert [e["event"] for e in events] == ["stalled"], events  # one event, from the lowest live rank
     assert events[0]["ranks"] == [1]
