@@ -1,57 +1,124 @@
 """Fixtures shared by the test suite: the local Slurm cluster that scripts/test.sh brings up."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
-import sys
+import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, SlurmCluster, cluster_lock, cluster_port, job_id_of, run_down, run_up, wait_for
+
+# The fixtures that are, or stand on, a running cluster: a test that uses one is marked ``slurm``
+# (pytest_itemcollected), so that ``pytest -m "not slurm"`` runs without a cluster. A test that starts
+# a cluster of its own with slurm/up.sh carries the mark itself.
+CLUSTER_FIXTURES = {"slurm", "three", "time_limited"}
+# Session fixtures that any number of workers may each set up on their own (the rest are shared state: a
+# cluster on a fixed port, a run to reuse; their tests go to one worker).
+PER_WORKER = {"slurm", "_unreachable_slurm", "_start_the_time_limited_run_early"}
 
 
-@dataclass(frozen=True)
-class SlurmCluster:
-    """A running local cluster: the environment its client tools need, and its shape."""
-
-    env: dict
-    nodes: list[str]
-    gpus_per_node: int
-
-    def run(self, *cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, env=self.env, capture_output=True, text=True, check=check, timeout=timeout)
-
-    def wait(self, job_id: str, timeout: float = 180) -> str:
-        """Poll sacct until the job reaches a final state; return it."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            out = self.run("sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id).stdout.split()
-            if out and out[0].split()[0] in FINAL_STATES:
-                return out[0]
-            time.sleep(0.5)
-        raise AssertionError(f"job {job_id} did not finish in {timeout} s")
-
-    def launcher(self, *args: str, root: Path, timeout: float = 60, env: dict | None = None
-                 ) -> subprocess.CompletedProcess:
-        """Run ``python -m launcher ARGS`` as a user would, with runs under ``root``."""
-        env = {**self.env, **(env or {}), "LAUNCHER_RUN_ROOT": str(root)}
-        return subprocess.run([sys.executable, "-m", "launcher", *args], env=env, capture_output=True,
-                              text=True, timeout=timeout, cwd=REPO)
+def xdist_group(item) -> str | None:
+    """The group of tests that must run in one pytest-xdist worker (``--dist loadgroup``), in order: those
+    on the second cluster (``three``: one cluster, one time-limited run), those sharing a session fixture
+    (its name), those mounting a tmpfs, and those sharing a module fixture (their module). A module without
+    a cluster is one group (its module-scoped data is made once). Any other cluster test runs on its own."""
+    scopes = {name: defs[-1].scope for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs}
+    if "three" in scopes:
+        return "three"
+    if "tmpfs" in scopes:
+        return "tmpfs"
+    shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs
+                    and defs[-1].scope == "session" and defs[-1].func.__module__ == __name__ and name not in PER_WORKER)
+    if shared:
+        return shared[0]
+    module = item.module.__name__ if item.module else item.nodeid.split("::")[0]
+    if item.get_closest_marker("slurm") is None or any(scope in ("module", "package") for scope in scopes.values()):
+        return module
+    return None
 
 
-def overridden(defaults: tuple, extra: tuple) -> list:
-    """A test's default overrides with ``extra`` replacing those of the same key (the launcher refuses a key
-    given twice)."""
-    keys = {arg.split("=", 1)[0] for arg in extra}
-    return [arg for arg in defaults if arg.split("=", 1)[0] not in keys] + list(extra)
+def pytest_itemcollected(item):
+    """The mark as the item is collected, before ``-m`` selects."""
+    if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.slurm)
 
 
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}
+# pytest-xdist's own loadgroup cannot read groups under pytest 9 (it renames item._nodeid, which pytest 9 no longer
+# reads), so the groups go to the controller in a file: each worker writes the groups it collected, and the
+# scheduler below reads them. Its units are handed out in the order collected (no reordering by size).
+GROUPS_FILE = "SUITE_XDIST_GROUPS"
+
+
+def pytest_configure(config):
+    if not under_xdist(config) and getattr(config.option, "dist", "no") != "no":
+        os.environ[GROUPS_FILE] = str(Path(tempfile.mkdtemp(prefix="xdist-groups-")) / "groups.json")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not under_xdist(config):
+        return
+    # The second cluster's group first, for its time-limited run takes the longest; then the cluster tests,
+    # which mostly wait; then the rest.
+    items.sort(key=lambda item: 0 if xdist_group(item) == "three" else 1 if item.get_closest_marker("slurm") else 2)
+    path = Path(os.environ[GROUPS_FILE])
+    written = path.with_suffix(f".{config.workerinput['workerid']}")
+    written.write_text(json.dumps({item.nodeid: xdist_group(item) for item in items}))
+    written.replace(path)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") in ("no", "each"):  # -n alone means --dist load: groups must hold there too
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """Each group of tests one unit of work, run in one worker in order; every other test a unit of its own."""
+
+        groups = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = json.loads(Path(os.environ[GROUPS_FILE]).read_text())
+            group = self.groups.get(nodeid)
+            return f"group:{group}" if group else nodeid
+
+    config.option.loadscopereorder = False
+    return GroupScheduling(config, log)
+
+
+def under_xdist(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+# What a test not marked ``slurm`` finds of Slurm's client tools: a controller that cannot be contacted, at once
+# (a real client given no reachable controller waits for its timeouts, up to a minute). Such a test never uses a
+# cluster, whether one is up or not; one that needs a cluster and lacks the mark fails instead of using it.
+SLURM_CLIENTS = ("sinfo", "squeue", "sacct", "sacctmgr", "scontrol", "sbatch", "srun", "scancel", "sstat")
+UNREACHABLE = ('#!/bin/sh\necho "$(basename "$0"): error: Unable to contact slurm controller (connect failure)'
+               ' [a test not marked slurm: tests/conftest.py]" >&2\nexit 1\n')
+
+
+@pytest.fixture(scope="session")
+def _unreachable_slurm(tmp_path_factory) -> Path:
+    stubs = tmp_path_factory.mktemp("no-slurm")
+    for name in SLURM_CLIENTS:
+        (stubs / name).write_text(UNREACHABLE)
+        (stubs / name).chmod(0o755)
+    return stubs
+
+
+@pytest.fixture(autouse=True)
+def _no_cluster_unless_marked(request, monkeypatch):
+    if request.node.get_closest_marker("slurm") is None:
+        stubs = request.getfixturevalue("_unreachable_slurm")
+        monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ['PATH']}")
 
 
 @pytest.fixture(scope="session")
@@ -111,10 +178,10 @@ def reference_config(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory, reference_config) -> Path:
     """That run, uninterrupted (``python -m train`` on 2 ranks): what resumed runs must reproduce exactly."""
-    from train_harness import check_ok, launch, make_run_dir
+    from train_harness import check_ok, launch_ranks, make_run_dir
 
     run_dir = make_run_dir(tmp_path_factory.mktemp("reference"), reference_config, world_size=2, micro_batch=2)
-    check_ok(launch(["-m", "train", str(run_dir)], world_size=2))
+    check_ok(launch_ranks(["-m", "train", str(run_dir)], world_size=2))
     return run_dir
 
 
@@ -130,12 +197,9 @@ PACE_S, PACED_STEPS = 0.1, 1800
 def three(slurm, tmp_path_factory):
     """A second local cluster beside the suite's own (port + 200): 3 nodes x 2 GPUs for the faults, and a
     fourth for the time-limited run."""
-    conf = Path(slurm.env["SLURM_CONF"]).read_text()
-    port = int(re.search(r"^SlurmctldPort=(\d+)", conf, re.M).group(1)) + 200
+    port = cluster_port("three")
     state = tmp_path_factory.mktemp("three")
-    up = subprocess.run(["bash", str(REPO / "slurm" / "up.sh"), "--dir", str(state), "--name", f"three{port}",
-                         "--port", str(port), "--nodes", "4", "--gpus", "2"], capture_output=True, text=True,
-                        timeout=180)
+    up = run_up("--dir", str(state), "--name", f"three{port}", "--port", str(port), "--nodes", "4", "--gpus", "2")
     assert up.returncode == 0, up.stderr
     env = {**slurm.env, "SLURM_CONF": str(state / "etc" / "slurm.conf")}
     cluster = SlurmCluster(env=env, nodes=[f"three{port}-node{n}" for n in (1, 2, 3, 4)], gpus_per_node=2)
@@ -144,7 +208,7 @@ def three(slurm, tmp_path_factory):
                                  slurm_conf.read_text(), flags=re.M))
     cluster.run("scontrol", "reconfigure")
     yield cluster, state
-    subprocess.run(["bash", str(REPO / "slurm" / "down.sh"), "--dir", str(state)], capture_output=True, timeout=120)
+    run_down(state)
 
 
 @pytest.fixture(scope="session")
@@ -157,12 +221,40 @@ def time_limited(three, tmp_path_factory):
                            f"+cluster.sbatch_flags.nodelist={cluster.nodes[3]}", "name=limited", root=root,
                            env={"LAUNCHER_FAULT": f"pace@{PACE_S}"})
     assert res.returncode == 0, res.stderr
-    return cluster, root / "limited", re.search(r"as Slurm job (\d+)", res.stdout).group(1), time.time()
+    return cluster, root / "limited", job_id_of(res.stdout), time.time()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _start_the_time_limited_run_early(request):
     """The time-limited run takes minutes of wall time; when its test is among those collected, it starts
-    with the session and runs on its own node while the other tests run."""
+    with the session and runs on its own node while the other tests run. Under pytest-xdist every worker
+    collects every test: the run starts instead with the first test of the ``three`` group, handed out first."""
+    if under_xdist(request.config):
+        return
     if any("test_time_limit_slurm.py" in item.nodeid for item in request.session.items):
         request.getfixturevalue("time_limited")
+
+
+@pytest.fixture(autouse=True)
+def _time_limited_run_beside_the_three_group(request):
+    if under_xdist(request.config) and "three" in request.fixturenames and any(
+            "test_time_limit_slurm.py" in item.nodeid for item in request.session.items):
+        request.getfixturevalue("time_limited")
+
+
+# Cluster tests run side by side (pytest-xdist workers), each holding a shared lock on the suite's cluster; one
+# marked ``whole_cluster`` (it needs every GPU free, or kills the cluster's daemons) holds it alone.
+# Tests on clusters of their own need no lock.
+@pytest.fixture(autouse=True)
+def _share_the_cluster(request):
+    if request.node.get_closest_marker("slurm") is None or "slurm" not in request.fixturenames \
+            or "three" in request.fixturenames:  # the second cluster's tests (one waits minutes) use only it
+        yield
+        return
+    whole = request.node.get_closest_marker("whole_cluster") is not None
+    with cluster_lock(exclusive=whole):
+        if whole:  # the jobs of tests just ended may hold their GPUs a while after sacct says they ended
+            cluster = request.getfixturevalue("slurm")
+            wait_for(lambda: not cluster.run("squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%i").stdout.strip(),
+                     300, "no job running on the cluster")
+        yield

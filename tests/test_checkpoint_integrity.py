@@ -12,13 +12,11 @@ import pytest
 
 import train_workers
 from train import manifest
-from train_harness import launch_forked, make_run_dir, step_losses
+from helpers import events, losses
+from train_harness import launch_forked, make_run_dir
 
 EVERY = 3  # the reference run checkpoints every 3 steps (tests/conftest.py)
 
-
-def events(run_dir):
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
 def resume_after(damage, reference_run, tmp_path):
@@ -38,7 +36,7 @@ def check_fell_back(run_dir, reference_run, words):
     assert len(damaged) == 1 and damaged[0]["step"] == 6 and words in damaged[0]["damage"], damaged
     resumed = [e for e in events(run_dir) if e["event"] == "resumed"]
     assert [e["step"] for e in resumed] == [EVERY]
-    assert step_losses(run_dir) == step_losses(reference_run)  # steps 4-6 trained again, exactly as before
+    assert losses(run_dir) == losses(reference_run)  # steps 4-6 trained again, exactly as before
     ckpts = run_dir / "checkpoints"
     assert (ckpts / "step_00000006.damaged").is_dir()  # set aside, never tried again
     assert manifest.damage(ckpts / "step_00000006", 2) == []  # and the step saved again, whole
@@ -53,7 +51,7 @@ def test_every_checkpoint_lists_its_files_with_sizes_and_checksums(reference_run
     for name, expected in listed:
         assert expected["bytes"] == (step / name).stat().st_size
     meta = json.loads((step / "meta.json").read_text())
-    assert meta["loss"] == step_losses(reference_run)[6] and meta["grad_norm"] > 0
+    assert meta["loss"] == losses(reference_run)[6] and meta["grad_norm"] > 0
 
 
 def test_truncated_shard_is_skipped_and_the_previous_checkpoint_used(reference_run, tmp_path):

@@ -1,9 +1,7 @@
 """On the local cluster: a launch into a run root too small for the run's checkpoints warns in one line and
 goes on, and the warning comes true: the save that does not fit fails, named, and the earlier checkpoint
 stays whole."""
-import json
-import re
-
+from helpers import events, job_id_of
 from launcher.core.checkpoints import step_dir
 from train import manifest
 
@@ -18,11 +16,10 @@ def test_a_launch_warns_of_a_small_run_root_and_goes_on(slurm, tmpfs):
         "warning: checkpoints need 3.1 MB (2 x 1.6 MB: train.keep_checkpoints=1 kept and the one being saved) "
         f"but the run root's filesystem ({root}) has 2.6 MB free: saves will fail; lower train.keep_checkpoints "
         "or set run_root=... on a larger filesystem"]
-    job_id = re.search(r"as Slurm job (\d+)", res.stdout).group(1)
+    job_id = job_id_of(res.stdout)
     assert slurm.wait(job_id, timeout=300).startswith("FAILED")
     run_dir = root / "small"
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    failed = [e for e in events if e["event"] == "failed"]
+    failed = [e for e in events(run_dir) if e["event"] == "failed"]
     assert failed and all("saving the checkpoint of step 2 failed" in e["error"] and "No space left on device"
                           in e["error"] for e in failed if not e.get("final")), failed
     assert manifest.damage(step_dir(run_dir, 1), 1) == []

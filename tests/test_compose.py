@@ -1,4 +1,6 @@
 """Composition from conf/: every model x GPU preset, counts as typed, sweeps."""
+from pathlib import Path
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -115,7 +117,17 @@ def test_resolved_config_round_trips_through_load_run_config(tmp_path, monkeypat
 
 
 def test_conf_dir_is_the_repository_conf():
-    assert (CONF_DIR / "config.yaml").is_file()
+    assert CONF_DIR == Path(__file__).resolve().parents[1] / "conf"
+    root = OmegaConf.load(CONF_DIR / "config.yaml")
+    # The schema first, then gpus before model (a size may override its preset's sharding), then the app's own.
+    assert OmegaConf.to_container(root) == {"defaults": [
+        "base", {"gpus": "8"}, {"model": "gpt_tiny"}, {"cluster": "local"}, {"tracking": "none"}, "_self_"]}
+    # Each default is one of its group's files, and is what a run without overrides gets.
+    for group, choice in {"gpus": "8", "model": "gpt_tiny", "cluster": "local", "tracking": "none"}.items():
+        assert choice in options(group) and (CONF_DIR / group / f"{choice}.yaml").is_file(), group
+    (run,) = compose_runs([])
+    assert (run.config.layout.gpus, run.config.model.name, run.config.cluster.name,
+            run.config.tracking.backend) == (8, "gpt_tiny", "local", "none")
 
 
 def test_hydras_own_runtime_config_is_not_composed_and_the_apps_config_is_unchanged(monkeypatch):

@@ -97,8 +97,19 @@ SUBCOMMANDS = [
 ROWS = TYPES + RANGE + NON_FINITE + EMPTY + DUPLICATES + ADDED_KEYS + ODD_NAMES + SUBCOMMANDS
 
 
-def test_the_table_has_at_least_80_rows():
-    assert len(ROWS) >= 80 and len({tuple(args) for args, _ in ROWS}) == len(ROWS)
+def outside_its_range(args: list, key: str) -> bool:
+    """Whether a RANGE row gives ``key`` a value that RANGES[key] refuses (the other rows of a key are refused
+    for another reason: a cross-check with another setting)."""
+    value = next(float(arg.split("=", 1)[1]) for arg in args if arg.split("=", 1)[0] == key)
+    return key in RANGES and not RANGES[key].allows(value)
+
+
+def test_every_range_has_a_row_outside_it():
+    """The table against the product's ranges: every key of RANGES has a row giving it a value its range refuses
+    (whose refusal test_a_bad_value_... checks states the range), and no row repeats another."""
+    assert len({tuple(args) for args, _ in ROWS}) == len(ROWS)
+    covered = {key for args, key in RANGE if outside_its_range(args, key)}
+    assert sorted(set(RANGES) - covered) == []
 
 
 @pytest.fixture
@@ -131,6 +142,8 @@ def test_a_bad_value_is_one_line_naming_it_and_nothing_is_recorded(args, key, ro
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("error: ") and err.count("\n") == 1, err
     assert key in err, err
+    if (args, key) in RANGE and outside_its_range(args, key):  # it states the range, as docs/configuration.md does
+        assert err.startswith(f"error: {key} must be {RANGES[key]}, got "), err
     assert list(root.iterdir()) == []
 
 

@@ -4,11 +4,12 @@ tokenizer. A model whose vocabulary is smaller than the tokenizer's is refused a
 from __future__ import annotations
 
 import json
-import re
 import sysconfig
 from pathlib import Path
 
 from tokenizers import Tokenizer
+
+from helpers import job_id_of
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 STEPS = 30
@@ -32,7 +33,7 @@ def test_bpe_data_trains_gpt_small_and_sample_decodes_with_its_tokenizer(slurm, 
                          f"train.steps={STEPS}", "train.log_every=5", "train.warmup_steps=5", "train.eval_every=0",
                          f"train.checkpoint_every={STEPS}", "name=bpe", root=root)
     assert res.returncode == 0, res.stderr
-    assert slurm.wait(re.search(r"as Slurm job (\d+)", res.stdout).group(1), timeout=300) == "COMPLETED"
+    assert slurm.wait(job_id_of(res.stdout), timeout=300) == "COMPLETED"
     logged = [json.loads(line) for line in (root / "bpe" / "metrics.jsonl").read_text().splitlines()][:-1]
     assert [r["step"] for r in logged] == list(range(5, STEPS + 1, 5))
     assert logged[0]["loss"] > 7.0  # about ln 4096 = 8.3 at the start: the 4096-token vocabulary is in use

@@ -10,17 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers import git
 from launcher.submit.freeze import REPO, dirty_note, freeze, source_state
 from launcher.submit.git import tree_state
 from launcher.slurm.batch import frozen_code_line
 
 PATHS = ("launcher", "train", "conf")
-
-
-def git(root: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True, env=env).stdout
 
 
 @pytest.fixture

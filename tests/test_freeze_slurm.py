@@ -4,14 +4,11 @@ frozen copy; describe names the commit and the dirty tree it came from."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
-import time
 
-from test_freeze import git
-from test_preemption import events
+from helpers import REPO, events, git, job_id_of, wait_for
 
 BROKEN = 'raise RuntimeError("edited after submission")\n'
 
@@ -19,7 +16,7 @@ BROKEN = 'raise RuntimeError("edited after submission")\n'
 def test_a_requeued_job_trains_with_the_code_it_was_submitted_with(slurm, tmp_path):
     repo, root = tmp_path / "checkout", tmp_path / "runs"
     for name in ("launcher", "train", "conf"):
-        shutil.copytree(slurm_repo() / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "submitted")
@@ -32,12 +29,10 @@ def test_a_requeued_job_trains_with_the_code_it_was_submitted_with(slurm, tmp_pa
                               cwd=repo, env=env, capture_output=True, text=True, timeout=60)
     assert launched.returncode == 0, launched.stderr
     assert f"uncommitted changes since {commit[:12]} (train/task.py)" in launched.stdout
-    job = re.search(r"as Slurm job (\d+)", launched.stdout).group(1)
+    job = job_id_of(launched.stdout)
     run_dir = root / "frozen"
 
-    deadline = time.time() + 120
-    while not list((run_dir / "checkpoints").glob("step_????????")) and time.time() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 120, "checkpoint", interval=0.2)
     for module in ("train/loop.py", "launcher/job/entry.py", "launcher/job/recovery.py"):  # training would break now
         (repo / module).write_text(BROKEN + (repo / module).read_text())
     slurm.run("scontrol", "requeue", job)
@@ -54,8 +49,3 @@ def test_a_requeued_job_trains_with_the_code_it_was_submitted_with(slurm, tmp_pa
     described = slurm.launcher("describe", "frozen", root=root).stdout
     assert f"Code: {run_dir / 'code'} from {repo} at commit {commit} (dirty: 1 file(s) changed" in described
 
-
-def slurm_repo():
-    from conftest import REPO
-
-    return REPO

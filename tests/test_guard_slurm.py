@@ -4,9 +4,10 @@ and `runs` says why in two words."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
+
+from helpers import job_id_of
 
 pytestmark = pytest.mark.slurm
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.slurm
 def test_a_diverging_run_fails_once_and_runs_says_loss_nan(slurm, tmp_path):
     res = slurm.launcher("model=gpt_tiny", "gpus=2", "train.steps=30", "train.lr=1e30", "name=diverge", root=tmp_path)
     assert res.returncode == 0, res.stderr
-    job = re.search(r"as Slurm job (\d+)", res.stdout).group(1)
+    job = job_id_of(res.stdout)
     assert slurm.wait(job, timeout=240) == "FAILED"
 
     (row,) = json.loads(slurm.launcher("runs", "--json", root=tmp_path).stdout)

@@ -7,13 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import job_id_of
 from launcher.core.plan import read_plan
 
 
-def job_id_of(stdout: str) -> str:
-    return re.search(r"as Slurm job (\d+)", stdout).group(1)
-
-
+@pytest.mark.whole_cluster  # every GPU of both nodes
 def test_sixteen_gpus_run_as_two_nodes_of_eight_ranks_in_one_group(slurm, tmp_path):
     res = slurm.launcher("gpus=16", "model=gpt_tiny", "train.steps=2", "name=g16", root=tmp_path)
     assert res.returncode == 0, res.stderr

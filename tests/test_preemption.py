@@ -2,48 +2,15 @@
 its newest checkpoint, and ends with exactly the losses of a run that was never interrupted."""
 from __future__ import annotations
 
-import json
-import re
-import time
+from helpers import events, launch, losses, preempt_after_a_checkpoint
 
-from conftest import overridden
-
-
-def launch(slurm, root, name, *overrides, env=None):
-    """Submit a 400-step 2-GPU run checkpointed every 20 steps (``overrides`` added); returns its job id."""
-    res = slurm.launcher(*overridden(("model=gpt_tiny", "gpus=2", "train.steps=400", "train.log_every=20",
-                                      "train.checkpoint_every=20", f"name={name}"), overrides), root=root, env=env)
-    assert res.returncode == 0, res.stderr
-    return re.search(r"as Slurm job (\d+)", res.stdout).group(1)
-
-
-def events(run_dir):
-    path = run_dir / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def losses(run_dir):
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r["loss"] for r in map(json.loads, lines) if not r.get("final")}
-
-
-def preempt_after_a_checkpoint(slurm, *runs):
-    """Send Slurm's USR2 to each (run_dir, job_id) once its run has a checkpoint; return when every requeued
-    job has resumed."""
-    deadline = time.time() + 120
-    for run_dir, job in runs:
-        while not list((run_dir / "checkpoints").glob("step_????????")) and time.time() < deadline:
-            time.sleep(0.2)
-        slurm.run("scancel", "--signal=USR2", job)
-    deadline = time.time() + 180
-    for run_dir, _ in runs:
-        while not any(e["event"] == "resumed" for e in events(run_dir)) and time.time() < deadline:
-            time.sleep(1)
+# A 400-step 2-GPU run checkpointed every 20 steps.
+RUN = ("model=gpt_tiny", "gpus=2", "train.steps=400", "train.log_every=20", "train.checkpoint_every=20")
 
 
 def test_preempted_run_resumes_and_matches_an_uninterrupted_one(slurm, tmp_path):
-    steady_job = launch(slurm, tmp_path, "steady")
-    job = launch(slurm, tmp_path, "preempted")
+    steady_job = launch(slurm, tmp_path, "name=steady", defaults=RUN)
+    job = launch(slurm, tmp_path, "name=preempted", defaults=RUN)
     run_dir = tmp_path / "preempted"
     preempt_after_a_checkpoint(slurm, (run_dir, job))
     kinds = [e["event"] for e in events(run_dir)]

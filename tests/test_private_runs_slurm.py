@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import launch, run_name
 from launcher.core.privacy import PRIVATE_DIR, SHARED_DIR
 
 TINY = ("gpus=2", "model=gpt_tiny", "train.steps=4", "train.log_every=2", "train.eval_every=2",
@@ -57,14 +58,11 @@ def tree(run_dir: Path) -> tuple[list[Path], list[Path]]:
     return dirs, files
 
 
-def launch(slurm, base: Path, *args: str) -> Path:
-    env = {"LAUNCHER_HOME": str(base / "home")}
-    res = slurm.launcher(*TINY, *args, root=base / "runs", env=env, timeout=120)
-    assert res.returncode == 0, res.stderr
-    name = next(a.split("=", 1)[1] for a in args if a.startswith("name="))
-    job = (base / "runs" / name / "run.json").read_text().split('"job_id": "')[1].split('"')[0]
+def trained(slurm, base: Path, *args: str) -> Path:
+    """Launch a TINY run under ``base``/runs, wait until it completes; return its directory."""
+    job = launch(slurm, base / "runs", *TINY, *args, env={"LAUNCHER_HOME": str(base / "home")}, timeout=120)
     assert slurm.wait(job, timeout=300) == "COMPLETED"
-    return base / "runs" / name
+    return base / "runs" / run_name(base / "runs", job)
 
 
 def test_runs_are_private_unless_shared_with_a_group_and_secrets_always_are(slurm, place):
@@ -76,8 +74,8 @@ def test_runs_are_private_unless_shared_with_a_group_and_secrets_always_are(slur
     secret_files = [p for p in (base / "home").rglob("*") if p.is_file()]
     assert secret_files
 
-    private = launch(slurm, base, "name=mine")
-    shared = launch(slurm, base, "name=ours", f"share_group={group}")
+    private = trained(slurm, base, "name=mine")
+    shared = trained(slurm, base, "name=ours", f"share_group={group}")
     gid = grp.getgrnam(group).gr_gid
 
     dirs, files = tree(private)

@@ -16,13 +16,11 @@ import train_workers
 from train import manifest
 from train.faults import VARIABLE
 from train.resume import first_step_problem
-from train_harness import launch_forked, make_run_dir, metrics, step_losses
+from helpers import events, losses
+from train_harness import launch_forked, make_run_dir, metrics
 
 EVERY, STOPPED_AT = 2, 4
 
-
-def events(run_dir):
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +49,7 @@ def test_a_healthy_resume_passes_the_check(interrupted_run, reference_run, tmp_p
     run_dir = resumed_copy(interrupted_run, tmp_path)
     assert [e["event"] for e in events(run_dir)][-3:] == ["started", "resumed", "finished"]
     assert [e["step"] for e in events(run_dir) if e["event"] == "resumed"] == [STOPPED_AT]
-    assert step_losses(run_dir) == step_losses(reference_run)
+    assert losses(run_dir) == losses(reference_run)
 
 
 def test_spoiled_weights_with_matching_checksums_fall_back_to_the_previous_checkpoint(interrupted_run,
@@ -73,7 +71,7 @@ def test_spoiled_weights_with_matching_checksums_fall_back_to_the_previous_check
     assert [e["step"] for e in events(run_dir) if e["event"] == "resumed"] == [STOPPED_AT, EVERY]
     final = metrics(run_dir)[-1]
     assert final["final"] and final["step"] == 6 and final["resumed_from"] == EVERY and final["steps_run"] == 4
-    assert step_losses(run_dir) == step_losses(reference_run)  # steps 3-6 trained again, exactly as before
+    assert losses(run_dir) == losses(reference_run)  # steps 3-6 trained again, exactly as before
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000002", "step_00000004", "step_00000004.damaged",
                                                        "step_00000006"]
     assert manifest.damage(ckpts / "step_00000004", 2) == []  # step 4 saved again, whole

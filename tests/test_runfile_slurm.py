@@ -2,17 +2,15 @@
 from __future__ import annotations
 
 import json
-import re
 
-import pytest
 import yaml
 
-pytestmark = pytest.mark.slurm
+from helpers import job_id_of
 
 
 def submitted(res) -> str:
     assert res.returncode == 0, res.stderr
-    return re.search(r"as Slurm job (\d+)", res.stdout).group(1)
+    return job_id_of(res.stdout)
 
 
 def losses(run_dir):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import job_id_of
 from launcher import cli
 from launcher.job import secret_store as sec
 from launcher.core.damage import DamagedRun
@@ -359,7 +360,7 @@ def test_secrets_reach_every_task_and_appear_nowhere_else(slurm, tmp_path):
                          root=runs, env=launch_env)
     assert res.returncode == 0, res.stderr
     outputs.append((res.stdout + res.stderr).encode())
-    job_id = re.search(r"as Slurm job (\d+)", res.stdout).group(1)
+    job_id = job_id_of(res.stdout)
     try:
         # Everything Slurm holds about the job, while it waits: details, the batch script, its stored environment.
         outputs.append(slurm.run("scontrol", "show", "job", "-d", job_id).stdout.encode())

@@ -7,12 +7,10 @@ import subprocess
 
 import pytest
 
-from conftest import REPO
-
-UP = str(REPO / "slurm" / "up.sh")
-DOWN = str(REPO / "slurm" / "down.sh")
+from helpers import DOWN, cluster_port, run_up
 
 
+@pytest.mark.whole_cluster  # every GPU of both nodes
 def test_two_node_job_runs_one_task_per_node_with_8_gpus(slurm, tmp_path):
     out = tmp_path / "out.txt"
     script = tmp_path / "job.sh"
@@ -47,11 +45,6 @@ def test_oversized_request_is_rejected_by_slurm(slurm, args, message):
     assert message in res.stderr
 
 
-def run_up(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.run(["bash", UP, *args], capture_output=True, text=True, env=env, timeout=120)
-
-
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -80,6 +73,7 @@ def test_up_names_a_taken_port(tmp_path):
     assert f"port {port} is already in use" in res.stderr
 
 
+@pytest.mark.slurm  # starts munged (and a fake slurmctld) for a cluster of its own
 def test_up_reports_a_daemon_that_dies_with_its_log(tmp_path):
     """Fault injection: a slurmctld that exits at once must be named, with its log, and nothing left."""
     fake = tmp_path / "bin"
@@ -87,7 +81,8 @@ def test_up_reports_a_daemon_that_dies_with_its_log(tmp_path):
     (fake / "slurmctld").write_text("#!/bin/sh\necho 'fatal: injected failure' >&2\nexit 1\n")
     (fake / "slurmctld").chmod(0o755)
     state = tmp_path / "state"
-    res = run_up("--dir", str(state), "--name", "diestest", "--no-accounting", "--port", "17710",
+    port = cluster_port("dies")
+    res = run_up("--dir", str(state), "--name", f"dies{port}", "--no-accounting", "--port", str(port),
                  env_extra={"PATH": f"{fake}:{os.environ['PATH']}"})
     assert res.returncode != 0
     assert f"slurmctld died during start-up; read {state}/log/slurmctld.log" in res.stderr
@@ -95,10 +90,12 @@ def test_up_reports_a_daemon_that_dies_with_its_log(tmp_path):
     assert not list((state / "run").glob("*.pid")), "a failed start must stop what it started"
 
 
+@pytest.mark.slurm  # starts a cluster of its own
 def test_up_twice_is_harmless_and_down_leaves_nothing_running(tmp_path):
     state = tmp_path / "state"
-    args = ("--dir", str(state), "--name", "twice", "--no-accounting", "--nodes", "1", "--gpus", "2",
-            "--port", "17610")
+    port = cluster_port("twice")
+    args = ("--dir", str(state), "--name", f"twice{port}", "--no-accounting", "--nodes", "1", "--gpus", "2",
+            "--port", str(port))
     first = run_up(*args)
     assert first.returncode == 0, first.stderr
     pids = {p.name: p.read_text() for p in (state / "run").glob("*.pid")}

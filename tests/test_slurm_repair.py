@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
-from conftest import REPO
+import pytest
 
-UP = str(REPO / "slurm" / "up.sh")
+from helpers import UP, cluster_port, run_down, run_up, wait_for
 # slurm/up.sh's settings file, key -> the variable that sets it.
 SETTINGS_ENV = {"name": "SLURM_LOCAL_NAME", "nodes": "SLURM_LOCAL_NODES", "gpus": "SLURM_LOCAL_GPUS",
                 "cpus": "SLURM_LOCAL_CPUS", "mem": "SLURM_LOCAL_MEM_MB", "port": "SLURM_LOCAL_PORT",
@@ -29,13 +28,6 @@ def job_state(slurm, job: str) -> str:
     return out or slurm.run("sacct", "-n", "-X", "-P", "-o", "State", "-j", job).stdout.split()[0]
 
 
-def wait_for(predicate, what: str, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while not predicate():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def gone(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
@@ -43,6 +35,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.whole_cluster  # kills both nodes' slurmd, downs a node, runs an exclusive job
 def test_up_after_slurmds_died_starts_only_them_and_the_jobs_survive(slurm):
     """One node's slurmd dies under a running job; another's dies and Slurm marks its node down."""
     env = up_env(slurm)
@@ -52,7 +45,7 @@ def test_up_after_slurmds_died_starts_only_them_and_the_jobs_survive(slurm):
     others = {p.name: p.read_text() for p in run_dir.glob("*.pid") if not p.name.startswith(f"slurmd-{node}.")
               and not p.name.startswith(f"slurmd-{idle}.")}
     running = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-w", node, "-N1", "-n1", "--wrap", "sleep 15").stdout.strip()
-    wait_for(lambda: job_state(slurm, running) == "RUNNING", f"job {running} to start")
+    wait_for(lambda: job_state(slurm, running) == "RUNNING", 60, f"start of job {running}", interval=0.2)
     # Every node whole: it waits for the first job, so it is pending when the slurmd dies.
     pending = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-N", str(len(slurm.nodes)), "--exclusive", "--wrap",
                         "true").stdout.strip()
@@ -61,7 +54,7 @@ def test_up_after_slurmds_died_starts_only_them_and_the_jobs_survive(slurm):
     pids = {n: int((run_dir / f"slurmd-{n}.pid").read_text()) for n in (node, idle)}
     for pid in pids.values():
         os.kill(pid, 9)
-        wait_for(lambda: gone(pid), f"slurmd {pid} to die")
+        wait_for(lambda: gone(pid), 60, f"end of slurmd {pid}", interval=0.2)
     slurm.run("scontrol", "update", f"nodename={idle}", "state=down", "reason=slurmd died")  # as after SlurmdTimeout
     res = subprocess.run(["bash", UP], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -81,12 +74,13 @@ def test_up_after_slurmds_died_starts_only_them_and_the_jobs_survive(slurm):
     assert again.returncode == 0 and "Repaired" not in again.stdout and "is up" in again.stdout
 
 
+@pytest.mark.slurm  # starts a cluster of its own
 def test_a_real_restart_is_asked_for_with_restart_and_only_then_cancels_jobs(tmp_path):
     """On a cluster of its own: up.sh with everything running changes nothing; --restart starts anew."""
-    from test_slurm_cluster import DOWN, run_up
-
     state = tmp_path / "state"
-    args = ("--dir", str(state), "--name", "rst", "--no-accounting", "--nodes", "1", "--gpus", "1", "--port", "17670")
+    port = cluster_port("restart")
+    args = ("--dir", str(state), "--name", f"rst{port}", "--no-accounting", "--nodes", "1", "--gpus", "1",
+            "--port", str(port))
     assert run_up(*args).returncode == 0
     env = {**os.environ, "SLURM_CONF": str(state / "etc" / "slurm.conf")}
     try:
@@ -102,4 +96,4 @@ def test_a_real_restart_is_asked_for_with_restart_and_only_then_cancels_jobs(tmp
         assert restarted.returncode == 0, restarted.stderr
         assert queued() == [] and {p.name: p.read_text() for p in (state / "run").glob("*.pid")} != pids
     finally:
-        subprocess.run(["bash", DOWN, "--dir", str(state)], capture_output=True, timeout=60)
+        run_down(state)

@@ -9,14 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import REPO
+from helpers import cluster_port, events, launch, run_down, run_name, run_up, runs_json, wait_for, wait_status
 
 
-def launch(slurm, root, *args):
-    res = slurm.launcher("model=gpt_tiny", *args, root=root)
-    assert res.returncode == 0, res.stderr
-    name = re.search(r"Submitted (\S+) as Slurm job (\d+)", res.stdout)
-    return name.group(1), name.group(2)
+def submit(slurm, root, *args):
+    """Launch a gpt_tiny run; return its (generated) name and job id."""
+    job = launch(slurm, root, "model=gpt_tiny", *args)
+    return run_name(root, job), job
 
 
 def cmd(slurm, root, *args, env=None, timeout=60):
@@ -25,22 +24,8 @@ def cmd(slurm, root, *args, env=None, timeout=60):
     return res.stdout
 
 
-def runs_json(slurm, root, env=None):
-    return {row["name"]: row for row in json.loads(cmd(slurm, root, "runs", "--json", env=env))}
-
-
-def wait_status(slurm, root, name, wanted, timeout=120, env=None):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        row = runs_json(slurm, root, env)[name]
-        if row["status"] in wanted:
-            return row
-        time.sleep(1)
-    raise AssertionError(f"{name} never reached {wanted}; last {row}")
-
-
 def test_run_goes_through_states_and_matches_its_metrics(slurm, tmp_path):
-    name, _ = launch(slurm, tmp_path, "gpus=4", "train.steps=20", "train.log_every=5")
+    name, _ = submit(slurm, tmp_path, "gpus=4", "train.steps=20", "train.log_every=5")
     first = runs_json(slurm, tmp_path)[name]
     assert first["status"] in ("PENDING", "RUNNING")
     row = wait_status(slurm, tmp_path, name, {"COMPLETED", "FAILED"})
@@ -62,7 +47,7 @@ def test_run_goes_through_states_and_matches_its_metrics(slurm, tmp_path):
 
 
 def test_watch_into_a_pipe_follows_a_run_to_its_end_in_plain_text(slurm, tmp_path):
-    name, _ = launch(slurm, tmp_path, "gpus=1", "train.steps=20", "train.log_every=5")
+    name, _ = submit(slurm, tmp_path, "gpus=1", "train.steps=20", "train.log_every=5")
     out = cmd(slurm, tmp_path, "runs", "--watch", "--interval", "1", timeout=300)  # returns by itself
     assert "\x1b" not in out
     frames = out.strip().split("\n\n")
@@ -77,12 +62,13 @@ def local_partitions(slurm, tmp_path) -> list:
     return next(c["partitions"] for c in clusters if c["cluster"] == "local")
 
 
+@pytest.mark.whole_cluster  # counts the free GPUs before and after its job
 def test_stop_cancels_frees_gpus_and_delete_removes(slurm, tmp_path):
     clusters = local_partitions(slurm, tmp_path)
     assert [(c["name"], c["nodes_idle"] + c["nodes_allocated"], c["gpus_total"]) for c in clusters] == [("gpu", 2, 16)]
     idle_free = clusters[0]["gpus_free"]
 
-    name, job_id = launch(slurm, tmp_path, "gpus=2", "train.steps=100000")
+    name, job_id = submit(slurm, tmp_path, "gpus=2", "train.steps=100000")
     wait_status(slurm, tmp_path, name, {"RUNNING"})
     busy = local_partitions(slurm, tmp_path)[0]
     assert busy["gpus_free"] == idle_free - 2
@@ -98,14 +84,14 @@ def test_stop_cancels_frees_gpus_and_delete_removes(slurm, tmp_path):
 
 
 def test_a_job_killed_before_writing_anything_is_never_running(slurm, tmp_path):
-    name, job_id = launch(slurm, tmp_path, "gpus=2", "train.steps=100000")
+    name, job_id = submit(slurm, tmp_path, "gpus=2", "train.steps=100000")
     slurm.run("scancel", "--signal=KILL", "--full", job_id)  # SIGKILL to every task, at once
     slurm.wait(job_id, timeout=60)
     row = wait_status(slurm, tmp_path, name, {"FAILED", "CANCELLED"}, timeout=30)
     assert row["status"] in ("FAILED", "CANCELLED")
     start = time.time()
-    cmd(slurm, tmp_path, "logs", name, "--follow", timeout=30)  # returns: the job is over
-    assert time.time() - start < 30
+    cmd(slurm, tmp_path, "logs", name, "--follow", timeout=30)  # returns (within the timeout): the job is over
+    print(f"logs --follow returned after {time.time() - start:.2f} s")
 
 
 def test_twenty_concurrent_launches_give_twenty_records(slurm, tmp_path):
@@ -125,12 +111,12 @@ def test_twenty_concurrent_launches_give_twenty_records(slurm, tmp_path):
 def cluster_without_accounting(slurm, tmp_path_factory):
     """A second local cluster without slurmdbd, whose squeue forgets finished jobs after 2 s."""
     state = tmp_path_factory.mktemp("noacct")
-    up = subprocess.run(["bash", str(REPO / "slurm" / "up.sh"), "--dir", str(state), "--name", "noacct",
-                         "--port", "17910", "--nodes", "1", "--gpus", "2", "--no-accounting", "--min-job-age", "2"],
-                        capture_output=True, text=True, timeout=120)
+    port = cluster_port("noacct")
+    up = run_up("--dir", str(state), "--name", f"noacct{port}", "--port", str(port), "--nodes", "1", "--gpus", "2",
+                "--no-accounting", "--min-job-age", "2")
     assert up.returncode == 0, up.stderr
     yield {"SLURM_CONF": str(state / "etc" / "slurm.conf")}
-    subprocess.run(["bash", str(REPO / "slurm" / "down.sh"), "--dir", str(state)], capture_output=True, timeout=120)
+    run_down(state)
 
 
 def test_without_accounting_state_comes_from_squeue_then_the_run_directory(slurm, tmp_path, cluster_without_accounting):
@@ -152,18 +138,18 @@ def test_without_accounting_state_comes_from_squeue_then_the_run_directory(slurm
     # The finished job is not listed while squeue knows it (a listing would keep squeue's final answer in
     # its directory); once squeue has forgotten it, only the run directory can tell.
     done_job = json.loads((tmp_path / done / "run.json").read_text())["job_id"]
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        queue = subprocess.run(["squeue", "-h", "-a", "--states=all", "-o", "%i"], env={**slurm.env, **env},
-                               capture_output=True, text=True).stdout.split()
-        if done_job not in queue and (tmp_path / done / "metrics.jsonl").exists():
-            break
-        time.sleep(1)
-    time.sleep(2)
+
+    def queued():
+        return subprocess.run(["squeue", "-h", "-a", "--states=all", "-o", "%i"], env={**slurm.env, **env},
+                              capture_output=True, text=True).stdout.split()
+
+    # Neither job is listed before squeue has forgotten both: a listing keeps a settled squeue answer.
+    wait_for(lambda: done_job not in queued() and any(e["event"] == "finished" for e in events(tmp_path / done)),
+             120, f"job {done_job} forgotten by squeue, its run finished")
+    wait_for(lambda: held.group(2) not in queued(), 60, f"cancelled job {held.group(2)} forgotten by squeue")
+    print(f"squeue forgot both jobs {time.time() - cancelled_at:.1f} s after the scancel")
     rows = runs_json(slurm, tmp_path, env)
     assert (rows[done]["status"], rows[done]["state_source"]) == ("COMPLETED", "run directory")
     # Cancelled outside the launcher and forgotten by squeue: it left no final record, so UNKNOWN.
-    time.sleep(max(0.0, 12 - (time.time() - cancelled_at)))
-    rows = runs_json(slurm, tmp_path, env)
     assert rows[held.group(1)]["status"] == "UNKNOWN"
     assert "no final record" in rows[held.group(1)]["reason"]

@@ -173,12 +173,19 @@ def test_sweep_ids_take_a_unique_prefix(tmp_path, capsys):
         assert capsys.readouterr().err.splitlines() == [message]
 
 
-def test_watch_into_a_pipe_is_plain_text_and_ends_when_nothing_is_active(tmp_path, capsys):
+def test_watch_into_a_pipe_is_plain_text_and_ends_when_nothing_is_active(tmp_path, capsys, monkeypatch):
     for i, state in enumerate(["COMPLETED", "FAILED"]):
         settled(make_run(tmp_path, f"r{i}", 1000 + i), state)
-    start = time.time()
+    pauses, sleep = [], time.sleep
+
+    def pause(seconds):  # subprocess's waits sleep in steps of at most 0.05 s: those are kept
+        pauses.append(seconds)
+        if seconds < 1:
+            sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", pause)
     assert cli.main(["runs", "--watch", "--interval", "30", "--root", str(tmp_path)]) == 0
-    assert time.time() - start < 10  # no refresh: nothing was active
+    assert [p for p in pauses if p >= 1] == []  # no refresh (a pause of --interval): nothing was active
     out = capsys.readouterr().out
     assert "\x1b" not in out
     lines = out.splitlines()

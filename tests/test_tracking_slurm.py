@@ -7,8 +7,10 @@ import json
 
 import pytest
 
-from test_preemption import events, launch, preempt_after_a_checkpoint
+from helpers import events, launch, preempt_after_a_checkpoint
 from tracker_files import tensorboard_scalars, wandb_attempts
+
+RUN = ("model=gpt_tiny", "gpus=2", "train.steps=200", "train.log_every=10", "train.checkpoint_every=20")
 
 KEY = "wandb-test-key-" + "7" * 25
 
@@ -26,7 +28,7 @@ def preempted(slurm, tmp_path_factory):
     home = {"LAUNCHER_HOME": str(root / "home")}
     made = slurm.launcher("secrets", "create", "env", f"WANDB_API_KEY={KEY}", root=root, env=home)
     assert made.returncode == 0, made.stderr
-    jobs = {name: launch(slurm, root, name, f"tracking={name}", "train.steps=200", "train.log_every=10", env=home)
+    jobs = {name: launch(slurm, root, f"name={name}", f"tracking={name}", defaults=RUN, env=home)
             for name in ("tensorboard", "wandb")}
     preempt_after_a_checkpoint(slurm, *((root / name, job) for name, job in jobs.items()))
     for job in jobs.values():

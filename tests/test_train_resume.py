@@ -13,7 +13,8 @@ import torch.multiprocessing as mp
 
 import train_workers
 from launcher.core.checkpoints import latest_checkpoint
-from train_harness import launch_forked, make_run_dir, metrics, step_losses
+from helpers import losses
+from train_harness import launch_forked, make_run_dir, metrics
 
 STEPS, EVERY = 6, 3  # the reference run (tests/conftest.py)
 
@@ -38,7 +39,7 @@ def test_crash_during_save_then_resume_matches_uninterrupted(tmp_path, reference
     ckpts = run_dir / "checkpoints"
     assert (ckpts / "step_00000006.tmp").is_dir() and not (ckpts / "step_00000006").exists()
     assert latest_checkpoint(run_dir) == ckpts / "step_00000003"
-    assert step_losses(run_dir) == step_losses(reference_run)  # identical up to the crash
+    assert losses(run_dir) == losses(reference_run)  # identical up to the crash
 
     launch_forked(train_workers.train_run, (run_dir,), world_size=2)
     assert "resumed at step 3" in (run_dir / "logs" / "rank_0.log").read_text()
@@ -48,7 +49,7 @@ def test_crash_during_save_then_resume_matches_uninterrupted(tmp_path, reference
     resumed = [r for r in metrics(run_dir) if r.get("final")][-1]
     assert resumed["resumed_from"] == 3 and resumed["steps_run"] == 3
     # Exactly the uninterrupted losses (float equality, not approx), eval included.
-    assert step_losses(run_dir) == step_losses(reference_run)
+    assert losses(run_dir) == losses(reference_run)
     eval_losses = lambda d: [r["eval_loss"] for r in metrics(d) if r.get("eval_loss") is not None and not r.get("final")]
     assert eval_losses(run_dir)[-1] == eval_losses(reference_run)[-1]
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000003", "step_00000006"]

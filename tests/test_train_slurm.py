@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-import time
+
+from helpers import job_id_of, wait_for
 
 FIELDS = {"step", "loss", "eval_loss", "lr", "grad_norm", "step_time", "tokens_per_s", "tokens_per_s_per_gpu",
           "mfu", "peak_mem_gb"}
@@ -14,15 +15,15 @@ def test_gpt_tiny_trains_on_two_nodes_and_squeue_shows_its_progress(slurm, tmp_p
     res = slurm.launcher("gpus=4", "model=gpt_tiny", "train.steps=120", "train.log_every=10",
                          "train.eval_every=40", "name=e2e", root=tmp_path)
     assert res.returncode == 0, res.stderr
-    job = re.search(r"as Slurm job (\d+)", res.stdout).group(1)
+    job = job_id_of(res.stdout)
     comments = set()
-    deadline = time.time() + 300
-    while time.time() < deadline:
+
+    def left_the_queue():  # what squeue shows of the job meanwhile is kept in comments
         out = slurm.run("squeue", "-h", "-j", job, "-o", "%.10i %.40k", check=False).stdout.strip()
-        if not out:
-            break
         comments.add(out.split(None, 1)[1] if " " in out.strip() else "")
-        time.sleep(0.3)
+        return not out
+
+    wait_for(left_the_queue, 300, f"end of job {job} in squeue")
     assert slurm.wait(job) == "COMPLETED"
     progress = [c for c in comments if re.fullmatch(r"(step \d+/120|done 120/120) loss \d+\.\d+( tok/s \d+)?", c)]
     assert progress, f"squeue never showed the progress comment; saw {comments}"

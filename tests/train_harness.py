@@ -102,7 +102,7 @@ def _forked_rank(rank: int, target, args: tuple, world_size: int, local_world_si
     target(*args)
 
 
-def launch(argv: list[str], world_size: int, local_world_size: int | None = None,
+def launch_ranks(argv: list[str], world_size: int, local_world_size: int | None = None,
            timeout: float = 120) -> list[subprocess.CompletedProcess]:
     """Run ``python argv...`` as ``world_size`` ranks on this machine; returns each rank's result."""
     local_world_size = local_world_size or world_size
@@ -136,7 +136,3 @@ def check_ok(results: list[subprocess.CompletedProcess]) -> None:
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
-
-def step_losses(run_dir: Path) -> dict[int, float]:
-    """Per-step loss from metrics.jsonl (log_every 1); a later record of a step (after a resume) wins."""
-    return {r["step"]: r["loss"] for r in metrics(run_dir) if not r.get("final")}
