@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""How much does train/ cost over plain PyTorch, and how well do ranks scale? (CPU)
+"""How much does launcher/train/ cost over plain PyTorch, and how well do ranks scale? (CPU)
 
-(a) overhead: tokens/s of our loop (``python -m train``: FSDP2 on one rank,
+(a) overhead: tokens/s of our loop (``python -m launcher.train``: FSDP2 on one rank,
     metrics, sampler) divided by tokens/s of a plain single-process loop with the
     same model, batch, AdamW and clipping. Goal >= 0.95.
 (b) scaling: per-rank tokens/s with 2 ranks divided by per-rank tokens/s with 1
@@ -17,7 +17,7 @@ number is the best of ``--repeats`` rounds, the four measurements interleaved
 in each round, to shed noise from other processes. Run on an idle machine with
 at least 2 cores.
 
-Every run directory (the one- and two-rank runs of ``python -m train``, and the plain loop's settings) is
+Every run directory (the one- and two-rank runs of ``python -m launcher.train``, and the plain loop's settings) is
 composed and written by the launcher's own code (``launcher.compose.runs.compose_runs``,
 ``launcher.submit.launch.write_run_files``; see :func:`make_run_dir`), so what is measured is what a launch runs.
 
@@ -42,9 +42,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from launcher.core.config import RunConfig  # noqa: E402
-from train.data import StepSampler, TokenData, token_file  # noqa: E402
-from train.optim import build_optimizer  # noqa: E402
-from train.model import GPT  # noqa: E402
+from launcher.train.data import StepSampler, TokenData, token_file  # noqa: E402
+from launcher.train.optim import build_optimizer  # noqa: E402
+from launcher.train.model import GPT  # noqa: E402
 
 LOG_EVERY = 5
 QUICK = {"steps": 12, "repeats": 1, "d_model": 64, "layers": 2, "seq_len": 64, "batch": 2}
@@ -81,7 +81,7 @@ def describe(cfg: RunConfig, world_size: int) -> str:
 
 
 def ours(args, world_size: int) -> float:
-    """Per-rank tokens/s of ``python -m train`` on ``world_size`` local ranks."""
+    """Per-rank tokens/s of ``python -m launcher.train`` on ``world_size`` local ranks."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / f"bench_{world_size}"
         make_run_dir(overrides(args, world_size), run_dir)
@@ -93,12 +93,12 @@ def ours(args, world_size: int) -> float:
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                    "PYTHONPATH": str(ROOT)}
-            procs.append(subprocess.Popen([sys.executable, "-m", "train", str(run_dir)], cwd=ROOT, env=env,
+            procs.append(subprocess.Popen([sys.executable, "-m", "launcher.train", str(run_dir)], cwd=ROOT, env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         for proc in procs:
             _, err = proc.communicate()
             if proc.returncode:
-                raise SystemExit(f"python -m train failed:\n{err[-3000:]}")
+                raise SystemExit(f"python -m launcher.train failed:\n{err[-3000:]}")
         final = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
         return final["tokens_per_s_per_gpu"]
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Throughput and MFU of train/ on one NVIDIA GPU (written for an H200; any CUDA GPU runs it).
+# Throughput and MFU of launcher/train/ on one NVIDIA GPU (written for an H200; any CUDA GPU runs it).
 #
 # Trains gpt_125m and gpt_1b (shapes and batch settings from conf/model/*.yaml) in bf16
 # for $STEPS steps (default 50), each without and with torch.compile, through
-# `python -m train` as a world of one, then prints tokens/s and MFU and appends a
+# `python -m launcher.train` as a world of one, then prints tokens/s and MFU and appends a
 # dated table to docs/performance.md. Data: the default byte-level corpus.
 # MFU uses the contract's FLOPs/token (6N + 12*L*d*T, N without embeddings),
 # which reads ~3 points lower than llm-foundry's convention at 1B (see
@@ -74,7 +74,7 @@ print(f"composed: {m.name} d_model={m.d_model} n_layers={m.n_layers} n_heads={m.
       f"precision {run.config.parallel.precision} compile {run.config.parallel.compile}")
 EOF
     echo "== $model compile=$compile"
-    env -u RANK -u WORLD_SIZE -u SLURM_PROCID "$PY" -m train "$run" > "$run/stdout.log" 2>&1 \
+    env -u RANK -u WORLD_SIZE -u SLURM_PROCID "$PY" -m launcher.train "$run" > "$run/stdout.log" 2>&1 \
       || { tail -30 "$run/stdout.log"; exit 1; }
     row=$("$PY" - "$run" "$model" "$compile" <<'EOF'
 import json, sys

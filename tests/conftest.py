@@ -177,11 +177,11 @@ def reference_config(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory, reference_config) -> Path:
-    """That run, uninterrupted (``python -m train`` on 2 ranks): what resumed runs must reproduce exactly."""
+    """That run, uninterrupted (``python -m launcher.train`` on 2 ranks): what resumed runs must reproduce exactly."""
     from train_harness import check_ok, launch_ranks, make_run_dir
 
     run_dir = make_run_dir(tmp_path_factory.mktemp("reference"), reference_config, world_size=2, micro_batch=2)
-    check_ok(launch_ranks(["-m", "train", str(run_dir)], world_size=2))
+    check_ok(launch_ranks(["-m", "launcher.train", str(run_dir)], world_size=2))
     return run_dir
 
 

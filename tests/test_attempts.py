@@ -90,7 +90,7 @@ def test_a_running_run_whose_steps_stopped_is_shown_stalled(tmp_path):
 
 def test_requeues_without_progress_are_counted_and_end_the_run(tmp_path):
     from launcher.core.rundir import append_event, read_events
-    from train.interrupt import requeue
+    from launcher.train.interrupt import requeue
 
     for _ in range(2):
         append_event(tmp_path, "requeued", job_id="9", step=40, by="signal")

@@ -1,5 +1,5 @@
 """The benchmark and the GPU check still run, end to end, in their quick CPU modes: each composes its run
-directories with the launcher's code, trains through ``python -m train`` and prints its figures. Nothing
+directories with the launcher's code, trains through ``python -m launcher.train`` and prints its figures. Nothing
 here is about speed (a shared 2-core machine measures its neighbours); only that the figures are there."""
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 import train_workers
-from train import manifest
+from launcher.train import manifest
 from helpers import events, losses
 from train_harness import launch_forked, make_run_dir
 

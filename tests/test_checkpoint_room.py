@@ -13,7 +13,7 @@ from launcher.core.plan import read_plan
 from launcher.compose.layout import single_node_plan
 from launcher.core.checkpoints import checkpoint_bytes, checkpoints_on_disk
 from launcher.forecast.disk import free_space
-from train.preflight import disk_problem
+from launcher.train.preflight import disk_problem
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_2 = 1_707_776  # checkpoint_bytes of gpt_tiny on 2 ranks: 12 B x 119,104 + 2 x (16 KiB + 4 x 15 x 2 KiB)

@@ -3,7 +3,7 @@ goes on, and the warning comes true: the save that does not fit fails, named, an
 stays whole."""
 from helpers import events, job_id_of
 from launcher.core.checkpoints import step_dir
-from train import manifest
+from launcher.train import manifest
 
 
 def test_a_launch_warns_of_a_small_run_root_and_goes_on(slurm, tmpfs):

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from launcher import cli
 from launcher.dataset.tokenizer import END_OF_TEXT, sha256
-from train.data import TokenData
+from launcher.train.data import TokenData
 
 STDLIB_JSON = Path(sysconfig.get_paths()["stdlib"]) / "json"
 

@@ -15,14 +15,14 @@ from launcher.submit.freeze import REPO, dirty_note, freeze, source_state
 from launcher.submit.git import tree_state
 from launcher.slurm.batch import frozen_code_line
 
-PATHS = ("launcher", "train", "conf")
+PATHS = ("launcher", "conf")
 
 
 @pytest.fixture
 def checkout(tmp_path) -> Path:
     """A small checkout with the three frozen directories, committed, plus files the copy must leave out."""
     root = tmp_path / "repo"
-    for name, text in {"launcher/__init__.py": "", "launcher/core/x.py": "X = 1\n", "train/t.py": "T = 1\n",
+    for name, text in {"launcher/__init__.py": "", "launcher/core/x.py": "X = 1\n", "launcher/train/t.py": "T = 1\n",
                        "conf/config.yaml": "a: 1\n", "README.md": "readme\n"}.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
@@ -42,23 +42,23 @@ def test_a_clean_checkout_records_its_commit(checkout, tmp_path):
     assert (record["commit"], record["dirty"], record["changed"]) == (head, False, [])
     code = tmp_path / "run" / "code"
     assert sorted(str(p.relative_to(code)) for p in code.rglob("*") if p.is_file()) == [
-        "conf/config.yaml", "launcher/__init__.py", "launcher/core/x.py", "source.json", "train/t.py"]
+        "conf/config.yaml", "launcher/__init__.py", "launcher/core/x.py", "source.json", "launcher/train/t.py"]
     assert json.loads((code / "source.json").read_text()) == record and record["source"] == str(checkout)
     assert not (code / "diff.patch").exists() and dirty_note(tree_state(checkout, PATHS)) is None
 
 
 def test_a_dirty_checkout_records_the_diff_and_says_so_in_one_line(checkout, tmp_path):
-    (checkout / "train/t.py").write_text("T = 2\n")
+    (checkout / "launcher/train/t.py").write_text("T = 2\n")
     (checkout / "launcher/new.py").write_text("N = 1\n")
     (checkout / "README.md").write_text("outside the copy: not part of the state\n")
     state = tree_state(checkout, PATHS)
-    assert (state.dirty, sorted(state.changed)) == (True, ["launcher/new.py", "train/t.py"])
+    assert (state.dirty, sorted(state.changed)) == (True, ["launcher/new.py", "launcher/train/t.py"])
     record = freeze(tmp_path / "run", root=checkout)
     assert record["dirty"] is True and (tmp_path / "run/code/launcher/new.py").read_text() == "N = 1\n"
     diff = (tmp_path / "run/code/diff.patch").read_text()
     assert "-T = 1\n+T = 2\n" in diff and "README" not in diff
     note = dirty_note(state)
-    assert "\n" not in note and state.commit[:12] in note and "train/t.py" in note
+    assert "\n" not in note and state.commit[:12] in note and "launcher/train/t.py" in note
 
 
 def test_outside_git_there_is_no_commit(tmp_path):

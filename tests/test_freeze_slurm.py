@@ -15,25 +15,25 @@ BROKEN = 'raise RuntimeError("edited after submission")\n'
 
 def test_a_requeued_job_trains_with_the_code_it_was_submitted_with(slurm, tmp_path):
     repo, root = tmp_path / "checkout", tmp_path / "runs"
-    for name in ("launcher", "train", "conf"):
+    for name in ("launcher", "conf"):
         shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "submitted")
     commit = git(repo, "rev-parse", "HEAD").strip()
-    with open(repo / "train" / "task.py", "a") as f:
+    with open(repo / "launcher" / "train" / "task.py", "a") as f:
         f.write("# an uncommitted edit\n")
     env = {**slurm.env, "PYTHONPATH": str(repo), "LAUNCHER_RUN_ROOT": str(root)}
     launched = subprocess.run([sys.executable, "-m", "launcher", "model=gpt_tiny", "gpus=2", "train.steps=300",
                                "train.log_every=20", "train.checkpoint_every=20", "name=frozen"],
                               cwd=repo, env=env, capture_output=True, text=True, timeout=60)
     assert launched.returncode == 0, launched.stderr
-    assert f"uncommitted changes since {commit[:12]} (train/task.py)" in launched.stdout
+    assert f"uncommitted changes since {commit[:12]} (launcher/train/task.py)" in launched.stdout
     job = job_id_of(launched.stdout)
     run_dir = root / "frozen"
 
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 120, "checkpoint", interval=0.2)
-    for module in ("train/loop.py", "launcher/job/entry.py", "launcher/job/recovery.py"):  # training would break now
+    for module in ("launcher/train/loop.py", "launcher/job/entry.py", "launcher/job/recovery.py"):  # training would break now
         (repo / module).write_text(BROKEN + (repo / module).read_text())
     slurm.run("scontrol", "requeue", job)
     assert slurm.wait(job, timeout=300) == "COMPLETED"

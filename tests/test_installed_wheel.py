@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -22,8 +23,12 @@ TOP_LEVEL = {"launcher"}  # nothing with a generic name at the top of site-packa
 def installed(tmp_path_factory):
     """(the new environment's launcher command, the wheel's top-level names)."""
     tmp = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of the checkout's files: setuptools' build/ in the checkout would keep modules since moved.
+    source = tmp / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", ".slurm*", "build", "*.egg-info",
+                                                                "__pycache__", ".pytest_cache"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp / "dist"), str(REPO)], check=True, capture_output=True, text=True, timeout=300)
+                    str(tmp / "dist"), str(source)], check=True, capture_output=True, text=True, timeout=300)
     (wheel,) = (tmp / "dist").glob("*.whl")
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist() if ".dist-info" not in name}
     venv = tmp / "venv"

@@ -72,7 +72,7 @@ def test_memory_of_a_small_model_by_hand():
     assert mem.margin == int(0.10 * need + GIB)  # 10% + 1 GiB
     assert mem.total == need + mem.margin and mem.capacity == 80 * GIB and mem.fits
     # Gradient accumulation adds nothing: the same micro-batch with grad_accum 4 needs exactly the same
-    # (train/loop.py reduce-scatters every micro-batch into the gradient shards; nothing unsharded survives).
+    # (launcher/train/loop.py reduce-scatters every micro-batch into the gradient shards; nothing unsharded survives).
     accumulating = dataclasses.replace(cfg, train=TrainConfig(batch_per_gpu=8, micro_batch=2))
     accumulating.layout.gpus = 4
     plan4 = layout_of(accumulating)
@@ -409,14 +409,14 @@ def test_python_m_launcher_refuses_without_submitting(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# Against a real run: FSDP2 on CPU (gloo), train/'s own model, sharding and optimizer
+# Against a real run: FSDP2 on CPU (gloo), launcher/train/'s own model, sharding and optimizer
 
 
 TINY = {"name": "measure", "d_model": 40, "n_heads": 2, "n_layers": 2, "seq_len": 20, "vocab_size": 70}
 
 
 def _measure_states(parallel: dict, micro_batch: int, grad_accum: int, out_dir: Path) -> None:
-    """One optimizer step through train/loop.py's forward_backward; writes this rank's bytes of parameter,
+    """One optimizer step through launcher/train/loop.py's forward_backward; writes this rank's bytes of parameter,
     gradient and optimizer-state shards, what is held between micro-batches (just before the second
     micro-batch's forward: unsharded gradients, gradient shards), and the gradient collectives FSDP2 ran
     (calls and input bytes of reduce-scatters and all-reduces, in all and by then)."""
@@ -427,9 +427,9 @@ def _measure_states(parallel: dict, micro_batch: int, grad_accum: int, out_dir: 
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    from train.dist import init_distributed
-    from train.loop import build_model, forward_backward
-    from train.optim import build_optimizer
+    from launcher.train.dist import init_distributed
+    from launcher.train.loop import build_model, forward_backward
+    from launcher.train.optim import build_optimizer
 
     def nbytes(t) -> int:
         t = t.to_local() if isinstance(t, DTensor) else t
@@ -494,7 +494,7 @@ def _measure_states(parallel: dict, micro_batch: int, grad_accum: int, out_dir: 
 @pytest.mark.parametrize("sharding, world, per_node", [("full", 3, 3), ("hybrid", 4, 2)])
 def test_state_memory_matches_a_real_fsdp2_run(tmp_path, sharding, world, per_node):
     """The training state, byte for byte, and gradient accumulation: between micro-batches FSDP2 holds no
-    unsharded gradient (train/loop.py reduce-scatters every micro-batch into the gradient shards), and
+    unsharded gradient (launcher/train/loop.py reduce-scatters every micro-batch into the gradient shards), and
     each FSDP unit reduce-scatters (and, hybrid, all-reduces across nodes) once per micro-batch."""
     from train_harness import launch_forked
 
@@ -538,12 +538,12 @@ def test_state_memory_matches_a_real_fsdp2_run(tmp_path, sharding, world, per_no
 
 
 def test_saved_activations_match_the_formula():
-    """What autograd keeps for backward after the forward of train/model.py's GPT (parameters excluded),
+    """What autograd keeps for backward after the forward of launcher/train/model.py's GPT (parameters excluded),
     against the planner's kept part (layers + final norm + fp32 log-probs), in fp32 on CPU: exact."""
     import torch
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    from train.model import GPT
+    from launcher.train.model import GPT
 
     cfg = ModelConfig(name="t", d_model=64, n_heads=4, n_layers=4, seq_len=128, vocab_size=512)
     for level in ("none", "selective", "full"):

@@ -17,7 +17,7 @@ def test_a_rank_without_cuda_on_a_real_gpu_cluster_fails_preflight_naming_it(tmp
     assert not torch.cuda.is_available()  # this machine's torch is a CPU build
     config = {**tiny_config(make_tokens(tmp_path / "tokens.bin")), "cluster": {"virtual_gpus": False}}
     run_dir = make_run_dir(tmp_path / "run", config, world_size=1, micro_batch=2)
-    (result,) = launch(["-m", "train", str(run_dir)], world_size=1)
+    (result,) = launch(["-m", "launcher.train", str(run_dir)], world_size=1)
     assert result.returncode != 0
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     (failed,) = [e for e in events if e["event"] == "preflight_failed"]

@@ -13,9 +13,9 @@ import shutil
 import pytest
 
 import train_workers
-from train import manifest
-from train.faults import VARIABLE
-from train.resume import first_step_problem
+from launcher.train import manifest
+from launcher.train.faults import VARIABLE
+from launcher.train.resume import first_step_problem
 from helpers import events, losses
 from train_harness import launch_forked, make_run_dir, metrics
 

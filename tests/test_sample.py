@@ -15,8 +15,8 @@ from launcher import cli
 from launcher.core.checkpoints import latest_checkpoint
 from launcher.core.config import load_run_config
 from launcher.status.index import RunRecord, save_record
-from train.data import TokenData, val_indices
-from train.generate import load_model
+from launcher.train.data import TokenData, val_indices
+from launcher.train.generate import load_model
 from train_harness import metrics
 
 
@@ -35,7 +35,7 @@ def test_checkpoint_loads_into_one_process_with_the_trained_weights(reference_ru
     data = TokenData(Path(cfg.data.path), cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction)
     losses = []
     with torch.no_grad():
-        for rank in range(2):  # the eval batches the two ranks read at step 6 (train/loop.py's evaluate)
+        for rank in range(2):  # the eval batches the two ranks read at step 6 (launcher/train/loop.py's evaluate)
             for batch in range(cfg.train.eval_batches):
                 x, y = data.batch("val", val_indices(batch, rank, 2, 2, data.num_samples("val")))
                 losses.append(model(torch.from_numpy(x), torch.from_numpy(y)).item())

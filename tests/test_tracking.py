@@ -1,4 +1,4 @@
-"""Trackers (train/tracking.py) continue one curve across attempts: TensorBoard shows every step once, W&B
+"""Trackers (launcher/train/tracking.py) continue one curve across attempts: TensorBoard shows every step once, W&B
 logs every attempt under the run's name by global step. The scalars are those of metrics.jsonl."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from launcher.compose.runs import compose_runs
 from launcher.core.config import TRACKER_PACKAGES, RunConfig, tracker_missing
 from launcher.errors import LaunchError
 from tracker_files import tensorboard_scalars, wandb_attempts
-from train.metrics import SCALARS, MetricsLog
-from train.tracking import TRACKERS, open_tracker
+from launcher.train.metrics import SCALARS, MetricsLog
+from launcher.train.tracking import TRACKERS, open_tracker
 
 
 def config(backend: str) -> RunConfig:
@@ -90,5 +90,5 @@ def test_a_missing_tracker_package_refuses_the_launch_in_one_line(tmp_path, monk
 
 
 def test_training_imports_no_tracker_package():
-    code = "import sys, train.task; print(sorted({'wandb', 'tensorboard'} & set(sys.modules)))"
+    code = "import sys, launcher.train.task; print(sorted({'wandb', 'tensorboard'} & set(sys.modules)))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"

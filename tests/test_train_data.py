@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from launcher.core.config import DataConfig
-from train.data import StepSampler, TokenData, stdlib_sources, token_file, val_indices, write_tokens
+from launcher.train.data import StepSampler, TokenData, stdlib_sources, token_file, val_indices, write_tokens
 
 
 @pytest.mark.parametrize("world_size,micro_batch", [(1, 4), (2, 2), (4, 1), (8, 2)])

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from train import dist as tdist
+from launcher.train import dist as tdist
 from train_harness import free_port
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import train_workers
-from train.guard import NonFiniteError, check_finite
+from launcher.train.guard import NonFiniteError, check_finite
 from train_harness import launch_forked, make_run_dir, make_tokens, metrics, tiny_config
 
 

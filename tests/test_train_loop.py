@@ -7,8 +7,8 @@ import pytest
 import train_workers
 from launcher.core.config import TrainConfig
 from launcher.core.plan import read_plan
-from train.loop import Batching
-from train.optim import lr_factor
+from launcher.train.loop import Batching
+from launcher.train.optim import lr_factor
 from train_harness import launch_forked, make_run_dir, make_tokens, metrics, tiny_config
 
 

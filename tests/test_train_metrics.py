@@ -6,7 +6,7 @@ import torch
 
 from launcher.core.config import ModelConfig
 from launcher.core.plan import flops_per_token
-from train.metrics import MetricsLog, format_record, peak_flops, throughput
+from launcher.train.metrics import MetricsLog, format_record, peak_flops, throughput
 
 TINY = ModelConfig(name="t", d_model=64, n_heads=2, n_layers=2, seq_len=64, vocab_size=256)
 

@@ -6,7 +6,7 @@ import torch
 
 from launcher.core.config import ModelConfig
 from launcher.core.plan import parameter_counts
-from train.model import GPT
+from launcher.train.model import GPT
 
 CONFIGS = [
     ModelConfig(name="a", d_model=32, n_heads=2, n_layers=2, seq_len=16, vocab_size=256),

@@ -3,7 +3,7 @@
 Same model, data and global batch (8 sequences): one rank accumulates 4
 micro-batches of 2, two ranks 2 each, four ranks 1 each (or 2 of 1 each, hybrid).
 Every micro-batch's gradients are reduce-scattered into the sharded ones
-(train/loop.py), so accumulation across ranks is checked as well as the
+(launcher/train/loop.py), so accumulation across ranks is checked as well as the
 reduction. Activation checkpointing and grad_op sharding must not change the
 numbers either. Losses, gradient norms and
 every full gradient must agree to 1e-5 (relative) for several steps. This is

@@ -3,7 +3,7 @@ import os
 import stat
 import time
 
-from train.progress import JobComment, job_comment
+from launcher.train.progress import JobComment, job_comment
 
 
 def fake_scontrol(tmp_path, monkeypatch, delay_s, until=None):

@@ -1,6 +1,6 @@
 """Resume is exact, and a crash in the middle of a checkpoint save costs nothing but time.
 
-One uninterrupted run of 6 steps (``python -m train``, 2 ranks) is the reference.
+One uninterrupted run of 6 steps (``python -m launcher.train``, 2 ranks) is the reference.
 A second run of the same config dies while saving step 6, after its shards are
 partly written; a third resumes. The resumed run must start from step 3 (the
 half-written step 6 ignored), log ``resumed at step 3``, record the event, and

@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 
 import train_workers
 from launcher.core.heartbeats import Pulse, read_pulses
-from train.watchdog import EXIT_STALLED, describe_stall
+from launcher.train.watchdog import EXIT_STALLED, describe_stall
 from helpers import events as read_events
 from helpers import wait_for
 from train_harness import launch_forked

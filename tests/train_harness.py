@@ -2,8 +2,8 @@
 
 Ranks are separate processes given torchrun-style variables (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and one thread each, on
-gloo: what train/dist.py reads without Slurm. :func:`launch` starts fresh
-interpreters (``python -m train``, the real entry); :func:`launch_forked` forks
+gloo: what launcher/train/dist.py reads without Slurm. :func:`launch` starts fresh
+interpreters (``python -m launcher.train``, the real entry); :func:`launch_forked` forks
 them from the test process, which has already imported torch, so a 4-rank run
 costs no 4 x 4 s of imports on a 2-core machine.
 """
@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from launcher.core.config import RunConfig, load_run_config
 from launcher.core.plan import PLAN, Plan
 from launcher.compose.layout import single_node_plan
-from train.data import encode_bytes, stdlib_sources, write_tokens
+from launcher.train.data import encode_bytes, stdlib_sources, write_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

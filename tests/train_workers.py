@@ -9,11 +9,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from launcher.core.config import DataConfig, ModelConfig, ParallelConfig, RunConfig, TrainConfig
-from train import checkpoint, task
-from train.data import StepSampler, TokenData
-from train.dist import check_allreduce, init_distributed
-from train.loop import build_model, forward_backward, global_mean
-from train.optim import build_optimizer, optimizer_step
+from launcher.train import checkpoint, task
+from launcher.train.data import StepSampler, TokenData
+from launcher.train.dist import check_allreduce, init_distributed
+from launcher.train.loop import build_model, forward_backward, global_mean
+from launcher.train.optim import build_optimizer, optimizer_step
 
 
 def run_config(raw: dict) -> RunConfig:
@@ -26,7 +26,7 @@ def _full(grad: torch.Tensor) -> torch.Tensor:
 
 
 def parity(raw: dict, micro_batch: int, out_dir: Path) -> None:
-    """A few optimizer steps through train/'s own pieces; rank 0 saves, per step, the global
+    """A few optimizer steps through launcher/train/'s own pieces; rank 0 saves, per step, the global
     loss, the gradient norm and every full (unsharded) gradient, plus the all-reduce check."""
     cfg = run_config(raw)
     task.setup_logging(out_dir, int(os.environ["RANK"]))
@@ -41,7 +41,7 @@ def parity(raw: dict, micro_batch: int, out_dir: Path) -> None:
         batches = [tuple(torch.from_numpy(a) for a in data.batch("train", idx))
                    for idx in sampler.micro_batches(step, env.rank, env.world_size, micro_batch)]
         loss = forward_backward(model, batches)
-        # clone: with one rank full_tensor() (or the unwrapped model's own gradient, train/parallel.py) is
+        # clone: with one rank full_tensor() (or the unwrapped model's own gradient, launcher/train/parallel.py) is
         # the gradient itself, which clipping scales in place.
         grads = {name.replace("_checkpoint_wrapped_module.", ""): _full(p.grad).clone()
                  for name, p in model.named_parameters()}
@@ -53,7 +53,7 @@ def parity(raw: dict, micro_batch: int, out_dir: Path) -> None:
 
 
 def train_run(run_dir: Path) -> None:
-    """``python -m train RUN_DIR`` in this (forked) process."""
+    """``python -m launcher.train RUN_DIR`` in this (forked) process."""
     task.run(run_dir)
 
 
@@ -79,7 +79,7 @@ def train_run_killed_in_save(run_dir: Path, crash_step: int) -> None:
 def train_run_oom_above(run_dir: Path, max_rows: int) -> None:
     """Like :func:`train_run`, but every block raises out-of-memory on micro-batches above ``max_rows``,
     after FSDP has gathered its parameters, as a real one would."""
-    from train.model import Block
+    from launcher.train.model import Block
 
     real_forward = Block.forward
 
@@ -99,7 +99,7 @@ def allreduce_with_watchdog(run_dir: Path, stop_rank: int, stop_at: int, timeout
     import time
 
     from launcher.core.rundir import append_event
-    from train.watchdog import Watchdog
+    from launcher.train.watchdog import Watchdog
 
     env = init_distributed(timeout_s=300)
     task.setup_logging(run_dir, env.rank)
@@ -119,7 +119,7 @@ def allreduce_with_watchdog(run_dir: Path, stop_rank: int, stop_at: int, timeout
 
 def spoil_checkpoint(run_dir: Path, step: int, factor: float) -> None:
     """Multiply the weights saved in ``run_dir``'s checkpoint of ``step`` by ``factor`` and save it again in
-    its place through train/checkpoint.py, so that its manifests (train/manifest.py) match the spoiled
+    its place through launcher/train/checkpoint.py, so that its manifests (launcher/train/manifest.py) match the spoiled
     files and its meta.json keeps the step's record: damage no checksum can find, only the first step."""
     import shutil
 

@@ -2,7 +2,7 @@
 
 The run keeps its directory, config and name; it goes on as a new attempt, a new Slurm job submitted exactly
 as the run was composed (launcher.job.submission.resubmit, the same path automatic recovery takes). Training picks
-the newest checkpoint whose files check out (train/checkpoint.py), so its losses go on as if never stopped.
+the newest checkpoint whose files check out (launcher/train/checkpoint.py), so its losses go on as if never stopped.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 run's newest complete checkpoint, decoded with the tokenizer its data was made with.
 
 Runs here, not on Slurm: a GPU if this machine has one, else the CPU. torch is imported only inside the
-command (train/generate.py), so the rest of the launcher stays torch-free.
+command (launcher/train/generate.py), so the rest of the launcher stays torch-free.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
 
     import torch
 
-    from train.generate import generate, load_model
+    from launcher.train.generate import generate, load_model
 
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")

@@ -3,6 +3,6 @@
 checkpoints' layout and size (checkpoints), heartbeats, the preemption signal, the dataset layout and the
 GPU table (gpus).
 
-train/ imports only this package from the launcher, so it imports only itself, the standard library,
+launcher/train/ imports only this package from the launcher, so it imports only itself, the standard library,
 omegaconf and yaml: never torch, Hydra, submitit or another launcher package.
 """

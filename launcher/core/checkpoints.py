@@ -1,4 +1,4 @@
-"""Where a run's checkpoints live and which of them are complete: read by training (train/checkpoint.py, which
+"""Where a run's checkpoints live and which of them are complete: read by training (launcher/train/checkpoint.py, which
 writes them) and by the launcher (describe, resume), so both agree on what a checkpoint is.
 
 ``checkpoints/step_<NNNNNNNN>/`` is complete once renamed from ``.tmp`` with its ``meta.json``; a save in
@@ -9,7 +9,7 @@ weights and AdamW's two fp32 moments, 12 bytes per parameter whatever the comput
 framing: each rank writes its shard of every weight, both moments and the step count (four items per
 parameter tensor), about 1.7 KB each with their entry in ``.metadata``, and its RNG state, 14.4 KB.
 Measured on 2 ranks (the tests' model, gpt_tiny, gpt_small), the rule is 0.6-3% above the files
-(docs/recovery.md). A save writes the new checkpoint before it prunes the oldest (train/checkpoint.py), so a
+(docs/recovery.md). A save writes the new checkpoint before it prunes the oldest (launcher/train/checkpoint.py), so a
 run keeping ``train.keep_checkpoints`` needs room for one more while it saves.
 """
 from __future__ import annotations

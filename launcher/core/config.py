@@ -3,7 +3,7 @@
 Hydra composes YAML from ``conf/`` on top of these dataclasses, so a misspelled
 key or a value of the wrong type is an error at composition time instead of a
 silently ignored setting. The resolved config is written to the run directory
-as ``config.yaml``; the training task (``train/``) reads it back into the same
+as ``config.yaml``; the training task (``launcher/train/``) reads it back into the same
 dataclasses with :func:`load_run_config`. This module must stay free of torch.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ from launcher.core.damage import DamagedRun, read_yaml_mapping
 from launcher.core.rundir import DEFAULT_ROOT
 
 # The choices of the parallelism settings: validated at composition (launcher/compose/validate.py), searched by
-# the planner's suggestions (ordered from least to most memory saved), applied by train/parallel.py.
+# the planner's suggestions (ordered from least to most memory saved), applied by launcher/train/parallel.py.
 SHARDINGS = ("full", "hybrid", "grad_op")
 CHECKPOINTING = ("none", "selective", "full")
 PRECISIONS = ("auto", "bf16", "fp32")
-# Where a run's curves go besides metrics.jsonl (train/tracking.py), and the package each tracker needs.
+# Where a run's curves go besides metrics.jsonl (launcher/train/tracking.py), and the package each tracker needs.
 TRACKER_PACKAGES = {"none": None, "tensorboard": "tensorboard", "wandb": "wandb"}
 WANDB_MODES = ("offline", "online")
 
@@ -44,13 +44,13 @@ def tracker_missing(backend: str) -> Optional[str]:
 def compute_precision(precision: str, cuda: bool) -> str:
     """The dtype a run computes in: ``bf16`` (parameters gathered in bf16, gradients reduced in fp32) on
     CUDA unless fp32 is asked for; ``fp32`` on CPU, where bf16 matmuls are slow or missing. Training
-    applies it (train/parallel.py); the planner sizes GPUs (cuda) and the local cluster's CPU ranks with it."""
+    applies it (launcher/train/parallel.py); the planner sizes GPUs (cuda) and the local cluster's CPU ranks with it."""
     return "bf16" if cuda and precision in ("auto", "bf16") else "fp32"
 
 
 def checkpointed(level: str, block: int) -> bool:
     """Whether block ``block`` (0-based) is wrapped for activation checkpointing at ``level``: every block
-    (full), those with an even index (selective), none. Training wraps them (train/parallel.py); the
+    (full), those with an even index (selective), none. Training wraps them (launcher/train/parallel.py); the
     planner counts them."""
     return level == "full" or (level == "selective" and block % 2 == 0)
 
@@ -82,7 +82,7 @@ class LayoutConfig:
 
 @dataclass
 class ParallelConfig:
-    """How parallelism is applied to the plain model (train/parallel.py).
+    """How parallelism is applied to the plain model (launcher/train/parallel.py).
 
     sharding: ``full`` (params, grads, optimizer sharded over the world),
     ``hybrid`` (sharded inside a node, replicated across nodes) or ``grad_op``
@@ -120,7 +120,7 @@ class TrainConfig:
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
     # A step (or a save/eval phase) that has not ended after this long is a hang: the attempt ends with the
-    # frozen ranks named (train/watchdog.py). Null: derived from the measured step time, at least 300 s.
+    # frozen ranks named (launcher/train/watchdog.py). Null: derived from the measured step time, at least 300 s.
     stall_timeout_s: Optional[float] = None
 
 
@@ -178,7 +178,7 @@ class ClusterConfig:
     constraint: Optional[str] = None
     gpus_per_node: int = 8
     # The local cluster's GPUs are gres entries with CPU processes for ranks; a real cluster's are GPUs, and a
-    # rank whose torch sees none fails preflight (train/preflight.py) instead of training on the CPU.
+    # rank whose torch sees none fails preflight (launcher/train/preflight.py) instead of training on the CPU.
     virtual_gpus: bool = False
     gpu_type: Optional[str] = None
     gpu_memory_gb: Optional[float] = None

@@ -1,5 +1,5 @@
 """What a token dataset is on disk: the one home of its layout, read by the launcher (data prepare writes it,
-launch checks it, sample decodes with its tokenizer) and by training (train/data.py reads its shards).
+launch checks it, sample decodes with its tokenizer) and by training (launcher/train/data.py reads its shards).
 
 ``data.path`` names either a dataset directory made by ``launcher data prepare``::
 
@@ -37,7 +37,7 @@ def smallest_dtype(vocab_size: int) -> str:
 
 
 def default_corpus(cache_dir: str, dtype: str) -> Path:
-    """Where the byte-level standard-library corpus is cached (built by train/data.py on first use)."""
+    """Where the byte-level standard-library corpus is cached (built by launcher/train/data.py on first use)."""
     version = f"{sys.version_info.major}{sys.version_info.minor}"
     return Path(cache_dir).expanduser() / f"stdlib-py{version}-bytes-{dtype}.bin"
 

@@ -1,6 +1,6 @@
 """What each GPU model offers: memory and dense peak FLOP/s per precision. The one table of GPU facts.
 
-The planner (launcher/forecast/) sizes runs against it, and training (train/metrics.py) quotes MFU
+The planner (launcher/forecast/) sizes runs against it, and training (launcher/train/metrics.py) quotes MFU
 against the same peaks, so a GPU the planner predicts an MFU for is one training measures it on.
 
 The MFU convention, planned and measured alike: model FLOPs per token from

@@ -1,5 +1,5 @@
 """Each rank's heartbeat file, ``heartbeats/rank_<N>.json`` in the run directory: written by the rank's
-watchdog (train/watchdog.py), read by the watchdogs of other ranks to name a frozen one, and by the
+watchdog (launcher/train/watchdog.py), read by the watchdogs of other ranks to name a frozen one, and by the
 launcher to show a stalled run and to know the step a rank that died had reached."""
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Composition lays a config out as a Plan (launcher/compose/layout.py) before anything is submitted; the
 launcher writes it as the run's ``plan.json`` (keys in docs/design-contract.md) and prints it for
 ``dry_run``, and the training tasks read it back. The parameter and FLOPs formulas must match
-train/model.py exactly.
+launcher/train/model.py exactly.
 """
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def read_plan(run_dir: str | Path) -> Plan:
 
 
 def param_shapes(model: ModelConfig) -> Tuple[List[Tuple[int, ...]], List[Tuple[int, ...]]]:
-    """(root, one block) parameter shapes of train/model.py's GPT. The root FSDP unit holds the
+    """(root, one block) parameter shapes of launcher/train/model.py's GPT. The root FSDP unit holds the
     tied token embedding, the learned positions and the final LayerNorm; each block is a unit."""
     d, r = model.d_model, model.mlp_ratio
     root = [(model.vocab_size, d), (model.seq_len, d), (d,)]
@@ -113,5 +113,5 @@ def largest_divisor(n: int, at_most: int) -> int:
 
 def halved_micro_batch(per_rank: int, micro_batch: int) -> int:
     """The micro-batch after an out-of-memory at ``micro_batch``: the largest at most half of it that
-    divides the rank's share. Training steps down so (train/loop.py); the planner's ``auto`` follows it."""
+    divides the rank's share. Training steps down so (launcher/train/loop.py); the planner's ``auto`` follows it."""
     return largest_divisor(per_rank, micro_batch // 2)

@@ -4,7 +4,7 @@ Slurm sends USR2 ``cluster.signal_delay_s`` before the time limit, give or take 
 tick, so with a short limit it can arrive while a task is still importing torch or loading its checkpoint.
 submitit's own handler would then requeue the job from rank 0 alone, outside the requeue budget. Listening
 from the task's first line instead turns an early signal into the same agreed save-and-requeue at the first
-step boundary (train/interrupt.py) as a late one.
+step boundary (launcher/train/interrupt.py) as a late one.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ CONFIG = "config.yaml"
 PLAN = "plan.json"
 EVENTS = "events.jsonl"
 METRICS = "metrics.jsonl"
-TENSORBOARD = "tensorboard"  # TensorBoard's event files (train/tracking.py)
+TENSORBOARD = "tensorboard"  # TensorBoard's event files (launcher/train/tracking.py)
 WANDB = "wandb"  # W&B's files: wandb.init(dir=RUN) keeps them in RUN/wandb
 CODE = "code"  # the frozen copy of the code the run's tasks import (launcher/submit/freeze.py)
 CODE_SOURCE = "source.json"  # in CODE: the copy's checkout, git commit and dirty flag

@@ -107,4 +107,4 @@ def _epochs(cfg: RunConfig, plan: Plan, tokens: int, source: str) -> float:
         raise LaunchError(f"{source} has {tokens:,} tokens, {train_samples} train samples of "
                           f"seq_len + 1 = {cfg.model.seq_len + 1} tokens, fewer than the global batch "
                           f"{plan.global_batch}; use more data or a smaller batch")
-    return cfg.train.steps / (train_samples // plan.global_batch)  # train/data.py's StepSampler's epochs
+    return cfg.train.steps / (train_samples // plan.global_batch)  # launcher/train/data.py's StepSampler's epochs

@@ -2,7 +2,7 @@
 ``launcher plan``, dry runs and launches (launcher/forecast/gate.py), before a save fails mid-run.
 
 The size of a checkpoint and how many are on disk at once are launcher/core/checkpoints.py's, so that
-preflight (train/preflight.py), which refuses a node whose run directory cannot take the next one, uses the
+preflight (launcher/train/preflight.py), which refuses a node whose run directory cannot take the next one, uses the
 same rule.
 """
 from __future__ import annotations

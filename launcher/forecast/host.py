@@ -23,7 +23,7 @@ from launcher.compose.layout import plan_of
 
 # The memory of one rank's process beyond its tensors: Python, torch, gloo, the data and logging. Measured
 # as the peak resident set (ru_maxrss, metrics' peak_mem_gb) of a rank training a model of ~0.1 M
-# parameters with torch 2.13 on CPU: 0.342-0.345 GB on 1, 2 and 4 ranks (importing torch and train/
+# parameters with torch 2.13 on CPU: 0.342-0.345 GB on 1, 2 and 4 ranks (importing torch and launcher/train/
 # alone: 0.277 GB). Shared library pages are counted in every rank, so the sum overstates a little.
 RANK_RUNTIME_GIB = 0.35
 

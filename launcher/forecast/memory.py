@@ -1,6 +1,6 @@
 """Peak GPU memory per rank: the model's tensors as FSDP2 shards them, the training state, gathered
 units, gradient buffers and activations (docs/planning.md, "Memory"). The model follows what
-train/parallel.py and train/loop.py do; tests/test_planner.py checks the training-state part byte for
+launcher/train/parallel.py and launcher/train/loop.py do; tests/test_planner.py checks the training-state part byte for
 byte against a real run."""
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def memory(cfg: RunConfig, plan: Plan, hw: TargetGpu, opts: Assumptions, micro_b
     """Peak memory per GPU of ``cfg`` laid out as ``plan`` (optionally at another micro-batch).
 
     grad_accum does not enter: every micro-batch's gradients are reduce-scattered into the
-    sharded fp32 gradients (train/loop.py), so nothing unsharded outlives a micro-batch."""
+    sharded fp32 gradients (launcher/train/loop.py), so nothing unsharded outlives a micro-batch."""
     model, sharding = cfg.model, cfg.parallel.sharding
     micro_batch = micro_batch or plan.micro_batch
     precision = precision_of(cfg)

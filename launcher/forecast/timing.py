@@ -63,7 +63,7 @@ def timing(cfg: RunConfig, plan: Plan, hw: TargetGpu, opts: Assumptions) -> Timi
     nodes_in_group = 1 if sharding == "hybrid" else plan.nodes
     gathers = 1 if sharding == "grad_op" else 2  # per micro-batch: forward, and again in backward
     # Per step: grad_accum micro-batches, each gathering every unit `gathers` times in the compute dtype
-    # and reduce-scattering every gradient in fp32 (reduce_dtype) into the shards (train/loop.py).
+    # and reduce-scattering every gradient in fp32 (reduce_dtype) into the shards (launcher/train/loop.py).
     ag_size = plan.grad_accum * gathers * cb * total_numel
     rs_size = plan.grad_accum * 4.0 * total_numel
     frac = (n - 1) / n

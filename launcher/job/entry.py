@@ -1,7 +1,7 @@
 """The callable submitit pickles and every Slurm task runs.
 
-It lives in the launcher, not in train/, so that submitting pickles a reference to this torch-free class
-instead of importing train/ (and torch) on the login node. The task imports train/ when it starts.
+It lives in the launcher, not in launcher/train/, so that submitting pickles a reference to this torch-free class
+instead of importing launcher/train/ (and torch) on the login node. The task imports launcher/train/ when it starts.
 """
 from __future__ import annotations
 
@@ -48,12 +48,12 @@ class TrainTask(submitit.helpers.Checkpointable):
     """Train the run in ``run_dir`` on this Slurm task.
 
     On preemption or an approaching time limit (USR2), every rank saves and rank 0 requeues the job
-    (train/interrupt.py), listening from this method's first line (launcher/core/preemption.py); submitit's
+    (launcher/train/interrupt.py), listening from this method's first line (launcher/core/preemption.py); submitit's
     :meth:`checkpoint` remains for a signal in the instant before. The requeued tasks resume from the run's
     newest complete checkpoint.
 
-    Before train/ is imported, the user's secrets (launcher/job/secret_store.py) are injected into this process's
-    environment from the store whose path was fixed at submission; only the variables' names are printed.
+    Before launcher/train/ is imported, the user's secrets (launcher/job/secret_store.py) are injected into this
+    process's environment from the store whose path was fixed at submission; only the variables' names are printed.
     """
 
     def __init__(self, secrets_store: str | None = None) -> None:
@@ -67,7 +67,7 @@ class TrainTask(submitit.helpers.Checkpointable):
             names = inject(Path(getattr(self, "secrets_store", None) or secrets_dir()))
             if names:
                 print(f"launcher: injected secrets: {', '.join(names)}", flush=True)
-            from train.task import run
+            from launcher.train.task import run
 
             return run(run_dir)
         except BaseException as err:  # DCP's CheckpointException, among others, is not an Exception

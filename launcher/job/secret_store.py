@@ -1,6 +1,6 @@
 """Where secrets are kept (``$LAUNCHER_HOME/secrets``, 0700) and how a task gets them: stored, listed and
 deleted for ``launcher secrets`` (launcher/commands/secrets.py), injected into each task's environment by
-the task entry (launcher/job/entry.py, :func:`inject`) before it imports train/.
+the task entry (launcher/job/entry.py, :func:`inject`) before it imports launcher/train/.
 
 Storage
     ``$LAUNCHER_HOME/secrets/`` (default ``~/.launcher/secrets/``), a 0700 directory. Each secret is

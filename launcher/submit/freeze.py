@@ -2,12 +2,14 @@
 
 A job reads its code when its tasks start. From the shared checkout, a queued job would run whatever the
 checkout holds by then, and a job requeued next week next week's code. So at submit the launcher copies
-``launcher/``, ``train/`` and ``conf/`` (their .py and .yaml files only: a few hundred KB) into ``RUN/code/``,
+``launcher/`` (with ``launcher/train/``) and ``conf/`` (their .py and .yaml files only: a few hundred KB) into
+``RUN/code/``,
 and the batch script puts that copy first on the tasks' PYTHONPATH (launcher/slurm/batch.py): the tasks, the
 pickled task object (``launcher.job.entry.TrainTask``, pickled by name) and the recovery steps around them all
 import from it. Requeues, automatic retries and ``launcher resume`` submit the run again with the same copy.
-The training code has no other entry point a config could name (model and loop are train/'s own), so these
-three directories are all the code a run imports beside installed packages.
+The training code has no other entry point a config could name (model and loop are launcher/train/'s own), so
+these directories are all the code a run imports beside installed packages (an installed launcher has its conf/
+inside: launcher/conf).
 
 ``RUN/code/source.json`` records where the copy came from: the checkout, its git commit, and whether the
 tree was dirty under the copied directories (changed or untracked files); a dirty tree's ``git diff HEAD``
@@ -28,7 +30,7 @@ from launcher.core.rundir import CODE_DIFF, CODE_SOURCE, code_dir, write_json_at
 from launcher.submit.git import TreeState, tree_state
 
 REPO = Path(__file__).resolve().parents[2]
-FROZEN = ("launcher", "train", "conf")
+FROZEN = ("launcher", "conf")  # launcher/ holds train/ (the tasks' code) too
 SUFFIXES = (".py", ".yaml")
 
 

@@ -1,7 +1,8 @@
-"""What every Slurm task runs: :func:`run` (called by ``launcher.job.entry.TrainTask``, or ``python -m train``).
+"""What every Slurm task runs: :func:`run` (called by ``launcher.job.entry.TrainTask``, or
+``python -m launcher.train``).
 
 When Slurm signals an approaching time limit or preemption, every rank saves the step just done and rank 0
-requeues the job (train/interrupt.py); the requeued job resumes from that checkpoint, having lost nothing.
+requeues the job (launcher/train/interrupt.py); the requeued job resumes from that checkpoint, having lost nothing.
 Before training starts, submitit's own handler (``TrainTask.checkpoint`` on rank 0) requeues instead.
 """
 from __future__ import annotations
@@ -19,11 +20,11 @@ from launcher.core.config import load_run_config
 from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.plan import read_plan
 from launcher.core.rundir import append_event
-from train.dist import check_allreduce, global_rank_from_environ, init_distributed
-from train.interrupt import Interrupt, Requeue, requeue
-from train.loop import train
-from train.preflight import preflight
-from train.watchdog import Watchdog
+from launcher.train.dist import check_allreduce, global_rank_from_environ, init_distributed
+from launcher.train.interrupt import Interrupt, Requeue, requeue
+from launcher.train.loop import train
+from launcher.train.preflight import preflight
+from launcher.train.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,12 @@ import torch
 
 from launcher.core import gpus
 from launcher.core.rundir import append_jsonl
-from train.tracking import Tracker
+from launcher.train.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
-# Each scalar of a metrics record: its curve in an experiment tracker (train/tracking.py) and its log-line form.
+# Each scalar of a metrics record: its curve in an experiment tracker (launcher/train/tracking.py) and its
+# log-line form.
 SCALARS = {
     "loss": ("train/loss", "loss {:.4f}"),
     "eval_loss": ("eval/loss", "eval {:.4f}"),

@@ -32,8 +32,8 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from launcher.core.checkpoints import DAMAGED, META, checkpoint_root, complete_checkpoints, step_dir, step_of
-from train import manifest
-from train.dist import DistEnv
+from launcher.train import manifest
+from launcher.train.dist import DistEnv
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def set_aside(path: Path, problems: list[str], env: DistEnv, on_damage: Callable
 
 def recorded(path: Path) -> dict:
     """What the checkpoint in ``path`` recorded of its step (loss, grad_norm; empty if saved before records
-    existed), for the check of the first step after resuming from it (train/resume.py)."""
+    existed), for the check of the first step after resuming from it (launcher/train/resume.py)."""
     meta = json.loads((path / META).read_text())
     return {key: meta[key] for key in ("loss", "grad_norm") if key in meta}
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from launcher.core.config import ModelConfig
-from train.model import GPT
+from launcher.train.model import GPT
 
 
 def load_model(cfg: ModelConfig, checkpoint: Path, device: torch.device) -> GPT:

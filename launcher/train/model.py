@@ -1,6 +1,6 @@
 """A nanoGPT-style decoder-only GPT in plain PyTorch.
 
-The model knows nothing about parallelism: ``train/parallel.py`` shards it after
+The model knows nothing about parallelism: ``launcher/train/parallel.py`` shards it after
 construction. It is built on the meta device for large sizes and materialised
 shard by shard, so :meth:`GPT.init_weights` is written to work on parameters that
 are already sharded (DTensors) as well as on ordinary tensors, and to give the

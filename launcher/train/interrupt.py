@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from launcher.core import preemption
 from launcher.core.rundir import append_event, read_events
-from train.dist import DistEnv
+from launcher.train.dist import DistEnv
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from launcher.core.config import CHECKPOINTING, PRECISIONS, SHARDINGS, ParallelConfig, checkpointed, compute_precision
-from train.dist import DistEnv
-from train.model import GPT
+from launcher.train.dist import DistEnv
+from launcher.train.model import GPT
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The training loop: accumulation, eval, checkpoints, metrics (the optimizer is train/optim.py).
+"""The training loop: accumulation, eval, checkpoints, metrics (the optimizer is launcher/train/optim.py).
 
 One optimizer step consumes ``global_batch`` sequences: each rank takes its share
 in ``grad_accum`` micro-batches of ``micro_batch`` (values from plan.json). Each
@@ -27,20 +27,20 @@ import torch.nn as nn
 from launcher.core.config import RunConfig, TrainConfig, compute_precision
 from launcher.core.heartbeats import SLOW_PHASE_S
 from launcher.core.plan import Plan, flops_per_token, halved_micro_batch
-from train import faults
-from train.checkpoint import save_checkpoint
-from train.data import StepSampler, TokenData, token_file, val_indices
-from train.dist import DistEnv, global_mean
-from train.guard import check_finite
-from train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
-from train.interrupt import Interrupt, Requeue
-from train.model import GPT
-from train.tracking import open_tracker
-from train.optim import build_optimizer, optimizer_step
-from train.parallel import parallelize
-from train.progress import job_comment
-from train.resume import Starter
-from train.watchdog import Watchdog
+from launcher.train import faults
+from launcher.train.checkpoint import save_checkpoint
+from launcher.train.data import StepSampler, TokenData, token_file, val_indices
+from launcher.train.dist import DistEnv, global_mean
+from launcher.train.guard import check_finite
+from launcher.train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
+from launcher.train.interrupt import Interrupt, Requeue
+from launcher.train.model import GPT
+from launcher.train.tracking import open_tracker
+from launcher.train.optim import build_optimizer, optimizer_step
+from launcher.train.parallel import parallelize
+from launcher.train.progress import job_comment
+from launcher.train.resume import Starter
+from launcher.train.watchdog import Watchdog
 from launcher.core.rundir import METRICS
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
     ``watchdog`` hears of every step; an exception leaves the loop with the step it happened at
     (``train_step``), for the failure's record. When ``interrupt`` says Slurm's signal came, every rank saves
     the step just done and :class:`Requeue` ends the loop. A first step after a resume that does not fit the
-    checkpoint's record sets that checkpoint aside and starts again from the one before (train/resume.py)."""
+    checkpoint's record sets that checkpoint aside and starts again from the one before (launcher/train/resume.py)."""
     tc = cfg.train
     batching = Batching.from_plan(plan, tc, env.world_size)
     data = TokenData(token_file(cfg.data), cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction)

@@ -3,7 +3,7 @@ environment of the submitting shell (sbatch passes it on to every task).
 
     LAUNCHER_FAULT=raise@5          every rank raises an error of the code's own at step 5
     LAUNCHER_FAULT=raise@5:1        only rank 1 does
-    LAUNCHER_FAULT=preflight:NODE   the device check fails on node NODE (train/preflight.py)
+    LAUNCHER_FAULT=preflight:NODE   the device check fails on node NODE (launcher/train/preflight.py)
     LAUNCHER_FAULT=pace@0.1         every step takes 0.1 s longer (a run of known length, for time limits)
 
 Unset (always, outside drills), nothing here does anything.

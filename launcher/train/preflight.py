@@ -28,8 +28,8 @@ from launcher.core.checkpoints import checkpoint_bytes, human
 from launcher.core.config import ModelConfig
 from launcher.core.plan import Plan
 from launcher.core.rundir import append_event
-from train import faults
-from train.dist import DistEnv
+from launcher.train import faults
+from launcher.train.dist import DistEnv
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Where training starts: the newest good checkpoint, loaded into a freshly built model, and the first step
 after it checked against what the checkpoint recorded of its own step.
 
-Checksums (train/manifest.py) prove that a checkpoint's files are the bytes its ranks wrote, not that those
+Checksums (launcher/train/manifest.py) prove that a checkpoint's files are the bytes its ranks wrote, not that those
 bytes were right: state spoiled before or while it was written (a bad host, a bug, a file replaced together
 with its manifest) loads without complaint. But a resume is exact, so the first step after it is one more
 step of the same run, and its loss and gradient norm must look like those of the step the checkpoint saved
@@ -33,8 +33,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from launcher.core.rundir import append_event
-from train.checkpoint import load_checkpoint, recorded, resume_checkpoint, set_aside
-from train.dist import DistEnv, global_mean
+from launcher.train.checkpoint import load_checkpoint, recorded, resume_checkpoint, set_aside
+from launcher.train.dist import DistEnv, global_mean
 
 log = logging.getLogger(__name__)
 
