@@ -32,7 +32,7 @@ def checkout(tmp_path) -> Path:
     git(root, "commit", "-qm", "first")
     (root / "launcher/__pycache__").mkdir()
     (root / "launcher/__pycache__/x.cpython-311.pyc").write_bytes(b"\0")
-    (root / "train/tokens.bin").write_bytes(b"\0" * 100)
+    (root / "launcher/train/tokens.bin").write_bytes(b"\0" * 100)
     return root
 
 
@@ -42,7 +42,7 @@ def test_a_clean_checkout_records_its_commit(checkout, tmp_path):
     assert (record["commit"], record["dirty"], record["changed"]) == (head, False, [])
     code = tmp_path / "run" / "code"
     assert sorted(str(p.relative_to(code)) for p in code.rglob("*") if p.is_file()) == [
-        "conf/config.yaml", "launcher/__init__.py", "launcher/core/x.py", "source.json", "launcher/train/t.py"]
+        "conf/config.yaml", "launcher/__init__.py", "launcher/core/x.py", "launcher/train/t.py", "source.json"]
     assert json.loads((code / "source.json").read_text()) == record and record["source"] == str(checkout)
     assert not (code / "diff.patch").exists() and dirty_note(tree_state(checkout, PATHS)) is None
 

@@ -9,15 +9,16 @@ import json
 import torch
 from omegaconf import OmegaConf
 
+from helpers import REPO
 from launcher.compose.runs import compose_runs
-from train_harness import launch, make_run_dir, make_tokens, tiny_config
+from train_harness import launch_ranks, make_run_dir, make_tokens, tiny_config
 
 
 def test_a_rank_without_cuda_on_a_real_gpu_cluster_fails_preflight_naming_it(tmp_path):
     assert not torch.cuda.is_available()  # this machine's torch is a CPU build
     config = {**tiny_config(make_tokens(tmp_path / "tokens.bin")), "cluster": {"virtual_gpus": False}}
     run_dir = make_run_dir(tmp_path / "run", config, world_size=1, micro_batch=2)
-    (result,) = launch(["-m", "launcher.train", str(run_dir)], world_size=1)
+    (result,) = launch_ranks(["-m", "launcher.train", str(run_dir)], world_size=1)
     assert result.returncode != 0
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     (failed,) = [e for e in events if e["event"] == "preflight_failed"]
@@ -27,7 +28,8 @@ def test_a_rank_without_cuda_on_a_real_gpu_cluster_fails_preflight_naming_it(tmp
     assert not (run_dir / "metrics.jsonl").exists()  # not a single step on the CPU
 
 
-def test_only_the_local_clusters_say_their_gpus_are_virtual():
+def test_only_the_local_clusters_say_their_gpus_are_virtual(monkeypatch):
+    monkeypatch.setenv("LAUNCHER_SITE_CONFIG", str(REPO / "slurm" / "site"))  # where local2 lives
     virtual = {name: compose_runs([f"cluster={name}", "gpus=2"])[0].config.cluster.virtual_gpus
                for name in ("local", "local2", "slurm")}
     assert virtual == {"local": True, "local2": True, "slurm": False}
