@@ -41,7 +41,7 @@ def test_layouts_the_cluster_cannot_run_are_refused_before_sbatch(slurm, tmp_pat
 
 def test_an_sbatch_refusal_is_one_line_with_the_request_and_the_offer(slurm, tmp_path):
     root = tmp_path / "runs"
-    res = slurm.launcher("model=gpt_tiny", "gpus=1", "+cluster.sbatch_flags.mem=999999", root=root)
+    res = slurm.launcher("model=gpt_tiny", "gpus=1", "cluster.mem=999999", root=root)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0].startswith("error: Slurm refused gpus=1 as 1 node x 1 task x 1 CPU on partition 'gpu' "

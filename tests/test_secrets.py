@@ -299,10 +299,10 @@ PROBE = '''
 import hashlib, json, os, sys
 
 class _SecretsProbe:
-    """When `train` is first imported (injection must be done by then), record what the task sees."""
+    """When `launcher.train` is first imported (injection must be done by then), record what the task sees."""
 
     def find_spec(self, name, path=None, target=None):
-        if name == "train":
+        if name == "launcher.train":
             sys.meta_path.remove(self)
             env_var, file_var = os.environ["SECRETS_PROBE_VARS"].split(",")
             env_value, file_path = os.environ.get(env_var), os.environ.get(file_var)

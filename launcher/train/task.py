@@ -29,7 +29,7 @@ from launcher.train.watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 # Where this code was imported from: the run's frozen copy when the launcher submitted it (launcher/submit/freeze.py).
-CODE_ROOT = str(Path(__file__).resolve().parents[1])
+CODE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def run(run_dir: str | Path) -> dict[str, Any]:
