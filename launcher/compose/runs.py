@@ -84,8 +84,8 @@ def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> Comp
         hydra_overrides = ov.normalise(parsed)
         cfg = compose(config_name="config", overrides=hydra_overrides)
         anchor_slurm_conf(cfg, hydra_overrides)
-        typed_root = any(line.split("=", 1)[0].lstrip("+") == "run_root" for line in hydra_overrides)
-        if cfg.cluster.run_root and not typed_root and not os.environ.get("LAUNCHER_RUN_ROOT"):
+        chose_root = user_set("run_root", hydra_overrides) or os.environ.get("LAUNCHER_RUN_ROOT")
+        if cfg.cluster.run_root and not chose_root:
             cfg.run_root = cfg.cluster.run_root  # the cluster's scratch, unless the user named a root
         if cfg.data.path and not os.path.isabs(os.path.expanduser(cfg.data.path)):
             # Relative to where the command runs, typed or in a run file; recorded absolute (config.yaml,
@@ -104,6 +104,11 @@ def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> Comp
                        run_file=run_file_of(parsed, resolved, plan), data=data)
 
 
+def user_set(key: str, hydra_overrides: List[str]) -> bool:
+    """Whether the user set ``key`` (on the command line or in a run file), rather than a config file."""
+    return any(line.split("=", 1)[0].lstrip("+") == key for line in hydra_overrides)
+
+
 def anchor_slurm_conf(cfg: DictConfig, hydra_overrides: List[str]) -> None:
     """A relative ``cluster.slurm_conf`` is relative to the cluster file that gives it (a site's file may name
     its slurm.conf beside it), or to the current directory where it was typed; the composed config holds it
@@ -111,10 +116,10 @@ def anchor_slurm_conf(cfg: DictConfig, hydra_overrides: List[str]) -> None:
     value = cfg.cluster.slurm_conf
     if not value or os.path.isabs(os.path.expanduser(value)):
         return
-    typed = any(line.split("=", 1)[0].lstrip("+") == "cluster.slurm_conf" for line in hydra_overrides)
     choice = next((line.split("=", 1)[1] for line in hydra_overrides if line.startswith("cluster=")),
                   default_choices()["cluster"])
-    cfg.cluster.slurm_conf = beside(value, None if typed else option_path("cluster", choice))
+    cfg.cluster.slurm_conf = beside(value, None if user_set("cluster.slurm_conf", hydra_overrides)
+                                    else option_path("cluster", choice))
 
 
 def run_file_of(parsed: List[Override], resolved: DictConfig, plan: Plan) -> Dict[str, Any]:
