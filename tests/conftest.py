@@ -17,7 +17,9 @@ from helpers import REPO, SlurmCluster, cluster_lock, cluster_port, job_id_of, r
 # The fixtures that are, or stand on, a running cluster: a test that uses one is marked ``slurm``
 # (pytest_itemcollected), so that ``pytest -m "not slurm"`` runs without a cluster. A test that starts
 # a cluster of its own with slurm/up.sh carries the mark itself.
-CLUSTER_FIXTURES = {"slurm", "three", "time_limited"}
+CLUSTER_FIXTURES = {"slurm", "three", "limited", "time_limited"}
+# Clusters of their own: their tests run in one group, ``three``, started first, beside the time-limited run.
+OWN_CLUSTERS = {"three", "limited"}
 # Session fixtures that any number of workers may each set up on their own (the rest are shared state: a
 # cluster on a fixed port, a run to reuse; their tests go to one worker).
 PER_WORKER = {"slurm", "_unreachable_slurm", "_start_the_time_limited_run_early"}
@@ -29,7 +31,7 @@ def xdist_group(item) -> str | None:
     (its name), those mounting a tmpfs, and those sharing a module fixture (their module). A module without
     a cluster is one group (its module-scoped data is made once). Any other cluster test runs on its own."""
     scopes = {name: defs[-1].scope for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs}
-    if "three" in scopes:
+    if OWN_CLUSTERS & set(scopes):
         return "three"
     if "tmpfs" in scopes:
         return "tmpfs"
@@ -193,16 +195,21 @@ SLURMD_TIMEOUT_S = 10
 PACE_S, PACED_STEPS = 0.1, 1800
 
 
-@pytest.fixture(scope="session")
-def three(slurm, tmp_path_factory):
-    """A second local cluster beside the suite's own (port + 200): 3 nodes x 2 GPUs for the faults, and a
-    fourth for the time-limited run."""
-    port = cluster_port("three")
-    state = tmp_path_factory.mktemp("three")
-    up = run_up("--dir", str(state), "--name", f"three{port}", "--port", str(port), "--nodes", "4", "--gpus", "2")
+def extra_cluster(slurm, state: Path, purpose: str, nodes: int, gpus: int) -> SlurmCluster:
+    """A local cluster of its own beside the suite's (its port from helpers.PORT_OFFSETS), state in ``state``."""
+    port = cluster_port(purpose)
+    up = run_up("--dir", str(state), "--name", f"{purpose}{port}", "--port", str(port), "--nodes", str(nodes),
+                "--gpus", str(gpus))
     assert up.returncode == 0, up.stderr
     env = {**slurm.env, "SLURM_CONF": str(state / "etc" / "slurm.conf")}
-    cluster = SlurmCluster(env=env, nodes=[f"three{port}-node{n}" for n in (1, 2, 3, 4)], gpus_per_node=2)
+    return SlurmCluster(env=env, nodes=[f"{purpose}{port}-node{n}" for n in range(1, nodes + 1)], gpus_per_node=gpus)
+
+
+@pytest.fixture(scope="session")
+def three(slurm, tmp_path_factory):
+    """A second local cluster beside the suite's own: 3 nodes x 2 GPUs for the faults of the cluster itself."""
+    state = tmp_path_factory.mktemp("three")
+    cluster = extra_cluster(slurm, state, "three", nodes=3, gpus=2)
     slurm_conf = state / "etc" / "slurm.conf"
     slurm_conf.write_text(re.sub(r"^SlurmdTimeout=\d+", f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
                                  slurm_conf.read_text(), flags=re.M))
@@ -212,23 +219,31 @@ def three(slurm, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def time_limited(three, tmp_path_factory):
-    """A run that needs 4 or more attempts of a 2-minute time limit, on the fourth node (started first)."""
-    cluster, _ = three
+def limited(slurm, tmp_path_factory):
+    """A cluster of one node x 2 GPUs for the time-limited run alone: the faults ``three`` suffers (its controller
+    stopped for a minute) would otherwise fall on one of the run's requeues and fail it."""
+    state = tmp_path_factory.mktemp("limited")
+    yield extra_cluster(slurm, state, "limited", nodes=1, gpus=2)
+    run_down(state)
+
+
+@pytest.fixture(scope="session")
+def time_limited(limited, tmp_path_factory):
+    """A run that needs 4 or more attempts of a 2-minute time limit (started first)."""
     root = tmp_path_factory.mktemp("time_limited")
-    res = cluster.launcher("model=gpt_tiny", "gpus=2", f"train.steps={PACED_STEPS}", "train.log_every=1",
+    res = limited.launcher("model=gpt_tiny", "gpus=2", f"train.steps={PACED_STEPS}", "train.log_every=1",
                            "train.checkpoint_every=0", "cluster.time_limit_min=2", "cluster.signal_delay_s=60",
-                           f"+cluster.sbatch_flags.nodelist={cluster.nodes[3]}", "name=limited", root=root,
-                           env={"LAUNCHER_FAULT": f"pace@{PACE_S}"})
+                           "name=limited", root=root, env={"LAUNCHER_FAULT": f"pace@{PACE_S}"})
     assert res.returncode == 0, res.stderr
-    return cluster, root / "limited", job_id_of(res.stdout), time.time()
+    return limited, root / "limited", job_id_of(res.stdout), time.time()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _start_the_time_limited_run_early(request):
     """The time-limited run takes minutes of wall time; when its test is among those collected, it starts
     with the session and runs on its own node while the other tests run. Under pytest-xdist every worker
-    collects every test: the run starts instead with the first test of the ``three`` group, handed out first."""
+    collects every test: the run starts instead with the first test of the ``three`` group, handed out first
+    (its own cluster, ``limited``, beside the group's)."""
     if under_xdist(request.config):
         return
     if any("test_time_limit_slurm.py" in item.nodeid for item in request.session.items):
@@ -248,7 +263,7 @@ def _time_limited_run_beside_the_three_group(request):
 @pytest.fixture(autouse=True)
 def _share_the_cluster(request):
     if request.node.get_closest_marker("slurm") is None or "slurm" not in request.fixturenames \
-            or "three" in request.fixturenames:  # the second cluster's tests (one waits minutes) use only it
+            or OWN_CLUSTERS & set(request.fixturenames):  # the tests on clusters of their own use only those
         yield
         return
     whole = request.node.get_closest_marker("whole_cluster") is not None

@@ -58,6 +58,12 @@ class SlurmCluster:
         except AssertionError:
             raise AssertionError(f"job {job_id} did not finish in {timeout} s") from None
 
+    def completes(self, job_id: str, run_dir: Path, timeout: float = 300) -> None:
+        """Assert that job ``job_id`` of the run in ``run_dir`` ends COMPLETED; else fail with the run's own record
+        of why (a CI log holds only what the assertion says)."""
+        state = self.wait(job_id, timeout)
+        assert state == "COMPLETED", f"job {job_id} ended {state}; the run's record:\n{record(run_dir)}"
+
     def launcher(self, *args: str, root: Path, timeout: float = 60, env: dict | None = None
                  ) -> subprocess.CompletedProcess:
         """Run ``python -m launcher ARGS`` as a user would, with runs under ``root``."""
@@ -102,6 +108,12 @@ def events(run_dir: Path) -> list[dict]:
     """The run's events.jsonl, in order ([] before it exists)."""
     path = Path(run_dir) / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def record(run_dir: Path) -> str:
+    """The run's events but its heartbeats, one line each: what a failed test shows of the run."""
+    return "\n".join(json.dumps({k: v for k, v in e.items() if k != "time"}) for e in events(run_dir)
+                     if e.get("event") != "heartbeat")
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -153,7 +165,7 @@ def git(root: Path, *args: str) -> str:
 # Ports. Every cluster a test starts listens on the suite's own cluster's port plus an offset of its own, so
 # that two checkouts' suites (each with its own cluster, on its own port) can run side by side. A cluster uses
 # its port up to port + 20 + its node count.
-PORT_OFFSETS = {"local2": 100, "three": 200, "noacct": 300, "twice": 400, "dies": 500, "restart": 600}
+PORT_OFFSETS = {"local2": 100, "three": 200, "noacct": 300, "twice": 400, "dies": 500, "restart": 600, "limited": 700}
 
 
 def suite_port() -> int:

@@ -1,6 +1,5 @@
-"""Faults of the cluster itself, caused on the suite's second local cluster (``three`` in conftest.py, whose
-fourth node holds the time-limited run of test_time_limit_slurm.py): a node lost mid-run (its slurmd
-killed) and the controller stopped mid-run."""
+"""Faults of the cluster itself, caused on the suite's second local cluster (``three`` in conftest.py): a node
+lost mid-run (its slurmd killed) and the controller stopped mid-run."""
 from __future__ import annotations
 
 import json
@@ -56,7 +55,7 @@ def test_a_lost_node_is_named_left_out_and_the_run_completes_on_the_others(three
     assert (lost["outcome"], lost["node"], lost["exclude"]) == ("LOST", victim, [victim]), lost
     assert f"node {victim} lost at step" in lost["cause"] and lost["short"] == f"{victim} lost"
     assert victim not in cluster.run("scontrol", "show", "hostnames", second["nodes"]).stdout.split()
-    assert cluster.wait(job, timeout=400) == "COMPLETED"
+    cluster.completes(job, run_dir, timeout=400)
     resumed = [e["step"] for e in events(run_dir) if e["event"] == "resumed"]
     assert len(resumed) == 1 and resumed[0] % 50 == 0 and progress(run_dir) == 900
     described = cluster.launcher("describe", "lost", root=tmp_path).stdout
@@ -99,7 +98,7 @@ def test_training_goes_on_while_the_controller_is_down_and_status_commands_answe
     finally:
         start_daemon(pidfile, argv, env, state / "log" / "slurmctld.log")
     wait_for(lambda: cluster.run("scontrol", "ping", check=False).returncode == 0, 60, "controller back")
-    assert cluster.wait(job, timeout=300) == "COMPLETED"
+    cluster.completes(job, run_dir, timeout=300)
     assert progress(run_dir) == 600
     listed = {r["name"]: r for r in json.loads(cluster.launcher("runs", "--json", root=tmp_path).stdout)}
     assert listed["calm"]["status"] == "COMPLETED"

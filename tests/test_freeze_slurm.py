@@ -36,7 +36,7 @@ def test_a_requeued_job_trains_with_the_code_it_was_submitted_with(slurm, tmp_pa
     for module in ("launcher/train/loop.py", "launcher/job/entry.py", "launcher/job/recovery.py"):  # training would break now
         (repo / module).write_text(BROKEN + (repo / module).read_text())
     slurm.run("scontrol", "requeue", job)
-    assert slurm.wait(job, timeout=300) == "COMPLETED"
+    slurm.completes(job, run_dir, timeout=300)
 
     started = [e for e in events(run_dir) if e["event"] == "started"]
     assert len(started) == 2 and {e["code"] for e in started} == {str(run_dir / "code")}

@@ -19,7 +19,7 @@ def test_preempted_run_resumes_and_matches_an_uninterrupted_one(slurm, tmp_path)
     resumed = next(e for e in events(run_dir) if e["event"] == "resumed")
     assert 0 < resumed["step"] < 400
 
-    assert slurm.wait(job, timeout=300) == "COMPLETED"
+    slurm.completes(job, run_dir, timeout=300)
     assert slurm.wait(steady_job, timeout=300) == "COMPLETED"
     interrupted, uninterrupted = losses(run_dir), losses(tmp_path / "steady")
     assert max(interrupted) == 400 and set(uninterrupted) <= set(interrupted)

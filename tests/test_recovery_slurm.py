@@ -76,7 +76,7 @@ def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, steady, tmp_
     assert retry["previous_job_id"] == job and retry["job_id"] != job
     assert retry["exclude"] == []  # a killed rank (the OOM killer, say) does not make its node suspect
 
-    assert slurm.wait(retry["job_id"], timeout=400) == "COMPLETED"
+    slurm.completes(retry["job_id"], run_dir, timeout=400)
     kinds = [e["event"] for e in events(run_dir)]
     assert kinds.count("attempt") == 2 and "resumed" in kinds and kinds[-1] == "attempt_ended"
     interrupted = losses(run_dir)
@@ -127,7 +127,7 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_requeued_job_resumes_from_the
         assert resumed["step"] == step_of(spoiled) - 20  # the one before: no more than one interval lost
         print(f"{damaged[-1]['damage']}: resumed from step {resumed['step']} {resumed['time'] - released:.0f} s "
               "after the job was released")
-    assert slurm.wait(job, timeout=400) == "COMPLETED"
+    slurm.completes(job, run_dir, timeout=400)
     assert losses(run_dir) == steady()
     ended = [e for e in events(run_dir) if e["event"] == "attempt_ended"]
     assert [e["outcome"] for e in ended] == ["REQUEUED", "REQUEUED", "COMPLETED"], ended
@@ -150,7 +150,7 @@ def test_a_hung_rank_is_named_with_its_stack_and_the_run_recovers_elsewhere(slur
     assert (ended["outcome"], ended["rank"]) == ("STALLED", 1)
     retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 30, "retry")[0]
     assert retry["exclude"] == [stall["nodes"][0]]  # the hung rank's node is avoided
-    assert slurm.wait(retry["job_id"], timeout=400) == "COMPLETED"
+    slurm.completes(retry["job_id"], run_dir, timeout=400)
     attempts = [e for e in events(run_dir) if e["event"] == "attempt"]
     assert stall["nodes"][0] not in attempts[-1]["nodes"]
     print(f"stall recorded {stall['time'] - stopped_at:.0f} s after SIGSTOP; retry at {retry['time'] - stopped_at:.0f} s")
@@ -185,7 +185,7 @@ def test_a_node_failing_preflight_is_left_out_and_the_run_completes_on_another(s
     assert failed and {e["node"] for e in failed} == {sick}
     assert "metrics.jsonl" not in {p.name for p in run_dir.iterdir()}  # caught before training
     assert retry["exclude"] == [sick] and retry["preflight"] is True
-    assert slurm.wait(retry["job_id"], timeout=300) == "COMPLETED"
+    slurm.completes(retry["job_id"], run_dir, timeout=300)
     attempts = [e for e in events(run_dir) if e["event"] == "attempt"]
     assert [a["nodes"] for a in attempts] == [sick, slurm.nodes[1]]
     report = next(e for e in events(run_dir) if e["event"] == "preflight")
@@ -207,7 +207,7 @@ def test_a_failed_run_resumes_from_its_checkpoint_and_completes(slurm, tmp_path)
     assert new_job != job
     status = lambda: {r["name"]: r["status"] for r in json.loads(slurm.launcher("runs", "--json", root=tmp_path).stdout)}
     assert wait_for(lambda: status()["again"] in ("PENDING", "RUNNING") and status()["again"], 60, "active")
-    assert slurm.wait(new_job, timeout=300) == "COMPLETED"
+    slurm.completes(new_job, run_dir, timeout=300)
     assert status()["again"] == "COMPLETED"
     assert [e["step"] for e in events(run_dir) if e["event"] == "resumed"] == [20]
     assert max(losses(run_dir)) == 40
@@ -230,7 +230,7 @@ def test_every_signal_costs_no_step_and_the_losses_stay_exact(slurm, tmp_path):
         slurm.run("scancel", "--signal=USR2", job)
         wait_for(lambda: sum(e["event"] == "resumed" for e in events(run_dir)) == signal_no + 1, 180,
                  f"resume after signal {signal_no + 1}")
-    assert slurm.wait(job, timeout=300) == "COMPLETED"
+    slurm.completes(job, run_dir, timeout=300)
     kinds = [e["event"] for e in events(run_dir)]
     requeued = [e["step"] for e in events(run_dir) if e["event"] == "requeued"]
     resumed = [e["step"] for e in events(run_dir) if e["event"] == "resumed"]

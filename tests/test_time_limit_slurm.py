@@ -14,7 +14,7 @@ def test_a_time_limit_cuts_the_run_into_attempts_and_no_step_is_lost_or_trained_
     cluster, run_dir, job, submitted = time_limited
     # 40 minutes from its submission: under pytest-xdist its group's other tests run first, and on a busy machine
     # attempts that start slowly get the early signal (Slurm's 30 s tick) after a step or two (seen: 23 attempts).
-    assert cluster.wait(job, timeout=max(60.0, 2400 - (time.time() - submitted))) == "COMPLETED"
+    cluster.completes(job, run_dir, timeout=max(60.0, 2400 - (time.time() - submitted)))
     ended = [e for e in events(run_dir) if e["event"] == "attempt_ended"]
     assert len(ended) >= 4 and [e["outcome"] for e in ended] == ["REQUEUED"] * (len(ended) - 1) + ["COMPLETED"]
     requeued = [e for e in events(run_dir) if e["event"] == "requeued"]
