@@ -1,5 +1,8 @@
 """Cause attribution: the rank that died is blamed, not the peers that lost it (units on evidence as the
 local cluster produced it: srun's stderr, ranks' failed events, heartbeats)."""
+import os
+import time
+
 from launcher.job.attempts import Cause, TaskEnd, attribute, expand_ranks, srun_task_ends
 
 SRUN_KILLED = """\
@@ -88,16 +91,74 @@ def test_a_running_run_whose_steps_stopped_is_shown_stalled(tmp_path):
     assert state.state == "RUNNING" and state.reason.startswith("stalled? no step for ")
 
 
-def test_requeues_without_progress_are_counted_and_end_the_run(tmp_path):
-    from launcher.core.rundir import append_event, read_events
-    from launcher.train.interrupt import requeue
+def requeue_scene(tmp_path, monkeypatch, scontrol: str, max_requeues: int = 2):
+    """A run directory whose ranks asked for a requeue, and an ``scontrol`` on PATH that runs ``scontrol``
+    (a shell body) and logs its arguments to ``calls``."""
+    from omegaconf import OmegaConf
 
-    for _ in range(2):
+    from launcher.core.config import ClusterConfig, ModelConfig, RunConfig
+
+    cfg = RunConfig(model=ModelConfig(name="gpt_tiny", d_model=64, n_heads=2, n_layers=2, seq_len=32), name="cut",
+                    cluster=ClusterConfig(max_requeues=max_requeues, signal_delay_s=20))
+    OmegaConf.save(OmegaConf.structured(cfg), tmp_path / "config.yaml", resolve=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n{scontrol}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    return tmp_path / "calls"
+
+
+def test_the_batch_shell_requeues_after_the_ranks_saved(tmp_path, monkeypatch):
+    """On the host, not in a rank (which may run in a container without scontrol): the requeue the ranks asked
+    for is made by the batch script's last step."""
+    from launcher.core.rundir import append_event, read_events
+    from launcher.job.recovery import requeue, requeue_asked
+
+    calls = requeue_scene(tmp_path, monkeypatch, "exit 0")
+    append_event(tmp_path, "attempt", attempt=1, job_id="9")
+    append_event(tmp_path, "requeued", job_id="9", step=40, by="signal")
+    events = read_events(tmp_path)
+    assert requeue_asked(events) == 40
+    assert requeue(tmp_path, "9", 40, events) is None
+    assert calls.read_text() == "requeue 9\n"
+    assert requeue_asked([*events, {"event": "failed", "error": "x"}]) is None  # failed after: not a requeue
+    assert requeue_asked([{"event": "requeued", "step": 3}]) is None  # submitit's own handler requeued it
+
+
+def test_a_requeue_the_controller_refuses_is_recorded_as_an_infrastructure_failure(tmp_path, monkeypatch):
+    from launcher.core.rundir import append_event, read_events
+    from launcher.job.attempts import attribute
+    from launcher.job.recovery import INFRASTRUCTURE, requeue
+
+    calls = requeue_scene(tmp_path, monkeypatch,
+                          'echo "scontrol: error: Unable to contact slurm controller" >&2; exit 1')
+    append_event(tmp_path, "requeued", job_id="9", step=40, by="signal")
+    started = time.monotonic()
+    failure = requeue(tmp_path, "9", 40, read_events(tmp_path))
+    assert time.monotonic() - started >= 5  # asked again for max(5, signal_delay_s - 15) s
+    assert len(calls.read_text().splitlines()) >= 2
+    assert failure["error"] == ("ConnectionError: scontrol requeue 9 failed: scontrol: error: Unable to contact slurm "
+                                "controller") and not failure.get("final")
+    cause = attribute(read_events(tmp_path), [], {})
+    assert (cause.short, cause.node, cause.step) == ("requeue failed", "n1", 40) and INFRASTRUCTURE.search(cause.error)
+
+
+def test_requeues_without_progress_are_counted_and_end_the_run(tmp_path, monkeypatch):
+    from launcher.core.rundir import append_event, read_events
+    from launcher.job.recovery import requeue
+
+    calls = requeue_scene(tmp_path, monkeypatch, "exit 0", max_requeues=2)
+    for _ in range(3):  # two earlier attempts ended at step 40, and this third one again
         append_event(tmp_path, "requeued", job_id="9", step=40, by="signal")
-    assert requeue(tmp_path, 40, max_requeues=2, patience_s=0) is False  # a third attempt ended at step 40 again
+    failure = requeue(tmp_path, "9", 40, read_events(tmp_path))
     verdict = read_events(tmp_path)[-1]
-    assert (verdict["event"], verdict["final"], verdict["short"]) == ("failed", True, "no progress")
-    assert "3 attempts in a row ended at step 40" in verdict["error"]
+    assert (verdict["event"], verdict["final"], verdict["short"]) == ("failed", True, "no progress") == (
+        "failed", failure["final"], failure["short"])
+    assert "3 attempts in a row ended at step 40" in verdict["error"] and not calls.exists()
+    append_event(tmp_path, "requeued", job_id="9", step=41, by="signal")  # progress: the count starts again
+    assert requeue(tmp_path, "9", 41, read_events(tmp_path)) is None
 
 
 def test_a_time_limit_within_the_signal_delay_is_refused():

@@ -102,9 +102,13 @@ def test_a_container_runs_the_tasks_with_its_python_and_sees_the_run_data_and_se
             f"{tmp_path}/runs:{tmp_path}/runs,{tmp_path}/cache:{tmp_path}/cache,"
             f"{tmp_path}/home/secrets:{tmp_path}/home/secrets,/lustre:/lustre:ro "
             f"--container-workdir={run_dir} /usr/bin/python3 -u -m submitit.core._submit") in srun
-    # The batch script's own steps run on the host, with the cluster's interpreter, never inside the image.
-    assert f"/opt/venv/bin/python -m launcher.job.recovery begin {run_dir}" in lines(text)
-    assert f"/opt/venv/bin/python -m launcher.job.recovery end {run_dir} $?" in lines(text)
+    # The batch script's own steps run on the host, with the cluster's interpreter, never inside the image: the
+    # attempt's record, the squeue comment beside srun, and after it the requeue (the image needs no scontrol).
+    host = [line for line in lines(text) if line.startswith("/opt/venv/bin/python ")]
+    assert host == [f"/opt/venv/bin/python -m launcher.job.recovery begin {run_dir}",
+                    f"/opt/venv/bin/python -m launcher.job.progress {run_dir} &",
+                    f"/opt/venv/bin/python -m launcher.job.recovery end {run_dir} $?"]
+    assert lines(text).index(host[1]) < lines(text).index(srun) < lines(text).index(host[2])
 
 
 def test_without_a_container_the_tasks_run_the_clusters_python(tmp_path):

@@ -7,7 +7,8 @@ The batch script the launcher submits runs (launcher/slurm/batch.py)::
     python -m launcher.job.recovery end RUN_DIR $?         # after srun, with its exit status
 
 ``begin`` records an ``attempt`` event (its number, job id, nodes). ``end`` weighs the attempt's evidence
-(launcher/job/attempts.py: events, srun's report, heartbeats) into a cause and records ``attempt_ended``. For a
+(launcher/job/attempts.py: events, srun's report, heartbeats) into a cause and records ``attempt_ended``. When
+the ranks saved on Slurm's time-limit or preemption signal, it requeues the job (:func:`requeue`). For a
 failed or stalled attempt it then decides (:func:`decide`): retry from the newest good checkpoint as a new
 Slurm job that excludes the node to blame, up to ``cluster.max_retries``; or give up with the cause, when the
 failure is the code's own (before the first step of the first attempt, or the same error at the same step
@@ -22,6 +23,7 @@ import os
 import re
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -86,14 +88,26 @@ def unjudged(run_dir: Path, attempt: dict) -> dict:
 
 
 def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
-    """Record how the attempt ended; retry it or give up. Returns the decision (None: nothing to decide)."""
+    """Record how the attempt ended; requeue it, retry it or give up. Returns the decision (None: nothing to
+    decide)."""
     events = read_events(run_dir)
     attempt, since = AttemptLog(events).this_attempt()
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    queued = None
+    asked = requeue_asked(since)
+    if asked is not None:
+        queued = queue_state(job_id)
+        if not queued.startswith("CANCELLED") and queued not in REQUEUED_STATES:
+            if requeue(run_dir, job_id, asked, events) is None:
+                append_event(run_dir, "attempt_ended", attempt=attempt.get("attempt") if attempt else None,
+                             job_id=job_id, outcome="REQUEUED")
+                return None
+            events = read_events(run_dir)  # with the failure just recorded, judged below
+            attempt, since = AttemptLog(events).this_attempt()
     kinds = {e.get("event") for e in since}
     if "requeued" in kinds and [e for e in since if e.get("event") in ("requeued", "failed")][-1]["event"] == "failed":
         kinds.discard("requeued")  # the signal was heard but Slurm could not requeue: judged as a failure
     number = attempt.get("attempt") if attempt else None
-    job_id = os.environ.get("SLURM_JOB_ID", "")
     verdict = next((e for e in since if e.get("event") == "failed" and e.get("final")), None)
     if verdict:  # the ranks already ended the run (a requeue budget spent): nothing to decide
         append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome="FAILED",
@@ -102,7 +116,7 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     if exit_code == 0 and "finished" in kinds:
         append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome="COMPLETED")
         return None
-    queued = queue_state(job_id)
+    queued = queue_state(job_id) if queued is None else queued
     if queued.startswith("CANCELLED"):  # by the user or an administrator (`launcher stop` records it too)
         kinds.add("cancelled")
     if "requeued" in kinds or "cancelled" in kinds:  # preemption, time limit, or the user: not a failure
@@ -143,6 +157,51 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
 
 # A job that Slurm has put back in the queue while the old batch script may still be running.
 REQUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+
+
+def requeue_asked(since: List[dict]) -> Optional[int]:
+    """The step saved for a requeue the ranks asked for in this attempt (``requeued`` by the signal, nothing
+    failed after it), or None."""
+    last = next((e for e in reversed(since) if e.get("event") in ("requeued", "failed")), None)
+    return last.get("step") if last and last["event"] == "requeued" and last.get("by") == "signal" else None
+
+
+def requeue(run_dir: Path, job_id: str, step: int, events: List[dict]) -> Optional[dict]:
+    """Requeue this job (same job id, a new attempt) after its ranks saved ``step`` on Slurm's signal.
+
+    Here, in the batch shell on the host, not in a rank: ranks may run in a container without Slurm's client or
+    munge. Returns None when Slurm requeued the job; else the ``failed`` event recorded: final when
+    ``cluster.max_requeues`` requeues in a row made no progress (a long run cut into many time-limited attempts
+    is never stopped by a fixed cap, while one that can no longer train a step within its limit is), or the
+    controller's refusal, which the attempt's judgement then retries as a new job from the step just saved."""
+    from launcher.core.config import load_run_config
+    from launcher.slurm.client import Slurm
+    from launcher.slurm.output import SlurmError
+
+    cluster = load_run_config(Path(run_dir) / "config.yaml").cluster
+    earlier = [e.get("step") for e in events if e.get("event") == "requeued" and e.get("by") == "signal"][:-1]
+    stuck = next((n for n, seen in enumerate(reversed(earlier)) if seen != step), len(earlier))
+    node = os.environ.get("SLURMD_NODENAME")
+    if stuck >= cluster.max_requeues:
+        fields = {"final": True, "short": "no progress", "step": step,
+                  "error": f"{stuck + 1} attempts in a row ended at step {step} without training a step",
+                  "reason": f"cluster.max_requeues={cluster.max_requeues} requeues without progress"}
+    else:
+        # Until shortly before the time limit: the signal came at least signal_delay_s before it.
+        deadline = time.monotonic() + max(5, cluster.signal_delay_s - 15)
+        while True:
+            try:
+                Slurm(None, timeout=30).requeue(job_id)
+                return None
+            except SlurmError as err:
+                error = str(err)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(3)
+        fields = {"short": "requeue failed", "step": step, "node": node,
+                  "error": f"ConnectionError: scontrol requeue {job_id} failed: {error}"}
+    append_event(run_dir, "failed", job_id=job_id, **fields)
+    return fields
 
 
 def queue_state(job_id: str) -> str:

@@ -147,8 +147,9 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
     """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``.
 
     With the run's directory, the job also records its attempt around the ranks and recovers from a
-    failure (launcher/job/recovery.py): ``begin`` before srun, ``end`` with srun's exit status after it, both,
-    like the tasks, importing the run's frozen code (:func:`frozen_code_line`); and
+    failure (launcher/job/recovery.py): ``begin`` before srun, ``end`` with srun's exit status after it (which
+    also requeues the job when the ranks saved on Slurm's signal), and the progress comment beside srun
+    (launcher/job/progress.py), all, like the tasks, importing the run's frozen code (:func:`frozen_code_line`); and
     srun ends every rank as soon as one dies (``--kill-on-bad-exit``), so an attempt fails in seconds, not
     after a collective's timeout. ``exclude``: nodes the job must not run on (an earlier attempt's culprits).
     """
@@ -157,9 +158,11 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
     if run_dir is not None:
         recovery = f"{host_python(cfg.cluster)} -m launcher.job.recovery"
         where = shlex.quote(str(Path(run_dir).absolute()))
-        # The umask first: every file of the job (Slurm's output, logs, checkpoints) is the run's alike.
+        # The umask first: every file of the job (Slurm's output, logs, checkpoints) is the run's alike. The
+        # progress comment is set from here, the host, beside the ranks (launcher/job/progress.py).
         params["setup"] = [umask_line(cfg.share_group), *params.get("setup", []), frozen_code_line(run_dir),
-                           f"{recovery} begin {where}"]
+                           f"{recovery} begin {where}",
+                           f"{host_python(cfg.cluster)} -m launcher.job.progress {where} &"]
         params["teardown"] = [f"{recovery} end {where} $?"]
         inside = container_args(cfg, run_dir, mounts)
         outside = [arg for arg in params.get("srun_args", []) if not arg.startswith("--container-")]

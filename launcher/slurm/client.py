@@ -162,6 +162,14 @@ class Slurm:
     def cancel(self, job_id: str) -> None:
         self.run(["scancel", job_id])
 
+    def requeue(self, job_id: str) -> None:
+        """Put a running job back in the queue (same job id): Slurm ends its processes and starts it again."""
+        self.run(["scontrol", "requeue", job_id])
+
+    def set_comment(self, job_id: str, text: str) -> None:
+        """The job's Comment, as squeue (``%k``) and sacct show it."""
+        self.run(["scontrol", "update", f"JobId={job_id}", f"Comment={text}"])
+
     def sbatch(self, script: Path) -> str:
         """Submit a script; its job id, or SlurmError with Slurm's reason alone (one line)."""
         try:

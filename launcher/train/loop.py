@@ -38,7 +38,6 @@ from launcher.train.model import GPT
 from launcher.train.tracking import open_tracker
 from launcher.train.optim import build_optimizer, optimizer_step
 from launcher.train.parallel import parallelize
-from launcher.train.progress import job_comment
 from launcher.train.resume import Starter
 from launcher.train.watchdog import Watchdog
 from launcher.core.rundir import METRICS
@@ -139,7 +138,6 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
 
     metrics = MetricsLog(Path(run_dir) / METRICS, open_tracker(cfg, run_dir, start)) if env.is_main \
         else MetricsLog(None)
-    comment = job_comment(env.is_main)
     fpt = flops_per_token(cfg.model)
     peak = peak_flops(env.device, compute_precision(cfg.parallel.precision, env.device.type == "cuda"))
     tokens_per_step = batching.global_batch * cfg.model.seq_len
@@ -184,7 +182,6 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
                 metrics.write(record)
                 watchdog.measured(record["step_time"])
                 intervals.append({"steps": steps, "seconds": seconds})
-                comment.update(f"step {done}/{tc.steps} loss {record['loss']:.3f} tok/s {record['tokens_per_s']:.0f}")
                 timer.reset()
 
             interrupted = not last and interrupt.agreed()  # Slurm's time-limit or preemption signal
@@ -200,13 +197,11 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
                  "steps_run": tc.steps - start, "resumed_from": start if begun.checkpoint is not None else None,
                  "micro_batch": batching.micro_batch, "grad_accum": batching.grad_accum}
         metrics.write(final)
-        comment.update(f"done {tc.steps}/{tc.steps} loss {record['loss']:.3f}")
         return final
     except BaseException as err:
         err.train_step = watchdog.pulse.step  # type: ignore[attr-defined]
         raise
     finally:
-        comment.close()
         metrics.close()
 
 

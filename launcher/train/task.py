@@ -1,9 +1,9 @@
 """What every Slurm task runs: :func:`run` (called by ``launcher.job.entry.TrainTask``, or
 ``python -m launcher.train``).
 
-When Slurm signals an approaching time limit or preemption, every rank saves the step just done and rank 0
-requeues the job (launcher/train/interrupt.py); the requeued job resumes from that checkpoint, having lost nothing.
-Before training starts, submitit's own handler (``TrainTask.checkpoint`` on rank 0) requeues instead.
+When Slurm signals an approaching time limit or preemption, every rank saves the step just done, rank 0 asks
+for a requeue (a ``requeued`` event) and the ranks end; the batch script's last step requeues the job on the host
+(launcher/job/recovery.py), and the requeued job resumes from that checkpoint, having lost nothing.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.plan import read_plan
 from launcher.core.rundir import append_event
 from launcher.train.dist import check_allreduce, global_rank_from_environ, init_distributed
-from launcher.train.interrupt import Interrupt, Requeue, requeue
+from launcher.train.interrupt import Interrupt, Requeue
 from launcher.train.loop import train
 from launcher.train.preflight import preflight
 from launcher.train.watchdog import Watchdog
@@ -51,9 +51,8 @@ def run(run_dir: str | Path) -> dict[str, Any]:
         try:
             final = train(cfg, plan, run_dir, env, watchdog, Interrupt(env))
         except Requeue as stop:
-            if env.is_main:
-                # Until shortly before the time limit: the signal came at least signal_delay_s before it.
-                requeue(run_dir, stop.step, cfg.cluster.max_requeues, max(5, cfg.cluster.signal_delay_s - 15))
+            if env.is_main:  # before the ranks end: the batch script's last step reads it and requeues the job
+                append_event(run_dir, "requeued", job_id=os.environ.get("SLURM_JOB_ID"), step=stop.step, by="signal")
             return {"requeued_after": stop.step}
         finally:
             watchdog.stop()
