@@ -110,6 +110,11 @@ def events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+# srun options that leave the tasks no way to reach Slurm, as in a container image without Slurm's client or munge:
+# what must be done with Slurm (the requeue, the progress comment) is then done by the batch shell on the host.
+TASKS_WITHOUT_SLURM = "cluster.srun_args=['--export=ALL,SLURM_CONF=/nonexistent/slurm.conf']"
+
+
 def record(run_dir: Path) -> str:
     """The run's events but its heartbeats, one line each: what a failed test shows of the run."""
     return "\n".join(json.dumps({k: v for k, v in e.items() if k != "time"}) for e in events(run_dir)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cluster_lock, events, job_id_of, launch, losses, wait_for
+from helpers import TASKS_WITHOUT_SLURM, cluster_lock, events, job_id_of, launch, losses, wait_for
 
 from launcher.core.checkpoints import latest_checkpoint, step_of
 
@@ -217,10 +217,11 @@ def test_a_failed_run_resumes_from_its_checkpoint_and_completes(slurm, tmp_path)
 
 def test_every_signal_costs_no_step_and_the_losses_stay_exact(slurm, tmp_path):
     """Four time-limit/preemption signals (USR2, as Slurm sends them): every rank saves the step just done
-    and the job requeues, so no step is ever trained twice and none is lost, with no periodic checkpoint."""
+    and the job requeues, so no step is ever trained twice and none is lost, with no periodic checkpoint. The
+    tasks cannot reach Slurm (as in a container without its client): the batch shell on the host requeues."""
     common = ("model=gpt_tiny", "gpus=2", "train.steps=400", "train.log_every=1", "train.checkpoint_every=0")
     steady = slurm.launcher(*common, "name=steady", root=tmp_path)
-    res = slurm.launcher(*common, "name=cut", root=tmp_path)
+    res = slurm.launcher(*common, "name=cut", TASKS_WITHOUT_SLURM, root=tmp_path)
     job = job_id_of(res.stdout)
     run_dir = tmp_path / "cut"
     metrics_lines = lambda: (run_dir / "metrics.jsonl").read_text().count("\n") if (run_dir / "metrics.jsonl").exists() else 0  # noqa: E731
