@@ -51,6 +51,8 @@ COMMANDS: Dict[str, Command] = {
     "data": Command("launcher.commands.data", "prepare a dataset: text, JSON-lines or Parquet to tokenizer + shards"),
     "sample": Command("launcher.commands.sample", "generate text from a run's newest checkpoint with its tokenizer",
                       True),
+    "login": Command("launcher.commands.login", "open a remote cluster's SSH connection once (a password or 2FA)"),
+    "logout": Command("launcher.commands.login", "close a remote cluster's SSH connection"),
 }
 
 DEFAULT_COMMAND = "launch"
@@ -98,9 +100,24 @@ def run_command(args: List[str]) -> int:
     name = args[0] if args[0] in COMMANDS else None
     parser = build_parser(name)
     parsed, extras = parser.parse_known_args(args)
-    module = importlib.import_module(COMMANDS[parsed.command].module)
     take_extras(parsed, extras, "launcher" if parsed.command == DEFAULT_COMMAND else f"launcher {parsed.command}")
+    if COMMANDS[parsed.command].about_runs and parsed.command != "runs" and (
+            getattr(parsed, "cluster", None) or remote_runs_known()):
+        from launcher.remote.forward import forward, target
+
+        remote = target(parsed)
+        if remote is not None:  # the run lives on a cluster reached over SSH: the command runs there
+            return forward(remote, args)
+    module = importlib.import_module(COMMANDS[parsed.command].module)
     return module.main(parsed)
+
+
+def remote_runs_known() -> bool:
+    """Whether runs were launched from here to a remote cluster (one stat: a plain local command pays no more)."""
+    from launcher.core.rundir import launcher_home
+    from launcher.remote.clusters import RUNS_INDEX
+
+    return (launcher_home() / RUNS_INDEX).exists()
 
 
 def take_extras(parsed: argparse.Namespace, extras: List[str], prog: str) -> None:
@@ -132,5 +149,7 @@ def build_parser(command: Optional[str]) -> Parser:
         if spec.about_runs:
             child.add_argument("--root", type=Path, default=None,
                                help="run root (default: $LAUNCHER_RUN_ROOT or ~/.launcher/runs)")
+            child.add_argument("--cluster", metavar="NAME", default=None,
+                               help="a remote cluster (its file names ssh:) to run this on; default: the run's own")
         importlib.import_module(spec.module).configure(child)
     return parser

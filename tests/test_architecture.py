@@ -30,6 +30,7 @@ LAYERS: List[Set[str]] = [
     {"launcher.compose", "launcher.status"},
     {"launcher.job", "launcher.forecast"},
     {"launcher.submit"},
+    {"launcher.remote"},  # clusters over SSH: ships the code and submits there through submit/
     {"launcher.commands"},
     {"launcher.cli", "launcher.__main__"},
 ]

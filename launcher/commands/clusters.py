@@ -18,55 +18,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
 from launcher.errors import LaunchError
-from launcher.slurm.client import Node, Slurm, SlurmError, slurm_conf_for
-from launcher.slurm.output import unusable
+from launcher.remote.ssh import Remote
+from launcher.slurm.client import Slurm, SlurmError, slurm_conf_for
+from launcher.status.usage import PartitionUsage, usage
 
 SINFO_TIMEOUT_S = 5
-
-
-@dataclass
-class PartitionUsage:
-    name: str
-    default: bool
-    gpu_type: str
-    gpus_per_node: int
-    time_limit: str
-    nodes_idle: int = 0
-    nodes_allocated: int = 0
-    nodes_down: int = 0
-    gpus_free: int = 0
-    gpus_total: int = 0
-    max_run_now: int = 0
-    max_run: int = 0
-    free_per_node: List[int] = field(default_factory=list, repr=False)
-
-
-def usage(nodes: List[Node]) -> List[PartitionUsage]:
-    """Per partition: nodes idle/allocated/down and GPUs free/total."""
-    parts: Dict[str, PartitionUsage] = {}
-    for node in nodes:
-        kind = node.gpu_type or ("gpu" if node.gpus else "-")
-        part = parts.setdefault(node.partition, PartitionUsage(node.partition, node.default, kind, node.gpus,
-                                                               node.max_time))
-        part.gpus_per_node = max(part.gpus_per_node, node.gpus)
-        part.gpus_total += node.gpus
-        state = node.state.lower()
-        if unusable(state):
-            part.nodes_down += 1
-            continue
-        free = node.gpus - node.gpus_used
-        part.gpus_free += free
-        part.free_per_node.append(free)
-        if state.startswith("idle"):
-            part.nodes_idle += 1
-        else:
-            part.nodes_allocated += 1
-    for part in parts.values():
-        up = len(part.free_per_node)
-        part.max_run = (up + part.nodes_down) * part.gpus_per_node
-        whole = sum(1 for free in part.free_per_node if free == part.gpus_per_node)
-        part.max_run_now = max([whole * part.gpus_per_node, *part.free_per_node, 0])
-    return list(parts.values())
 
 
 @dataclass
@@ -78,6 +34,7 @@ class ClusterUsage:
     slurm_conf: Optional[str]
     reachable: bool = False
     error: str = ""
+    ssh: Optional[str] = None  # a cluster reached over SSH (launcher/remote/)
     partitions: List[PartitionUsage] = field(default_factory=list)
     origins: List[str] = field(default_factory=list)  # each name's config layer and file
 
@@ -88,6 +45,7 @@ class Configured:
 
     slurm_conf: Optional[str]
     origin: str = ""  # the config layer (package, site, user, project) and the file
+    remote: Optional["Remote"] = None  # reached over SSH; its slurm_conf is a path there
 
 
 def configured() -> Dict[str, Configured]:
@@ -106,6 +64,11 @@ def configured() -> Dict[str, Configured]:
             check_file("cluster", path)
         cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
         name = cfg.get("name") or option
+        if cfg.get("ssh"):
+            remote = Remote(name, cfg["ssh"], float(cfg.get("ssh_timeout_s") or 5.0), cfg.get("python"),
+                            cfg.get("slurm_conf"), cfg.get("run_root"))
+            found[name] = Configured(cfg.get("slurm_conf"), f"{origin(path)}: {path}", remote)
+            continue
         conf = beside(cfg["slurm_conf"], path) if cfg.get("slurm_conf") else None
         found[name] = Configured(slurm_conf_for(name, conf), f"{origin(path)}: {path}")
     return found
@@ -114,22 +77,34 @@ def configured() -> Dict[str, Configured]:
 def survey(clusters: Dict[str, Configured]) -> List[ClusterUsage]:
     """Ask every distinct cluster at once; a silent one is unreachable within a few seconds."""
     listed: Dict[Optional[str], ClusterUsage] = {}
+    remotes: Dict[str, Remote] = {}
     for name, entry in clusters.items():
-        key = entry.slurm_conf or os.environ.get("SLURM_CONF")  # None: Slurm's default, which $SLURM_CONF sets
+        # None: Slurm's default, which $SLURM_CONF sets; a remote cluster is its own, whatever its slurm.conf.
+        key = f"ssh:{name}" if entry.remote else entry.slurm_conf or os.environ.get("SLURM_CONF")
         if key in listed:
             listed[key].also.append(name)
             listed[key].origins.append(entry.origin)
         else:
-            listed[key] = ClusterUsage(name, [], entry.slurm_conf, origins=[entry.origin])
+            listed[key] = ClusterUsage(name, [], entry.slurm_conf, origins=[entry.origin],
+                                       ssh=entry.remote.ssh if entry.remote else None)
+            if entry.remote:
+                remotes[name] = entry.remote
 
     def ask(entry: ClusterUsage) -> None:
-        slurm = Slurm(entry.slurm_conf)
         try:
-            slurm.ping()
-            entry.partitions = usage(slurm.nodes(timeout=SINFO_TIMEOUT_S))
+            if entry.cluster in remotes:
+                from launcher.remote.ship import call
+
+                answer = call(remotes[entry.cluster], "partitions", {"slurm_conf": entry.slurm_conf},
+                              timeout=max(30.0, 4 * remotes[entry.cluster].timeout_s))
+                entry.partitions = [PartitionUsage(**part) for part in answer["partitions"]]
+            else:
+                slurm = Slurm(entry.slurm_conf)
+                slurm.ping()
+                entry.partitions = usage(slurm.nodes(timeout=SINFO_TIMEOUT_S))
             entry.reachable = True
-        except SlurmError as err:
-            entry.error = str(err)
+        except (SlurmError, LaunchError) as err:
+            entry.error = err.message if isinstance(err, LaunchError) else str(err)
 
     threads = [threading.Thread(target=ask, args=(entry,)) for entry in listed.values()]
     for thread in threads:

@@ -97,6 +97,11 @@ def main(args: argparse.Namespace) -> int:
     if mode is True:
         print_dry_run(runs)
         return 0
+    if any(run.config.cluster.ssh for run in runs):  # a cluster reached over SSH: submitted there
+        from launcher.remote.clusters import launch_remote
+
+        print_submitted(launch_remote(runs, sweep=args.multirun))
+        return 0
     from launcher.submit.launch import launch
 
     print_submitted(launch(runs, sweep=args.multirun))

@@ -166,6 +166,60 @@ def select(roots: List[Path], args) -> List[RunRow]:
     return rows if limit is None else rows[:limit]
 
 
+def gather(roots: List[Path], args) -> List[RunRow]:
+    """The runs of this machine (unless ``--cluster`` names a remote cluster) and of every remote cluster (unless
+    ``--root`` names a local root), newest first: each remote cluster is asked at once, one round trip each, and
+    one that does not answer is a warning line, the others still listed."""
+    from launcher.remote.clusters import remotes
+
+    chosen = [] if args.root else [r for r in remotes() if not args.cluster or r.cluster == args.cluster]
+    here = not (args.cluster and chosen)  # --cluster naming a remote cluster: only its runs
+    rows = [row for row in select(roots, args) if not args.cluster or row.cluster == args.cluster] if here else []
+    if not chosen:
+        return rows
+    for answer in remote_rows(chosen, args):
+        if isinstance(answer, str):
+            print(f"warning: {answer}; its runs are not listed", file=sys.stderr)
+        else:
+            rows += answer
+    rows.sort(key=lambda row: -row.submitted_at)
+    return rows if args.all else rows[:args.limit]
+
+
+def remote_rows(chosen, args) -> list:
+    """Each remote cluster's rows (``launcher runs --json`` there, with the same filters), or why it did not
+    answer (one line); asked in parallel."""
+    import threading
+
+    from launcher.remote.ship import remote_error, run_launcher
+
+    forwarded = [*(["--status", ",".join(sorted(args.status))] if args.status else []),
+                 *(["--model", args.model] if args.model else []), *(["--gpus", str(args.gpus)] if args.gpus else []),
+                 *(["--since", args.since] if args.since else []), *(["--sweep", args.sweep] if args.sweep else []),
+                 *(["--all"] if args.all else ["--limit", str(args.limit)]), "--json"]
+    answers: list = [None] * len(chosen)
+
+    def ask(index: int) -> None:
+        remote = chosen[index]
+        try:
+            proc = run_launcher(remote, "launcher", ["runs", *forwarded], timeout=max(30.0, 4 * remote.timeout_s))
+            if proc.returncode != 0:
+                answers[index] = remote_error(remote, proc.stderr)
+            else:
+                answers[index] = [RunRow(**row) for row in json.loads(proc.stdout)]
+        except LaunchError as err:
+            answers[index] = err.message
+        except (ValueError, TypeError) as err:
+            answers[index] = f"cluster {remote.cluster}: its runs could not be read ({err})"
+
+    threads = [threading.Thread(target=ask, args=(index,)) for index in range(len(chosen))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers
+
+
 def wanted(rec: RunRecord, args) -> bool:
     """Whether the record passes ``--model`` and ``--gpus``."""
     return (not args.model or rec.model == args.model) and (not args.gpus or rec.gpus == args.gpus)
@@ -212,7 +266,7 @@ def main(args: argparse.Namespace) -> int:
         raise LaunchError(f"--interval must be positive, got {args.interval:g}")
     roots = roots_of(args)
     if not args.watch:
-        print(render(select(roots, args), args.json))
+        print(render(gather(roots, args), args.json))
         return 0
     try:
         watch(roots, args, sys.stdout)
@@ -227,7 +281,7 @@ def watch(roots: List[Path], args, out: TextIO) -> None:
     refresh appended as plain text, so ``runs --watch | tee log`` reads as a log and ends by itself."""
     in_place = out.isatty()
     while True:
-        rows = select(roots, args)
+        rows = gather(roots, args)
         active = sum(row.status in ACTIVE for row in rows)
         stamp = time.strftime("%H:%M:%S")
         head = (f"{stamp}  {active} of {len(rows)} runs active; every {args.interval:g}s, Ctrl-C to stop" if active

@@ -52,14 +52,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     sub = parser.add_subparsers(dest="action", metavar="{list,create,delete}")
     sub.required = True
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--cluster", metavar="NAME",
+                       help="a remote cluster (its file names ssh:): its own store, the value sent on SSH's stdin")
 
-    ls = sub.add_parser("list", help="list secrets: name, kind, variable, created (never values)",
+    ls = sub.add_parser("list", parents=[where], help="list secrets: name, kind, variable, created (never values)",
                         description="List the secrets: name, kind, environment variable and creation time. "
                                     "Values are never shown.")
     ls.add_argument("--json", action="store_true", help="a JSON array of {name, kind, env, created}")
 
     cr = sub.add_parser(
-        "create", help="create (or with --force replace) a secret",
+        "create", parents=[where], help="create (or with --force replace) a secret",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Create a secret. The value comes from --from FILE, from stdin (--value -, or "
                     "whenever stdin is not a terminal), or for env secrets as NAME=VALUE (which lands in "
@@ -83,12 +86,15 @@ examples:
     cr.add_argument("--value", metavar="-", help="'-': read the value from stdin")
     cr.add_argument("--force", action="store_true", help="replace a secret of the same name")
 
-    rm = sub.add_parser("delete", help="delete secrets", description="Delete the named secrets (all or none).")
+    rm = sub.add_parser("delete", parents=[where], help="delete secrets",
+                        description="Delete the named secrets (all or none).")
     rm.add_argument("names", nargs="+", metavar="NAME")
 
 
 def main(args: argparse.Namespace) -> int:
     """``launcher secrets ...``; returns the exit status (user mistakes raise LaunchError)."""
+    if args.cluster:
+        return on_cluster(args)
     directory = secrets_dir()
     if args.action == "list":
         return _list(directory, args.json)
@@ -116,6 +122,28 @@ def _list(directory: Path, as_json: bool) -> int:
     rows = [(s.name, s.kind, s.env, time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))) for s in secrets]
     print(tabulate(rows, headers=["NAME", "KIND", "ENV", "CREATED"]))
     return 0
+
+
+def on_cluster(args: argparse.Namespace) -> int:
+    """The same action on a remote cluster's own store. A value is read here (from --from, stdin or the prompt)
+    and reaches the cluster on SSH's standard input, never in a command line that ``ps`` shows on either end."""
+    from launcher.remote.clusters import find_remote
+    from launcher.remote.ship import run_launcher
+
+    remote = find_remote(args.cluster)
+    if args.action == "list":
+        forwarded, value = ["list", *(["--json"] if args.json else [])], None
+    elif args.action == "delete":
+        forwarded, value = ["delete", *args.names], None
+    else:
+        name, inline = args.name.split("=", 1) if "=" in args.name else (args.name, None)
+        check_kind(args.kind)
+        check_name(name)
+        value, _ = _read_value(args.kind, name, inline, args.from_file, args.value)
+        forwarded = ["create", args.kind, name, "--value", "-", *(["--env", args.env] if args.env else []),
+                     *(["--force"] if args.force else [])]
+    return run_launcher(remote, "launcher", ["secrets", *forwarded], input=value, timeout=120,
+                        capture=False).returncode
 
 
 def _create(directory: Path, args: argparse.Namespace) -> int:

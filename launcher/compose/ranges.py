@@ -85,4 +85,5 @@ RANGES: Dict[str, Range] = {
     "cluster.signal_delay_s": Range(0, zero="0: the signal comes at the time limit, leaving no time to save"),
     "cluster.max_requeues": Range(0, zero="0: a preemption or time limit ends the run"),
     "cluster.max_retries": Range(0, zero="0: a failed attempt is not retried"),
+    "cluster.ssh_timeout_s": POSITIVE,
 }

@@ -28,6 +28,7 @@ from launcher.compose import overrides as ov
 from launcher.compose.catalog import GROUPS, beside, default_choices, option_path
 from launcher.compose.layers import conf_dir
 from launcher.core.config import RunConfig
+from launcher.core.rundir import DEFAULT_ROOT
 from launcher.dataset.check import DataSummary, check_data
 from launcher.errors import LaunchError
 from launcher.core.plan import Plan
@@ -83,18 +84,21 @@ def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> Comp
         ov.check(parsed)
         hydra_overrides = ov.normalise(parsed)
         cfg = compose(config_name="config", overrides=hydra_overrides)
-        anchor_slurm_conf(cfg, hydra_overrides)
-        chose_root = user_set("run_root", hydra_overrides) or os.environ.get("LAUNCHER_RUN_ROOT")
-        if cfg.cluster.run_root and not chose_root:
-            cfg.run_root = cfg.cluster.run_root  # the cluster's scratch, unless the user named a root
-        if cfg.data.path and not os.path.isabs(os.path.expanduser(cfg.data.path)):
+        remote = cfg.cluster.ssh is not None  # its paths (slurm.conf, run root, data) are the cluster's
+        if not remote:
+            anchor_slurm_conf(cfg, hydra_overrides)
+        # $LAUNCHER_RUN_ROOT is this machine's; a remote cluster's runs go to its run_root, else its user's default.
+        chose_root = user_set("run_root", hydra_overrides) or (not remote and os.environ.get("LAUNCHER_RUN_ROOT"))
+        if (cfg.cluster.run_root or remote) and not chose_root:
+            cfg.run_root = cfg.cluster.run_root or DEFAULT_ROOT  # the cluster's scratch, unless the user named a root
+        if not remote and cfg.data.path and not os.path.isabs(os.path.expanduser(cfg.data.path)):
             # Relative to where the command runs, typed or in a run file; recorded absolute (config.yaml,
             # run.yaml), so the run and `launcher -f RUN/run.yaml` find it from anywhere.
             cfg.data.path = os.path.abspath(os.path.expanduser(cfg.data.path))
         config: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
         validate(config)
         plan = plan_of(config)
-        data = check_data(config, plan)
+        data = remote_data(config) if remote else check_data(config, plan)
         request_params(config, plan)  # rejects values unsafe in an sbatch script
     except (LaunchError, *_CONFIG_ERRORS) as exc:
         message = exc.message if isinstance(exc, LaunchError) else one_line(exc)
@@ -102,6 +106,13 @@ def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> Comp
     resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     return ComposedRun(overrides=list(typed), config=config, resolved=resolved, plan=plan,
                        run_file=run_file_of(parsed, resolved, plan), data=data)
+
+
+def remote_data(cfg: RunConfig) -> DataSummary:
+    """A remote cluster's data, as far as this machine can tell: its paths are the cluster's, checked there
+    before the run is submitted (launcher/remote/agent.py)."""
+    return DataSummary(source=f"{cfg.data.path or 'the standard-library corpus'} on cluster {cfg.cluster.name}",
+                       tokenizer="checked on the cluster", vocab_size=cfg.model.vocab_size, tokens=None, epochs=None)
 
 
 def user_set(key: str, hydra_overrides: List[str]) -> bool:

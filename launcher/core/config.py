@@ -210,6 +210,10 @@ class ClusterConfig:
     slurm_conf: Optional[str] = None
     # Where this cluster's runs live (its shared scratch); a run_root= override and $LAUNCHER_RUN_ROOT win.
     run_root: Optional[str] = None
+    # A cluster reached over SSH (launcher/remote/): an ~/.ssh/config alias, user@host or ssh://user@host:port.
+    # Everything else in the file then means the same on the cluster's side.
+    ssh: Optional[str] = None
+    ssh_timeout_s: float = 5.0  # how long connecting may take before the cluster counts as unreachable
 
 
 @dataclass

@@ -36,9 +36,20 @@ SUFFIXES = (".py", ".yaml")
 
 def source_state(root: Path = REPO) -> TreeState:
     """The checkout's git state, asked once per launch however many runs a sweep submits."""
+    if root in _GIVEN:
+        return _GIVEN[root][0]
     for thread in _ASKING.pop(root, []):  # asked already in a thread (prefetch_source_state)
         thread.join()
     return _source_state(root)
+
+
+_GIVEN: Dict[Path, tuple] = {}
+
+
+def adopt_source(state: TreeState, source: str, root: Path = REPO) -> None:
+    """Freeze ``root``'s code as coming from ``source`` in git state ``state``: a launch shipped from another
+    machine (launcher/remote/agent.py) runs that machine's code, unpacked here without its git history."""
+    _GIVEN[root] = (state, source)
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,7 +82,8 @@ def freeze(run_dir: Path, root: Path = REPO) -> Dict[str, Any]:
                     shutil.copyfile(os.path.join(folder, file), target / file)
                     sizes.append(os.path.getsize(target / file))
     state = source_state(root)
-    record = {"source": str(root), "commit": state.commit, "dirty": state.dirty, "changed": state.changed,
+    source = _GIVEN[root][1] if root in _GIVEN else str(root)
+    record = {"source": source, "commit": state.commit, "dirty": state.dirty, "changed": state.changed,
               "files": len(sizes), "bytes": sum(sizes), "frozen_at": time.time()}
     if state.diff:
         (dest / CODE_DIFF).write_text(state.diff)

@@ -25,8 +25,9 @@ def prefetch(overrides: List[str]) -> None:
     if len(named) > 1 or path is None:
         return  # a sweep over clusters, or one the composition will refuse
     try:
-        slurm_conf = OmegaConf.select(OmegaConf.load(path), "slurm_conf")
+        loaded = OmegaConf.load(path)
+        slurm_conf, ssh = OmegaConf.select(loaded, "slurm_conf"), OmegaConf.select(loaded, "ssh")
     except Exception:  # noqa: BLE001 (a file the composition will say is wrong: nothing to ask)
         return
-    if slurm_conf is None or isinstance(slurm_conf, str):
+    if ssh is None and (slurm_conf is None or isinstance(slurm_conf, str)):  # a remote cluster is asked there
         for_conf(slurm_conf_for(name, beside(slurm_conf, path) if slurm_conf else None)).prefetch_partitions()

@@ -1,0 +1,6 @@
+"""Clusters reached over SSH: the system's OpenSSH client with one ControlMaster per cluster (ssh.py), the
+launcher's own code shipped once per content hash (ship.py), and on the cluster's side the same launcher run
+with the cluster's interpreter (agent.py), its answers read back as JSON.
+
+May import everything below the commands (submit, status, compose, slurm, core); the commands import it.
+"""

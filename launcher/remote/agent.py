@@ -1,0 +1,97 @@
+"""The cluster's side of a launch from another machine: ``python -m launcher.remote.agent launch`` with a JSON
+request on standard input and a JSON answer on standard output (launcher/remote/ship.py runs it over SSH).
+
+The request holds runs composed, checked and planned on the user's machine from its config layers (so a mistake
+is found there at once) and that machine's git state. Here, where the cluster's paths mean something, each run's
+data is checked and the runs are submitted as a local launch submits them (launcher/submit/launch.py): a run
+directory under the cluster's run root, the frozen copy of the shipped code, a Slurm job. A refusal is one line
+``error: ...`` on standard error and exit status 2, as the CLI's.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from dataclasses import asdict
+from typing import Any, Dict, List
+
+from omegaconf import OmegaConf
+
+from launcher.compose.runs import ComposedRun
+from launcher.core.config import RunConfig
+from launcher.core.damage import DamagedRun
+from launcher.core.plan import Plan
+from launcher.dataset.check import check_data
+from launcher.errors import LaunchError
+from launcher.submit.freeze import adopt_source
+from launcher.submit.git import TreeState
+
+
+def request(runs: List[ComposedRun], sweep: bool, argv: List[str]) -> Dict[str, Any]:
+    """The launch request for ``runs``, from this machine: what the cluster's side needs to submit them."""
+    from launcher.submit.freeze import REPO, source_state
+
+    state = source_state()
+    return {"runs": [{"overrides": run.overrides, "resolved": OmegaConf.to_container(run.resolved),
+                      "plan": run.plan.to_dict(), "run_file": run.run_file} for run in runs],
+            "sweep": sweep, "argv": argv,
+            "source": {"commit": state.commit, "changed": state.changed, "diff": state.diff,
+                       "where": f"{socket.gethostname()}:{REPO}"}}
+
+
+def composed(item: Dict[str, Any]) -> ComposedRun:
+    """A run of the request as a local launch has it; the cluster is local here (no ``ssh``)."""
+    item["resolved"]["cluster"]["ssh"] = None
+    resolved = OmegaConf.create(item["resolved"])
+    config: RunConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), resolved))  # type: ignore
+    plan = Plan.from_dict(item["plan"])
+    return ComposedRun(overrides=item["overrides"], config=config, resolved=resolved, plan=plan,
+                       run_file=item["run_file"], data=check_data(config, plan))
+
+
+def launch(payload: Dict[str, Any]) -> Dict[str, Any]:
+    from launcher.submit.launch import launch as submit
+
+    source = payload["source"]
+    adopt_source(TreeState(source["commit"], source["changed"], source["diff"]), source["where"])
+    runs = [composed(item) for item in payload["runs"]]
+    sys.argv = ["launcher", *payload["argv"]]  # the run's record keeps the command as the user typed it
+    launched = submit(runs, payload["sweep"])
+    return {"records": [asdict(record) for record in launched.records], "sweep_id": launched.sweep_id,
+            "note": launched.note}
+
+
+def partitions(payload: Dict[str, Any]) -> Dict[str, Any]:
+    """This cluster's partitions as ``launcher clusters`` lists them (launcher/status/usage.py)."""
+    from launcher.slurm.client import Slurm, SlurmError
+    from launcher.status.usage import usage
+
+    slurm = Slurm(payload.get("slurm_conf"), timeout=10)
+    try:
+        slurm.ping()
+        found = usage(slurm.nodes(timeout=10))
+    except SlurmError as err:
+        raise LaunchError(str(err)) from None
+    return {"partitions": [{key: value for key, value in asdict(part).items() if key != "free_per_node"}
+                           for part in found]}
+
+
+ACTIONS = {"launch": launch, "partitions": partitions}
+
+
+def main(argv: List[str]) -> int:
+    if len(argv) != 1 or argv[0] not in ACTIONS:
+        print(f"usage: python -m launcher.remote.agent {'|'.join(ACTIONS)} < request.json", file=sys.stderr)
+        return 2
+    try:
+        answer = ACTIONS[argv[0]](json.load(sys.stdin))
+    except (LaunchError, DamagedRun) as err:
+        message = err.message if isinstance(err, LaunchError) else str(err)
+        print("error: " + message.replace("\n", "\\n"), file=sys.stderr)
+        return 2
+    json.dump(answer, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

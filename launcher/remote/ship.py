@@ -1,0 +1,129 @@
+"""The laptop's launcher on the cluster: its code shipped once per content hash, and run there.
+
+Every remote action is this machine's own code (``launcher/`` with ``launcher/train/``, and ``conf/``: what a
+run's frozen copy holds, launcher/submit/freeze.py) run on the cluster with ``cluster.python``, so the two ends
+never disagree on a format. The code goes to ``~/.launcher/code/HASH/`` there, named by the hash of its
+contents: a command first tries it in place (one round trip) and only when the cluster lacks it sends a tar
+over the same connection and tries again. Nothing is shipped when nothing changed.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import shlex
+import tarfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from launcher.errors import LaunchError
+from launcher.remote.ssh import Remote, run
+from launcher.submit.freeze import FROZEN, REPO, SUFFIXES
+
+CODE_HOME = ".launcher/code"  # under the remote user's home, where ssh's commands start
+MISSING = 97  # the exit status that says the cluster lacks this code
+
+
+@functools.lru_cache(maxsize=1)
+def code_files() -> Dict[str, bytes]:
+    """The files shipped, by path relative to the code's root (the checkout, or site-packages)."""
+    files = {}
+    for name in FROZEN:
+        for folder, subfolders, names in os.walk(REPO / name):
+            subfolders[:] = sorted(sub for sub in subfolders if sub != "__pycache__")
+            for file in sorted(names):
+                if file.endswith(SUFFIXES):
+                    path = Path(folder, file)
+                    files[path.relative_to(REPO).as_posix()] = path.read_bytes()
+    return files
+
+
+@functools.lru_cache(maxsize=1)
+def code_hash() -> str:
+    digest = hashlib.sha256()
+    for rel, data in code_files().items():
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()[:20]
+
+
+def code_tar() -> bytes:
+    """The code as a gzipped tar (contents only, no owners: the cluster's user owns what it unpacks)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for rel, data in code_files().items():
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def code_path() -> str:
+    return f"{CODE_HOME}/{code_hash()}"
+
+
+def ship(remote: Remote) -> None:
+    """Unpack this code on the cluster (into a temporary directory renamed into place: a copy is whole or absent)."""
+    target = code_path()
+    script = (f"set -e; mkdir -p {CODE_HOME}; t=$(mktemp -d {CODE_HOME}/.incoming.XXXXXX); tar -xzf - -C \"$t\"; "
+              f"chmod -R u+rwX,go-w \"$t\"; mv -T \"$t\" {target} 2>/dev/null || rm -rf \"$t\"")
+    proc = run(remote, ["sh", "-c", script], input=code_tar(), timeout=300)
+    if proc.returncode != 0:
+        raise LaunchError(f"cluster {remote.cluster}: could not unpack the launcher's code into ~/{target}: "
+                          f"{last_line(proc.stderr)}")
+
+
+def launcher_argv(remote: Remote, module: str, args: Sequence[str]) -> List[str]:
+    """The command that runs ``python -m MODULE ARGS`` there with this code, or exits MISSING without it."""
+    python = remote.python or "python3"
+    env = {"PYTHONPATH": code_path(), "PYTHONSAFEPATH": "1", "PYTHONDONTWRITEBYTECODE": "1",
+           **({"SLURM_CONF": remote.slurm_conf} if remote.slurm_conf else {}),
+           **({"LAUNCHER_RUN_ROOT": remote.run_root} if remote.run_root else {})}
+    exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
+    return ["sh", "-c", f'test -d {code_path()} || exit {MISSING}; {exports} exec "$@"', "sh", python, "-m", module,
+            *args]
+
+
+def run_launcher(remote: Remote, module: str, args: Sequence[str], input: Union[bytes, str, None] = None,
+                 timeout: Optional[float] = 300, capture: bool = True):
+    """Run ``python -m MODULE ARGS`` on the cluster with this machine's launcher code, shipping it first when the
+    cluster lacks it. Returns the completed process."""
+    proc = run(remote, launcher_argv(remote, module, args), input=input, timeout=timeout, capture=capture)
+    if proc.returncode == MISSING:
+        ship(remote)
+        proc = run(remote, launcher_argv(remote, module, args), input=input, timeout=timeout, capture=capture)
+    if proc.returncode == 127 or (capture and "No such file or directory" in (proc.stderr or "")
+                                  and proc.returncode in (126, 127)):
+        raise LaunchError(f"cluster {remote.cluster}: cluster.python={remote.python or 'python3'} cannot be run "
+                          "there; set it to an interpreter with this package's dependencies")
+    return proc
+
+
+def call(remote: Remote, action: str, payload: Optional[Dict[str, Any]] = None, timeout: float = 300) -> Any:
+    """Ask the cluster's agent (launcher/remote/agent.py) to do ``action`` with ``payload``; its JSON answer.
+    A refusal there (a one-line ``error: ...``) is raised here as the same LaunchError."""
+    proc = run_launcher(remote, "launcher.remote.agent", [action], input=json.dumps(payload or {}), timeout=timeout)
+    if proc.returncode != 0:
+        raise LaunchError(remote_error(remote, proc.stderr))
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise LaunchError(f"cluster {remote.cluster}: the launcher there answered {last_line(proc.stdout)!r}, "
+                          "not JSON") from None
+
+
+def remote_error(remote: Remote, stderr: str) -> str:
+    """The cluster's one-line error, as it said it (``error:`` removed), or its last line."""
+    line = last_line(stderr)
+    if line.startswith("error: "):
+        return line[len("error: "):]
+    if "ModuleNotFoundError" in (stderr or "") or "ImportError" in (stderr or ""):
+        return (f"cluster {remote.cluster}: cluster.python={remote.python or 'python3'} lacks this package's "
+                f"dependencies ({line}); pip install slurm-gpt-launcher there")
+    return f"cluster {remote.cluster}: {line}"
+
+
+def last_line(text: Optional[str]) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
