@@ -153,10 +153,11 @@ def print_submitted(launched: Launched) -> None:
         rec = records[0]
         print(f"Submitted {rec.name} as Slurm job {rec.job_id}: {rec.model} on {rec.nodes} node(s) x "
               f"{rec.gpus_per_node} GPUs, {rec.steps} steps")
-        print(f"  run dir  {rec.run_dir}")
+        print(f"  run dir  {launched.remote + ':' if launched.remote else ''}{rec.run_dir}")
         print(f"  status   {launcher} describe {rec.name}")
         print(f"  logs     {launcher} logs {rec.name} --follow")
-        print(f"  again    {launcher} -f {rec.run_dir}/run.yaml")
+        if not launched.remote:  # a remote run's run.yaml is on its cluster
+            print(f"  again    {launcher} -f {rec.run_dir}/run.yaml")
         return
     from tabulate import tabulate
 

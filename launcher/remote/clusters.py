@@ -76,7 +76,7 @@ def launch_remote(runs: List["ComposedRun"], sweep: bool) -> "Launched":
     answer = call(remote, "launch", request(runs, sweep, sys.argv[1:]))
     records = [RunRecord(**record) for record in answer["records"]]
     remember(remote.cluster, records)
-    return Launched(records, answer["sweep_id"], answer["note"])
+    return Launched(records, answer["sweep_id"], answer["note"], remote=remote.cluster)
 
 
 def remember(cluster: str, records: List["RunRecord"]) -> None:

@@ -8,10 +8,12 @@ names for every run given, when none of them is also a local run.
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from typing import List, Optional
 
 from launcher.remote.clusters import cluster_of_runs, find_remote
-from launcher.remote.ship import run_launcher
+from launcher.remote.ship import run_launcher, stream_launcher
 from launcher.remote.ssh import Remote
 from launcher.status.index import find_run, known_roots
 
@@ -54,6 +56,46 @@ def without_cluster(args: List[str]) -> List[str]:
 
 
 def forward(remote: Remote, args: List[str]) -> int:
-    """Run ``launcher ARGS`` on the cluster; its exit status (output and prompts pass straight through)."""
-    return run_launcher(remote, "launcher", without_cluster(args), timeout=None, capture=False).returncode
+    """Run ``launcher ARGS`` on the cluster; its exit status (output and prompts pass straight through).
+    ``logs --follow`` survives a dropped connection (:func:`follow_logs`)."""
+    args = without_cluster(args)
+    if args[:1] == ["logs"] and ("--follow" in args or "-f" in args):
+        return follow_logs(remote, args)
+    return run_launcher(remote, "launcher", args, timeout=None, capture=False).returncode
+
+
+def follow_logs(remote: Remote, args: List[str], retry_s: float = 2.0) -> int:
+    """``logs --follow`` on the cluster, reconnecting when the connection drops (ssh's status 255): the command
+    is started again from the log's beginning and what was printed already (up to the last line shown, each
+    line stamped with its time) is skipped, so no line is lost or shown twice."""
+    last: Optional[str] = None
+    while True:
+        proc = stream_launcher(remote, args)
+        skipping = last is not None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if skipping:
+                skipping = line != last
+                continue
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            last = line
+        status = proc.wait()
+        if status != 255:
+            return status
+        print(f"warning: the connection to cluster {remote.cluster} dropped; reconnecting", file=sys.stderr)
+        args = without_tail(args)  # from the beginning: the skip finds where it was
+        time.sleep(retry_s)
+
+
+def without_tail(args: List[str]) -> List[str]:
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--tail":
+            skip = True
+        elif not arg.startswith("--tail="):
+            out.append(arg)
+    return out
 

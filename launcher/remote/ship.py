@@ -14,12 +14,13 @@ import io
 import json
 import os
 import shlex
+import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from launcher.errors import LaunchError
-from launcher.remote.ssh import Remote, run
+from launcher.remote.ssh import Remote, destination, options, remote_command, run
 from launcher.submit.freeze import FROZEN, REPO, SUFFIXES
 
 CODE_HOME = ".launcher/code"  # under the remote user's home, where ssh's commands start
@@ -77,7 +78,8 @@ def ship(remote: Remote) -> None:
 def launcher_argv(remote: Remote, module: str, args: Sequence[str]) -> List[str]:
     """The command that runs ``python -m MODULE ARGS`` there with this code, or exits MISSING without it."""
     python = remote.python or "python3"
-    env = {"PYTHONPATH": code_path(), "PYTHONSAFEPATH": "1", "PYTHONDONTWRITEBYTECODE": "1",
+    # Unbuffered: its output is a pipe to ssh, and `logs --follow` must show each line as it comes.
+    env = {"PYTHONPATH": code_path(), "PYTHONSAFEPATH": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
            **({"SLURM_CONF": remote.slurm_conf} if remote.slurm_conf else {}),
            **({"LAUNCHER_RUN_ROOT": remote.run_root} if remote.run_root else {})}
     exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
@@ -98,6 +100,17 @@ def run_launcher(remote: Remote, module: str, args: Sequence[str], input: Union[
         raise LaunchError(f"cluster {remote.cluster}: cluster.python={remote.python or 'python3'} cannot be run "
                           "there; set it to an interpreter with this package's dependencies")
     return proc
+
+
+def stream_launcher(remote: Remote, args: Sequence[str]) -> subprocess.Popen:
+    """``python -m launcher ARGS`` on the cluster with its standard output a pipe read line by line (its standard
+    error this process's own), shipping the code first when the cluster lacks it."""
+    ready = run(remote, ["sh", "-c", f"test -d {code_path()} || exit {MISSING}"], timeout=max(30.0, remote.timeout_s))
+    if ready.returncode == MISSING:
+        ship(remote)
+    cmd = ["ssh", *options(remote), *destination(remote), remote_command(remote, launcher_argv(remote, "launcher",
+                                                                                              args))]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace")
 
 
 def call(remote: Remote, action: str, payload: Optional[Dict[str, Any]] = None, timeout: float = 300) -> Any:

@@ -37,6 +37,7 @@ class Launched:
     records: List[RunRecord]
     sweep_id: Optional[str] = None
     note: Optional[str] = None  # the code had uncommitted changes (launcher/submit/freeze.py)
+    remote: Optional[str] = None  # the remote cluster they went to (launcher/remote/): their paths are its own
 
 
 def launch(runs: List[ComposedRun], sweep: bool) -> Launched:
