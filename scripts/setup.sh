@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything this project needs on a Debian machine, idempotently:
 #   - the Debian packages of a local Slurm cluster (slurmctld, slurmd, slurm-client, slurmdbd, munge,
-#     mariadb-server);
+#     mariadb-server), and those of the tests' SSH site (tests/sshd_site.py): openssh-server, and acl to let
+#     its user reach the interpreter;
 #   - a virtual environment in .venv with the project and its Python dependencies, torch pinned exactly
 #     ($TORCH_VERSION, default 2.13.0, whose CPU wheel lies on local disk; a loose pin pulls a CUDA build).
 # A second run finds everything in place and returns in about a second.
@@ -10,7 +11,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 PYTHON=${PYTHON:-python3}
 VENV=$ROOT/.venv
-APT_PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server)
+APT_PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server openssh-server acl)
 
 fail() { echo "scripts/setup.sh: $*" >&2; exit 1; }
 
@@ -25,8 +26,13 @@ if ((${#missing[@]})); then
     command -v sudo >/dev/null || fail "need root (or sudo) to install ${missing[*]}"
     sudo=(sudo)
   fi
-  # policy-rc.d keeps the packages' own services from starting: slurm/up.sh runs its own daemons.
+  # policy-rc.d keeps the packages' own services from starting: slurm/up.sh and the tests run their own
+  # daemons. Where the machine has none (a container image usually does), one stands for the install.
   export DEBIAN_FRONTEND=noninteractive
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    "${sudo[@]}" sh -c 'printf "#!/bin/sh\nexit 101\n" >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d'
+    trap '"${sudo[@]}" rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   "${sudo[@]}" apt-get update -q >/dev/null || fail "apt-get update failed"
   "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
     || fail "apt-get install ${missing[*]} failed"

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, SlurmCluster, cluster_lock, cluster_port, job_id_of, run_down, run_up, wait_for
+from sshd_site import SSHD, started_site
 
 # The fixtures that are, or stand on, a running cluster: a test that uses one is marked ``slurm``
 # (pytest_itemcollected), so that ``pytest -m "not slurm"`` runs without a cluster. A test that starts
 # a cluster of its own with slurm/up.sh carries the mark itself.
-CLUSTER_FIXTURES = {"slurm", "three", "limited", "time_limited"}
+CLUSTER_FIXTURES = {"slurm", "three", "limited", "time_limited", "remote_site"}
 # Clusters of their own: their tests run in one group, ``three``, started first, beside the time-limited run.
 OWN_CLUSTERS = {"three", "limited"}
 # Session fixtures that any number of workers may each set up on their own (the rest are shared state: a
@@ -123,6 +124,13 @@ def _no_cluster_unless_marked(request, monkeypatch):
         monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ['PATH']}")
 
 
+def unavailable(reason: str):
+    """Skip a test whose fixture cannot be had on this machine; in CI, where it must be had, fail it."""
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def slurm() -> SlurmCluster:
     """The cluster from slurm/up.sh. Skips only where Slurm truly cannot run; in CI it must."""
@@ -134,14 +142,25 @@ def slurm() -> SlurmCluster:
     elif "UP" not in subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True).stdout:
         reason = "the local Slurm cluster is not up (run slurm/up.sh, or use scripts/test.sh)"
     if reason:
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(reason)
     nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=env, capture_output=True, text=True,
                            check=True).stdout.split()
     gres = subprocess.run(["sinfo", "-h", "-N", "-o", "%G"], env=env, capture_output=True, text=True,
                           check=True).stdout.split()[0]
     return SlurmCluster(env=env, nodes=sorted(set(nodes)), gpus_per_node=int(gres.split(":")[-1]))
+
+
+@pytest.fixture(scope="session")
+def remote_site(slurm, tmp_path_factory):
+    """The suite's cluster as a remote site reached over SSH (tests/sshd_site.py): a real sshd on 127.0.0.1, a
+    second Unix user, an ssh_config whose alias logs in as that user. Needs root and openssh-server; skips without
+    them, except in CI. Its port is fixed per suite, so its tests share one worker (xdist_group)."""
+    if os.geteuid() != 0:
+        unavailable("the SSH site needs root (it makes a user and runs sshd)")
+    if not os.access(SSHD, os.X_OK):
+        unavailable("openssh-server is not installed (run scripts/setup.sh)")
+    with started_site(slurm.env, tmp_path_factory.mktemp("sshd-site")) as site:
+        yield site
 
 
 @pytest.fixture
