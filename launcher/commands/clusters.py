@@ -145,6 +145,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print", dest="print_only", action="store_true",
                         help="with add: print the cluster file instead of writing it")
     parser.add_argument("--force", action="store_true", help="with add: replace an existing cluster file")
+    parser.add_argument("--ssh", metavar="DEST", help="with add: a cluster reached over SSH (an ~/.ssh/config alias, "
+                                                     "user@host or ssh://user@host:port), asked there")
+    parser.add_argument("--python", metavar="PATH", help="with add --ssh: the interpreter on the cluster that has this "
+                                                         "package (default python3)")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
@@ -181,6 +185,25 @@ def proposal(name: str, slurm: Slurm, partition: Optional[str]) -> str:
             + yaml.safe_dump(data, sort_keys=False))
 
 
+def remote_proposal(args: argparse.Namespace) -> str:
+    """The cluster file of a cluster reached over SSH: what its Slurm says, asked there by the launcher's own
+    code (``clusters add --print`` run on the cluster with ``--python``), plus how to reach it."""
+    from launcher.remote.ship import remote_error, run_launcher
+    from launcher.remote.ssh import Remote
+
+    remote = Remote(args.name, args.ssh, python=args.python, slurm_conf=args.cluster_conf)
+    asked = ["clusters", "add", args.name, "--print", *(["--partition", args.partition] if args.partition else []),
+             *(["--cluster-conf", args.cluster_conf] if args.cluster_conf else [])]
+    proc = run_launcher(remote, "launcher", asked, timeout=120)
+    if proc.returncode != 0:
+        raise LaunchError(remote_error(remote, proc.stderr))
+    reach = {"ssh": args.ssh, "python": args.python or "python3"}
+    import yaml
+
+    return proc.stdout + "# Reached over SSH (docs/remote.md): every path above is the cluster's.\n" + \
+        yaml.safe_dump(reach, sort_keys=False)
+
+
 def add(args: argparse.Namespace) -> int:
     """``clusters add NAME``: propose a cluster file and write it into the user's config directory."""
     from launcher.compose.catalog import option_path, user_dir
@@ -188,12 +211,15 @@ def add(args: argparse.Namespace) -> int:
     if not args.name or not NAME.fullmatch(args.name):
         raise LaunchError(f"clusters add needs a NAME of 1-64 letters, digits, '.', '_' or '-' (got "
                           f"{args.name!r}); e.g. launcher clusters add mysite")
-    conf = os.path.abspath(os.path.expanduser(args.cluster_conf)) if args.cluster_conf else \
-        os.environ.get("SLURM_CONF")
-    try:
-        text = proposal(args.name, Slurm(conf), args.partition)
-    except SlurmError as err:
-        raise LaunchError(str(err)) from None
+    if args.ssh:
+        text = remote_proposal(args)
+    else:
+        conf = os.path.abspath(os.path.expanduser(args.cluster_conf)) if args.cluster_conf else \
+            os.environ.get("SLURM_CONF")
+        try:
+            text = proposal(args.name, Slurm(conf), args.partition)
+        except SlurmError as err:
+            raise LaunchError(str(err)) from None
     if args.print_only:
         print(text, end="")
         return 0
@@ -216,8 +242,9 @@ def add(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     if args.action == "add":
         return add(args)
-    if args.name or args.partition or args.print_only or args.force:
-        raise LaunchError("NAME, --partition, --print and --force go with 'launcher clusters add NAME'")
+    if args.name or args.partition or args.print_only or args.force or args.ssh or args.python:
+        raise LaunchError("NAME, --partition, --print, --force, --ssh and --python go with "
+                          "'launcher clusters add NAME'")
     clusters = {args.cluster_conf: Configured(args.cluster_conf, "--cluster-conf")} if args.cluster_conf \
         else configured()
     entries = survey(clusters)

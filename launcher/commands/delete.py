@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import time
 
 from launcher.commands.common import chosen_runs, roots_of
 from launcher.commands.stop import cancel, run_args
@@ -24,8 +25,29 @@ def main(args: argparse.Namespace) -> int:
         if input(f"Delete {len(records)} run(s): {names}? [y/N] ").strip().lower() not in ("y", "yes"):
             print("Nothing deleted.")
             return 1
-    cancel(records)
+    cancelled = cancel(records)
+    if cancelled:
+        ended(cancelled)
     for rec in records:
         shutil.rmtree(rec.run_dir, ignore_errors=True)
         print(f"Deleted {rec.name}.")
     return 0
+
+
+def ended(records: list, timeout_s: float = 60.0) -> None:
+    """Wait (at most ``timeout_s``) until Slurm no longer runs the cancelled jobs: a rank still saving, or the
+    batch script's last step, would otherwise write into the run directory again after it is removed."""
+    from launcher.slurm.client import Slurm, SlurmError
+
+    wanted = {str(rec.job_id) for rec in records}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            live = {row.job_id for conf in {rec.slurm_conf for rec in records} for row in Slurm(conf).squeue()
+                    if row.state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")}
+        except SlurmError:
+            return  # the controller does not answer: nothing more to wait for here
+        if not wanted & live:
+            return
+        time.sleep(0.5)
+
