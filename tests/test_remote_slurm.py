@@ -209,3 +209,15 @@ def test_clusters_add_asks_the_remote_slurm_and_writes_how_to_reach_it(laptop):
                                                                     str(laptop.site.python))
     assert (written["gpus_per_node"], written["virtual_gpus"], written["slurm_conf"]) == (
         8, True, str(laptop.site.slurm_conf))  # what the cluster's Slurm said, asked there
+
+
+def test_the_remote_benchmark_runs_in_its_quick_mode(laptop):
+    """scripts/bench_remote.py measures the goals of a remote cluster (docs/performance.md); here it must run and
+    print its three figures, whatever they are on a shared machine."""
+    env = {**laptop.cluster.env, **laptop.env, "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_remote.py"), "--quick", "--cluster", CLUSTER],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [line for line in res.stdout.splitlines() if " ratio " in line]
+    assert [line.split()[0] for line in lines] == ["runs", "launch", "runs"], res.stdout
+    print(res.stdout)

@@ -174,10 +174,11 @@ def gather(roots: List[Path], args) -> List[RunRow]:
 
     chosen = [] if args.root else [r for r in remotes() if not args.cluster or r.cluster == args.cluster]
     here = not (args.cluster and chosen)  # --cluster naming a remote cluster: only its runs
+    asking = remote_rows(chosen, args)  # the clusters answer while this machine's runs are read
     rows = [row for row in select(roots, args) if not args.cluster or row.cluster == args.cluster] if here else []
     if not chosen:
         return rows
-    for answer in remote_rows(chosen, args):
+    for answer in asking():
         if isinstance(answer, str):
             print(f"warning: {answer}; its runs are not listed", file=sys.stderr)
         else:
@@ -186,9 +187,9 @@ def gather(roots: List[Path], args) -> List[RunRow]:
     return rows if args.all else rows[:args.limit]
 
 
-def remote_rows(chosen, args) -> list:
-    """Each remote cluster's rows (``launcher runs --json`` there, with the same filters), or why it did not
-    answer (one line); asked in parallel."""
+def remote_rows(chosen, args):
+    """Ask each remote cluster for its rows (``launcher runs --json`` there, with the same filters), in parallel
+    threads; returns the function that waits for the answers: each cluster's rows, or why it did not answer."""
     import threading
 
     from launcher.remote.ship import remote_error, run_launcher
@@ -212,12 +213,15 @@ def remote_rows(chosen, args) -> list:
         except (ValueError, TypeError) as err:
             answers[index] = f"cluster {remote.cluster}: its runs could not be read ({err})"
 
-    threads = [threading.Thread(target=ask, args=(index,)) for index in range(len(chosen))]
+    threads = [threading.Thread(target=ask, args=(index,), daemon=True) for index in range(len(chosen))]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
-    return answers
+
+    def answered() -> list:
+        for thread in threads:
+            thread.join()
+        return answers
+    return answered
 
 
 def wanted(rec: RunRecord, args) -> bool:
