@@ -3,8 +3,9 @@
 #   - the Debian packages of a local Slurm cluster (slurmctld, slurmd, slurm-client, slurmdbd, munge,
 #     mariadb-server), and those of the tests' SSH site (tests/sshd_site.py): openssh-server, and acl to let
 #     its user reach the interpreter;
-#   - a virtual environment in .venv with the project and its Python dependencies, torch pinned exactly
-#     ($TORCH_VERSION, default 2.13.0, whose CPU wheel lies on local disk; a loose pin pulls a CUDA build).
+#   - a virtual environment in .venv with the project and its extras for training and tests ([dev,train]), torch
+#     pinned exactly first ($TORCH_VERSION, default 2.13.0, whose CPU wheel lies on local disk; the extra's loose
+#     torch>=2.9 alone pulls a CUDA build).
 # A second run finds everything in place and returns in about a second.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -51,7 +52,7 @@ want=$(cat "$ROOT/pyproject.toml" "$0" | sha256sum | cut -d' ' -f1)-$TORCH_VERSI
 if [[ $(cat "$stamp" 2>/dev/null) != "$want" ]]; then
   echo "== installing torch==$TORCH_VERSION and the project into $VENV"
   "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" || fail "pip could not install torch==$TORCH_VERSION"
-  "$VENV/bin/pip" install -q -e "$ROOT[dev]" || fail "pip could not install the project"
+  "$VENV/bin/pip" install -q -e "$ROOT[dev,train]" || fail "pip could not install the project"
   echo "$want" >"$stamp"
 fi
 "$VENV/bin/python" -c 'import torch, submitit, hydra, numpy' || fail "the environment in $VENV is broken; remove it and rerun"

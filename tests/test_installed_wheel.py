@@ -1,10 +1,16 @@
 """The launcher as a site user gets it: the wheel built from this checkout, installed (not editable) into a
-fresh virtual environment that reuses the test environment's packages (no download of torch), run from an
-unrelated directory: it lists its choices, plans, and trains gpt_tiny to COMPLETED on the local cluster
-with the code it froze from its own installed copy."""
+fresh virtual environment, run from an unrelated directory.
+
+Two installs. The cluster's, with torch: the test environment's packages reused (no download of torch); it
+lists its choices, plans, and trains gpt_tiny to COMPLETED on the local cluster with the code it froze from its
+own installed copy. A laptop's, without extras: a real ``pip install`` of the wheel and its dependencies
+(30 to 60 s here, mostly fetching them from the package index); it pulls no torch, yet plans, prints a dry run
+and prepares data, and tasks that run its Python fail at once, naming it and the extra it lacks."""
 from __future__ import annotations
 
+import email.parser
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -14,24 +20,40 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+
+from helpers import events, job_id_of, record, runs_json
 
 REPO = Path(__file__).resolve().parents[1]
 TOP_LEVEL = {"launcher"}  # nothing with a generic name at the top of site-packages
+# What a task whose Python has no torch records, in the user's words (launcher/job/entry.py).
+NO_TORCH = ("the tasks' Python {python} has no torch: install 'slurm-gpt-launcher[train]' there (cluster.python, "
+            "or cluster.container.python in a container)")
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(the new environment's launcher command, the wheel's top-level names)."""
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built from a copy of the checkout's files: setuptools' build/ in the checkout would keep modules
+    since moved."""
     tmp = tmp_path_factory.mktemp("wheel")
-    # Built from a copy of the checkout's files: setuptools' build/ in the checkout would keep modules since moved.
     source = tmp / "source"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", ".slurm*", "build", "*.egg-info",
                                                                 "__pycache__", ".pytest_cache"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(tmp / "dist"), str(source)], check=True, capture_output=True, text=True, timeout=300)
-    (wheel,) = (tmp / "dist").glob("*.whl")
-    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist() if ".dist-info" not in name}
-    venv = tmp / "venv"
+    (built,) = (tmp / "dist").glob("*.whl")
+    return built
+
+
+def without_pythonpath() -> dict:
+    """This environment, less PYTHONPATH: an installed launcher must not find the checkout."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory):
+    """The cluster's install: the new environment's launcher command, with torch."""
+    venv = tmp_path_factory.mktemp("installed") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; "
                                 "print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
@@ -41,7 +63,24 @@ def installed(tmp_path_factory):
     (site / "reuse.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
                     "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True, text=True, timeout=300)
-    return venv / "bin" / "launcher", tops
+    return venv / "bin" / "launcher"
+
+
+@pytest.fixture(scope="module")
+def bare(wheel, tmp_path_factory):
+    """A laptop's install: ``pip install WHEEL``, no extras, into a fresh virtual environment, its dependencies
+    resolved and fetched as a user's would be. Returns its Python and the names of all pip installed (--report)."""
+    tmp = tmp_path_factory.mktemp("bare")
+    venv, report = tmp / "venv", tmp / "report.json"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    # --no-compile: each command compiles only what it imports (saves about 8 s of byte-compiling numpy and pyarrow).
+    res = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile",
+                          "--report", str(report), str(wheel)], capture_output=True, text=True, timeout=600,
+                         env=without_pythonpath())
+    assert res.returncode == 0, f"pip could not install the wheel without extras: {res.stderr[-3000:]}"
+    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    return python, names
 
 
 def run(command, *args, cwd, env=None, timeout=120):
@@ -49,14 +88,52 @@ def run(command, *args, cwd, env=None, timeout=120):
                           env=env)
 
 
-def test_the_wheel_holds_one_top_level_package_and_the_config_groups(installed):
-    _, tops = installed
+def test_the_wheel_holds_one_top_level_package_and_the_config_groups(wheel):
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist() if ".dist-info" not in name}
     assert tops == TOP_LEVEL
 
 
+def test_the_wheel_requires_torch_only_under_the_train_extra(wheel):
+    """A laptop that only submits must not download torch: the wheel's metadata asks for it under ``[train]``
+    (and ``[dev]``, through ``[train]``), never in the base install."""
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.parser.Parser().parsestr(archive.read(name).decode())
+    requires = [Requirement(line) for line in metadata.get_all("Requires-Dist")]
+    extras = set(metadata.get_all("Provides-Extra"))
+    assert {"train", "dev"} <= extras
+    (torch,) = [r for r in requires if r.name == "torch"]
+    assert str(torch.specifier) == ">=2.9"
+    assert [extra for extra in sorted(extras | {""}) if torch.marker.evaluate({"extra": extra})] == ["train"]
+    base = {r.name for r in requires if r.marker is None}
+    assert base == {"submitit", "hydra-core", "omegaconf", "pyyaml", "tabulate", "numpy", "tokenizers", "pyarrow"}
+    (itself,) = [r for r in requires if r.name == metadata["Name"] and r.marker.evaluate({"extra": "dev"})]
+    assert "train" in itself.extras
+
+
+def test_without_extras_pip_installs_no_torch_and_the_launcher_plans_dry_runs_and_prepares_data(bare, tmp_path):
+    python, names = bare
+    assert "slurm-gpt-launcher" in names and not {n for n in names if n == "torch" or n.startswith("nvidia-")}, names
+    env = without_pythonpath()
+    found = run(python, "-c", "import importlib.util; print(importlib.util.find_spec('torch'))", cwd=tmp_path, env=env)
+    assert found.stdout.strip() == "None", found.stderr
+    plan = run(python, "-m", "launcher", "plan", "model=gpt_tiny", "gpus=2", cwd=tmp_path, env=env)
+    assert plan.returncode == 0 and "gpt_tiny" in plan.stdout, plan.stderr
+    dry = run(python, "-m", "launcher", "model=gpt_tiny", "gpus=2", "dry_run=true", cwd=tmp_path, env=env)
+    assert dry.returncode == 0 and "#SBATCH" in dry.stdout and "srun" in dry.stdout, dry.stderr
+    (tmp_path / "in.txt").write_text("the launcher prepares data without torch\n" * 200)
+    prepared = run(python, "-m", "launcher", "data", "prepare", "out", "in.txt", "--tokenizer", "bpe:300", cwd=tmp_path,
+                   env=env)
+    assert prepared.returncode == 0 and (tmp_path / "out" / "tokenizer.json").is_file(), prepared.stderr
+    sample = run(python, "-m", "launcher", "sample", "any", cwd=tmp_path, env=env)
+    assert sample.returncode == 2 and sample.stderr.strip().endswith(
+        f"launcher sample needs torch, missing from {python}: pip install 'slurm-gpt-launcher[train]'"), sample.stderr
+
+
 def test_installed_it_lists_choices_and_plans_from_any_directory(installed, tmp_path, slurm):
-    launcher, _ = installed
-    where = run(launcher.parent / "python", "-c", "import launcher; print(launcher.__file__)", cwd=tmp_path)
+    launcher = installed
+    where = run(launcher.parent / "python", "-c", "import launcher; print(launcher.__file__)", cwd=tmp_path,
+                env=without_pythonpath())
     assert "site-packages" in where.stdout and str(REPO) not in where.stdout  # not the checkout
     plan = run(launcher, "plan", "gpus=8", "model=gpt_1b", "--json", cwd=tmp_path, env=slurm.env)
     assert plan.returncode == 0, plan.stderr
@@ -67,7 +144,7 @@ def test_installed_it_lists_choices_and_plans_from_any_directory(installed, tmp_
 
 @pytest.mark.slurm
 def test_installed_it_trains_gpt_tiny_to_completed(installed, tmp_path, slurm):
-    launcher, _ = installed
+    launcher = installed
     env = {**slurm.env, "LAUNCHER_RUN_ROOT": str(tmp_path / "runs")}
     env.pop("PYTHONPATH", None)
     res = run(launcher, "model=gpt_tiny", "gpus=2", "train.steps=20", "train.log_every=10", "name=wheel",
@@ -81,3 +158,25 @@ def test_installed_it_trains_gpt_tiny_to_completed(installed, tmp_path, slurm):
     assert (code / "launcher" / "conf" / "config.yaml").is_file()
     final = json.loads((tmp_path / "runs" / "wheel" / "metrics.jsonl").read_text().splitlines()[-1])
     assert final["final"] and final["step"] == 20
+
+
+def test_tasks_whose_python_has_no_torch_fail_at_once_naming_it(bare, tmp_path, slurm):
+    """``cluster.python`` names an interpreter with the launcher's dependencies but not the ``[train]`` extra: the
+    run ends FAILED within a minute, after one attempt, and `runs`, `describe` and its events say why and what
+    to do."""
+    python, _ = bare
+    res = slurm.launcher("model=gpt_tiny", "gpus=2", "train.steps=20", f"cluster.python={python}", "name=notorch",
+                         root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run_dir = tmp_path / "notorch"
+    assert slurm.wait(job_id_of(res.stdout), timeout=120) == "FAILED", record(run_dir)
+    cause = NO_TORCH.format(python=python)
+    kinds = [e["event"] for e in events(run_dir)]
+    assert kinds.count("attempt") == 1 and "retrying" not in kinds, record(run_dir)
+    (verdict,) = [e for e in events(run_dir) if e["event"] == "failed" and e.get("final")]
+    assert verdict["error"].endswith(f": {cause}") and verdict["short"] == "no torch", verdict
+    assert verdict["reason"] == "the tasks' Python has no torch: the same on every node and every try, not retried"
+    row = runs_json(slurm, tmp_path)["notorch"]
+    assert (row["status"], row["reason"], row["attempts"]) == ("FAILED", "no torch", 1)
+    described = slurm.launcher("describe", "notorch", root=tmp_path).stdout
+    assert cause in described and "gave up: the tasks' Python has no torch" in described, described

@@ -2,11 +2,13 @@
 run's newest complete checkpoint, decoded with the tokenizer its data was made with.
 
 Runs here, not on Slurm: a GPU if this machine has one, else the CPU. torch is imported only inside the
-command (launcher/train/generate.py), so the rest of the launcher stays torch-free.
+command (launcher/train/generate.py), so the rest of the launcher stays torch-free; it needs the package's
+``[train]`` extra, as the cluster's environment does.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -36,6 +38,9 @@ def main(args: argparse.Namespace) -> int:
         raise LaunchError(f"--temperature must be a positive number, got {args.temperature}")
     if args.top_k < 0:
         raise LaunchError(f"--top-k must be 0 (all tokens) or more, got {args.top_k}")
+    if importlib.util.find_spec("torch") is None:  # a laptop's install: the launcher without its [train] extra
+        raise LaunchError(f"launcher sample needs torch, missing from {sys.executable}: "
+                          "pip install 'slurm-gpt-launcher[train]'")
     rec = lookup(roots_of(args), args.name)
     run_dir = Path(rec.run_dir)
     try:

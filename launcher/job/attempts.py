@@ -25,6 +25,9 @@ from typing import Dict, List, Optional
 PEER_LOSS = re.compile(r"connection reset by peer|connection closed by peer|broken pipe|remote process exited|"
                        r"socket.*closed|Connection refused|DistNetworkError|peer|NCCL communicator was aborted",
                        re.IGNORECASE)
+# The short words of a failure of the tasks' environment, not of the run: the tasks' Python has no torch (the
+# cluster's environment lacks the [train] extra). launcher/job/entry.py records it; recovery does not retry it.
+NO_TORCH = "no torch"
 # srun's line for a task that ended badly: "srun: error: node2: task 2: Killed",
 # "srun: error: node1: tasks 0-1: Exited with exit code 1".
 SRUN_TASK = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,-]+): (?P<how>.+)$")

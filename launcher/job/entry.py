@@ -6,6 +6,7 @@ instead of importing launcher/train/ (and torch) on the login node. The task imp
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,20 @@ import submitit
 from launcher.core.heartbeats import steps_by_rank
 from launcher.core import preemption
 from launcher.core.rundir import append_event, read_events
+from launcher.job.attempts import NO_TORCH
 from launcher.job.secret_store import inject, secrets_dir
+
+
+class NoTorch(RuntimeError):
+    """The tasks' Python cannot import torch: the cluster's environment was installed without the ``[train]``
+    extra (as a laptop's is). Its message is the whole cause, in the user's words: every node and every try
+    would fail the same way, so the attempt ends with what to do and is not retried."""
+
+    short = NO_TORCH
+
+    def __init__(self, python: str) -> None:
+        super().__init__(f"the tasks' Python {python} has no torch: install 'slurm-gpt-launcher[train]' there "
+                         "(cluster.python, or cluster.container.python in a container)")
 
 
 def being_requeued(run_dir: Path) -> bool:
@@ -32,6 +46,8 @@ def record_failure(run_dir: Path, err: BaseException, secret_vars: list[str]) ->
     it against the other ranks' to find the cause."""
     first_line = (str(err).strip().splitlines() or [""])[0][:300]
     error = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
+    if isinstance(err, NoTorch):
+        error = first_line  # the cause in the user's words; no exception name before it
     for var in secret_vars:
         if os.environ.get(var):
             error = error.replace(os.environ[var], "***")
@@ -42,6 +58,17 @@ def record_failure(run_dir: Path, err: BaseException, secret_vars: list[str]) ->
     append_event(run_dir, "failed", rank=rank, node=os.environ.get("SLURMD_NODENAME"), step=step,
                  job_id=os.environ.get("SLURM_JOB_ID"), error=error,
                  **({"short": err.short} if isinstance(getattr(err, "short", None), str) else {}))
+
+
+def training():
+    """launcher/train/'s ``run``, imported here on the task; :class:`NoTorch` where this Python has no torch."""
+    try:
+        from launcher.train.task import run
+    except ModuleNotFoundError as err:
+        if err.name != "torch":  # torch there but broken, or another module missing: its own error says more
+            raise
+        raise NoTorch(sys.executable) from None
+    return run
 
 
 class TrainTask(submitit.helpers.Checkpointable):
@@ -67,9 +94,7 @@ class TrainTask(submitit.helpers.Checkpointable):
             names = inject(Path(getattr(self, "secrets_store", None) or secrets_dir()))
             if names:
                 print(f"launcher: injected secrets: {', '.join(names)}", flush=True)
-            from launcher.train.task import run
-
-            return run(run_dir)
+            return training()(run_dir)
         except BaseException as err:  # DCP's CheckpointException, among others, is not an Exception
             if not isinstance(err, (SystemExit, KeyboardInterrupt)) and not being_requeued(Path(run_dir)):
                 record_failure(Path(run_dir), err, names)

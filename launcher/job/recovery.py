@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from launcher.job.attempts import Cause, attribute, srun_task_ends
+from launcher.job.attempts import NO_TORCH, Cause, attribute, srun_task_ends
 from launcher.core.heartbeats import steps_by_rank
 from launcher.core.rundir import append_event, last_metrics, read_events
 from launcher.status.attempt_log import AttemptLog
@@ -236,14 +236,17 @@ def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[st
     Retried: what may pass on another try or another node (a rank killed by a signal, a hang, a lost node,
     I/O, network and device errors). The next attempt avoids the node of a hung rank and every node Slurm
     holds down or drained (``sick``); a rank killed by a signal (often the kernel's out-of-memory killer) does
-    not make its node suspect. Not retried: an error of the code's own (any other exception), a failure
-    before the first step of the first attempt, the same error at the same step twice, or a run whose
-    ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or heartbeats)."""
+    not make its node suspect. Not retried: tasks whose Python has no torch, an error of the code's own (any
+    other exception), a failure before the first step of the first attempt, the same error at the same step
+    twice, or a run whose ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or
+    heartbeats)."""
     excluded = {node for e in events if e.get("event") in ("retrying", "attempt_ended")
                 for node in e.get("exclude") or []}
     if cause.outcome == "PREFLIGHT":  # the node's fault, found before training: costs no retry of the run's
         return Decision(True, f"{cause.node} failed its preflight check: retried without it",
                         sorted(excluded | {cause.node} | set(sick)), preflight=True)
+    if cause.outcome == "FAILED" and cause.short == NO_TORCH:
+        return Decision(False, "the tasks' Python has no torch: the same on every node and every try, not retried")
     first = not any(e.get("event") == "attempt_ended" for e in events)
     if first and not progressed:
         return Decision(False, "it failed before its first step: a problem of the code, config or data, not retried")
