@@ -11,7 +11,7 @@ A stalled rank dumps its Python stacks into its log (faulthandler), reads every 
 culprit, and exits with :data:`EXIT_STALLED`, which ends the attempt (srun ``--kill-on-bad-exit``). A rank
 whose ``alive`` stamp is stale is frozen (its process does not run: stopped, or stuck holding the GIL); the
 others are waiting for it. The lowest-numbered rank still alive records one ``stalled`` event naming the
-frozen ranks, their nodes and steps. The thread runs while the main thread waits inside a collective, since
+frozen ranks, their nodes and steps; the others wait for that event before they exit. The thread runs while the main thread waits inside a collective, since
 torch releases the GIL there.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Callable, Iterator, Optional
 
 from launcher.core.heartbeats import (SLOW_PHASE_S, STALL_FLOOR_S, Pulse, derived_timeout, heartbeat_path,
                                       read_pulses)
+from launcher.core.rundir import read_events
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,22 @@ class Watchdog:
         pulses = read_pulses(self.run_dir)
         stale = 3 * self.interval_s
         live = [p.rank for p in pulses if now - p.alive <= stale]
-        if not live or self.rank == min(live):  # one event per stall, from the lowest live rank
-            self.on_stall(describe_stall(pulses, now, stale), frozen(pulses, now, stale))
+        # One event per stall, from the lowest live rank. Another waits for it before exiting: its exit ends the
+        # attempt (srun kills every rank), and the lowest's watchdog may fire an interval later. Should none come
+        # (that rank died too), it records the stall itself.
+        if live and self.rank != min(live) and self._recorded_within(stale):
+            self.exit(EXIT_STALLED)
+            return
+        self.on_stall(describe_stall(pulses, now, stale), frozen(pulses, now, stale))
         self.exit(EXIT_STALLED)
+
+    def _recorded_within(self, wait_s: float) -> bool:
+        """Whether a ``stalled`` event of this stall (after its step began) appears within ``wait_s``."""
+        deadline = time.time() + wait_s
+        while True:
+            if any(e.get("event") == "stalled" and e.get("time", 0) >= self.pulse.step_since
+                   for e in read_events(self.run_dir)):
+                return True
+            if time.time() >= deadline:
+                return False
+            time.sleep(min(0.2, self.interval_s))
