@@ -96,6 +96,14 @@ def test_a_remote_run_is_launched_listed_described_followed_and_deleted_from_her
     assert "far" not in laptop.rows()
 
 
+def test_a_dry_run_shows_the_script_the_cluster_would_get(laptop):
+    res = laptop.launcher(f"cluster={CLUSTER}", *TINY, "name=dry", "dry_run=true")
+    assert res.returncode == 0, res.stderr
+    assert f"submitit folder {laptop.remote_root}/dry/submitit on cluster {CLUSTER}" in res.stdout
+    assert f"{laptop.site.python} -m launcher.job.recovery begin {laptop.remote_root}/dry" in res.stdout
+    assert f"--container" not in res.stdout and laptop.site.ssh("test", "-e", f"{laptop.remote_root}/dry").returncode == 1
+
+
 def test_a_mistake_is_found_here_before_anything_reaches_the_cluster(laptop):
     res = laptop.launcher(f"cluster={CLUSTER}", "model=gpt_tiny", "gpus=2", "train.lr=-1", "name=bad")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "train.lr" in res.stderr

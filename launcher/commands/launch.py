@@ -128,16 +128,36 @@ def print_dry_run(runs: List[ComposedRun]) -> None:
     from launcher.job.secret_store import secrets_dir
     from launcher.slurm.batch import render_sbatch
 
+    remote = remote_scripts(runs)
     for index, run in enumerate(runs):
         name = display_name(run)
-        folder = Path(run.config.run_root).expanduser() / name / "submitit"
+        if remote:  # rendered by the cluster's side, with its paths
+            folder, data, script = remote[index]["folder"], remote[index]["data"], remote[index]["script"]
+        else:
+            folder = str(Path(run.config.run_root).expanduser() / name / "submitit")
+            data, script = run.data.line(), render_sbatch(run.config, run.plan, name, folder,
+                                                          mounts=[str(secrets_dir())])
         if index:
             print()
         print(f"# run {name}: {' '.join(run.overrides) or '(defaults)'}")
         print(tabulate(run.plan.to_dict().items(), headers=["plan", ""], intfmt=","))
-        print(run.data.line())
-        print(f"\n# sbatch script (submitit folder {folder})")
-        print(render_sbatch(run.config, run.plan, name, folder, mounts=[str(secrets_dir())]))
+        print(data)
+        where = f" on cluster {run.config.cluster.name}" if remote else ""
+        print(f"\n# sbatch script (submitit folder {folder}{where})")
+        print(script)
+
+
+def remote_scripts(runs: List[ComposedRun]) -> list:
+    """For runs on a cluster reached over SSH, each one's dry run as that cluster renders it; else []."""
+    if not any(run.config.cluster.ssh for run in runs):
+        return []
+    from launcher.remote.agent import request
+    from launcher.remote.clusters import remote_of, same_remote
+    from launcher.remote.ship import call
+
+    same_remote(runs)
+    payload = {**request(runs, False, sys.argv[1:]), "names": [display_name(run) for run in runs]}
+    return call(remote_of(runs[0].config.cluster), "scripts", payload)["scripts"]
 
 
 def print_submitted(launched: Launched) -> None:

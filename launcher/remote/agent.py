@@ -76,7 +76,24 @@ def partitions(payload: Dict[str, Any]) -> Dict[str, Any]:
                            for part in found]}
 
 
-ACTIONS = {"launch": launch, "partitions": partitions}
+def scripts(payload: Dict[str, Any]) -> Dict[str, Any]:
+    """The sbatch script of each run of the request as it would be submitted here (a dry run: nothing is
+    written), with this cluster's paths: run root, interpreter, secrets store."""
+    from pathlib import Path
+
+    from launcher.job.secret_store import secrets_dir
+    from launcher.slurm.batch import render_sbatch
+
+    out = []
+    for item, name in zip(payload["runs"], payload["names"]):
+        run = composed(item)
+        folder = Path(run.config.run_root).expanduser() / name / "submitit"
+        out.append({"folder": str(folder), "data": run.data.line(),
+                    "script": render_sbatch(run.config, run.plan, name, folder, mounts=[str(secrets_dir())])})
+    return {"scripts": out}
+
+
+ACTIONS = {"launch": launch, "partitions": partitions, "scripts": scripts}
 
 
 def main(argv: List[str]) -> int:

@@ -69,14 +69,19 @@ def launch_remote(runs: List["ComposedRun"], sweep: bool) -> "Launched":
     from launcher.status.index import RunRecord
     from launcher.submit.launch import Launched
 
-    names = sorted({run.config.cluster.name for run in runs})
-    if len(names) > 1 or any(run.config.cluster.ssh is None for run in runs):
-        raise LaunchError(f"a sweep goes to one remote cluster at a time; this one names {', '.join(names)}")
+    same_remote(runs)
     remote = remote_of(runs[0].config.cluster)
     answer = call(remote, "launch", request(runs, sweep, sys.argv[1:]))
     records = [RunRecord(**record) for record in answer["records"]]
     remember(remote.cluster, records)
     return Launched(records, answer["sweep_id"], answer["note"], remote=remote.cluster)
+
+
+def same_remote(runs: List["ComposedRun"]) -> None:
+    """LaunchError unless every run goes to one cluster, reached over SSH."""
+    names = sorted({run.config.cluster.name for run in runs})
+    if len(names) > 1 or any(run.config.cluster.ssh is None for run in runs):
+        raise LaunchError(f"a sweep goes to one remote cluster at a time; this one names {', '.join(names)}")
 
 
 def remember(cluster: str, records: List["RunRecord"]) -> None:

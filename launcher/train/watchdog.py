@@ -11,8 +11,8 @@ A stalled rank dumps its Python stacks into its log (faulthandler), reads every 
 culprit, and exits with :data:`EXIT_STALLED`, which ends the attempt (srun ``--kill-on-bad-exit``). A rank
 whose ``alive`` stamp is stale is frozen (its process does not run: stopped, or stuck holding the GIL); the
 others are waiting for it. The lowest-numbered rank still alive records one ``stalled`` event naming the
-frozen ranks, their nodes and steps; the others wait for that event before they exit. The thread runs while the main thread waits inside a collective, since
-torch releases the GIL there.
+frozen ranks, their nodes and steps; the others wait for that event before they exit. The thread runs while
+the main thread waits inside a collective, since torch releases the GIL there.
 """
 from __future__ import annotations
 
