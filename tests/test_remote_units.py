@@ -14,7 +14,7 @@ import pytest
 from launcher.errors import LaunchError
 from launcher.remote import ship
 from launcher.remote.clusters import cluster_of_runs, remember, remotes
-from launcher.remote.forward import without_cluster
+from launcher.remote.forward import without_option
 from launcher.remote.ssh import Remote, destination, options, remote_command, why_unreachable
 
 SITE = Remote("site", "me@login.site.edu", 5.0, "/opt/venv/bin/python", "/etc/slurm/slurm.conf", "/scratch/me/runs")
@@ -92,8 +92,8 @@ def test_the_launcher_runs_there_with_the_clusters_python_and_paths():
 
 
 def test_cluster_option_is_dropped_when_forwarded():
-    assert without_cluster(["logs", "r1", "--cluster", "site", "--follow"]) == ["logs", "r1", "--follow"]
-    assert without_cluster(["describe", "--cluster=site", "r1"]) == ["describe", "r1"]
+    assert without_option(["logs", "r1", "--cluster", "site", "--follow"], "--cluster") == ["logs", "r1", "--follow"]
+    assert without_option(["describe", "--cluster=site", "r1"], "--cluster") == ["describe", "r1"]
 
 
 def test_remote_runs_are_found_by_name_or_unique_prefix(tmp_path, monkeypatch):

@@ -42,15 +42,15 @@ def found_here(name: str) -> bool:
     return False
 
 
-def without_cluster(args: List[str]) -> List[str]:
-    """The command line less its ``--cluster NAME`` (the cluster's own launcher runs it as a local command)."""
+def without_option(args: List[str], option: str) -> List[str]:
+    """The command line less ``option VALUE`` (or ``option=VALUE``)."""
     out, skip = [], False
     for arg in args:
         if skip:
             skip = False
-        elif arg == "--cluster":
+        elif arg == option:
             skip = True
-        elif not arg.startswith("--cluster="):
+        elif not arg.startswith(f"{option}="):
             out.append(arg)
     return out
 
@@ -58,7 +58,7 @@ def without_cluster(args: List[str]) -> List[str]:
 def forward(remote: Remote, args: List[str]) -> int:
     """Run ``launcher ARGS`` on the cluster; its exit status (output and prompts pass straight through).
     ``logs --follow`` survives a dropped connection (:func:`follow_logs`)."""
-    args = without_cluster(args)
+    args = without_option(args, "--cluster")  # the cluster's own launcher runs it as a local command
     if args[:1] == ["logs"] and ("--follow" in args or "-f" in args):
         return follow_logs(remote, args)
     return run_launcher(remote, "launcher", args, timeout=None, capture=False).returncode
@@ -84,18 +84,5 @@ def follow_logs(remote: Remote, args: List[str], retry_s: float = 2.0) -> int:
         if status != 255:
             return status
         print(f"warning: the connection to cluster {remote.cluster} dropped; reconnecting", file=sys.stderr)
-        args = without_tail(args)  # from the beginning: the skip finds where it was
+        args = without_option(args, "--tail")  # from the beginning: the skip finds where it was
         time.sleep(retry_s)
-
-
-def without_tail(args: List[str]) -> List[str]:
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == "--tail":
-            skip = True
-        elif not arg.startswith("--tail="):
-            out.append(arg)
-    return out
-

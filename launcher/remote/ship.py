@@ -14,13 +14,12 @@ import io
 import json
 import os
 import shlex
-import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from launcher.errors import LaunchError
-from launcher.remote.ssh import Remote, destination, options, remote_command, run
+from launcher.remote.ssh import Remote, Stream, run, stream
 from launcher.submit.freeze import FROZEN, REPO, SUFFIXES
 
 CODE_HOME = ".launcher/code"  # under the remote user's home, where ssh's commands start
@@ -102,15 +101,13 @@ def run_launcher(remote: Remote, module: str, args: Sequence[str], input: Union[
     return proc
 
 
-def stream_launcher(remote: Remote, args: Sequence[str]) -> subprocess.Popen:
+def stream_launcher(remote: Remote, args: Sequence[str]) -> Stream:
     """``python -m launcher ARGS`` on the cluster with its standard output a pipe read line by line (its standard
     error this process's own), shipping the code first when the cluster lacks it."""
     ready = run(remote, ["sh", "-c", f"test -d {code_path()} || exit {MISSING}"], timeout=max(30.0, remote.timeout_s))
     if ready.returncode == MISSING:
         ship(remote)
-    cmd = ["ssh", *options(remote), *destination(remote), remote_command(remote, launcher_argv(remote, "launcher",
-                                                                                              args))]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace")
+    return stream(remote, launcher_argv(remote, "launcher", args))
 
 
 def call(remote: Remote, action: str, payload: Optional[Dict[str, Any]] = None, timeout: float = 300) -> Any:

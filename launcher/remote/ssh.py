@@ -104,6 +104,16 @@ def run(remote: Remote, argv: Sequence[str], env: Optional[Dict[str, str]] = Non
     return proc
 
 
+Stream = subprocess.Popen  # a command running on the cluster, its output read as it comes
+
+
+def stream(remote: Remote, argv: Sequence[str], env: Optional[Dict[str, str]] = None) -> Stream:
+    """Start ``argv`` on the cluster with its standard output a pipe read as text (its standard error this
+    process's own): for output that is followed as it comes."""
+    cmd = ["ssh", *options(remote), *destination(remote), remote_command(remote, argv, env)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace")
+
+
 def why_unreachable(remote: Remote, stderr: Union[str, bytes, None]) -> str:
     """ssh's last complaint, and what to do about it, in one line."""
     if isinstance(stderr, bytes):
