@@ -106,7 +106,9 @@ def run_command(args: List[str]) -> int:
         from launcher.remote.forward import forward, target
 
         remote = target(parsed)
-        if remote is not None:  # the run lives on a cluster reached over SSH: the command runs there
+        if remote is not None and parsed.command == "compare" and parsed.plot:
+            parsed.remote = remote  # the figures come from there; the plot is drawn here (commands/compare.py)
+        elif remote is not None:  # the run lives on a cluster reached over SSH: the command runs there
             return forward(remote, args)
     module = importlib.import_module(COMMANDS[parsed.command].module)
     return module.main(parsed)

@@ -229,3 +229,14 @@ def test_the_remote_benchmark_runs_in_its_quick_mode(laptop):
     lines = [line for line in res.stdout.splitlines() if " ratio " in line]
     assert [line.split()[0] for line in lines] == ["runs", "launch", "runs"], res.stdout
     print(res.stdout)
+
+
+def test_compare_of_a_remote_run_draws_its_plot_here(laptop, tmp_path):
+    res = laptop.launcher(f"cluster={CLUSTER}", *TINY, "train.steps=20", "name=compared")
+    assert res.returncode == 0, res.stderr
+    laptop.status("compared", {"COMPLETED"})
+    plot = tmp_path / "scaling.png"
+    shown = laptop.launcher("compare", "compared", "--plot", str(plot))
+    assert shown.returncode == 0, shown.stderr
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot written to {plot}" in shown.stdout
+    assert "compared" in shown.stdout and "gpt_tiny" in shown.stdout  # the table, from the cluster's figures

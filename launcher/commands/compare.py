@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from launcher.commands.common import chosen_runs, duration, roots_of
+from launcher.errors import LaunchError
 from launcher.status.scaling import RunStats, compare
 
 
@@ -82,9 +83,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--csv", action="store_true", help="print CSV")
 
 
+def remote_stats(remote, args: argparse.Namespace) -> List[RunStats]:
+    """The comparison's figures as the runs' remote cluster computes them (``compare --json`` there)."""
+    from launcher.remote.ship import remote_error, run_launcher
+
+    asked = ["compare", *args.names, *(["--sweep", args.sweep] if args.sweep else []), "--json"]
+    proc = run_launcher(remote, "launcher", asked, timeout=300)
+    if proc.returncode != 0:
+        raise LaunchError(remote_error(remote, proc.stderr))
+    return [RunStats(**row) for row in json.loads(proc.stdout)]
+
+
 def main(args: argparse.Namespace) -> int:
-    records = chosen_runs(roots_of(args), args.names, args.sweep)
-    stats = compare(records)
+    remote = getattr(args, "remote", None)  # runs on a cluster reached over SSH, their plot drawn here
+    stats = remote_stats(remote, args) if remote else compare(chosen_runs(roots_of(args), args.names, args.sweep))
     if args.plot:
         from launcher.commands.compare_plot import plot
 
