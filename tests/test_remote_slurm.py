@@ -240,3 +240,19 @@ def test_compare_of_a_remote_run_draws_its_plot_here(laptop, tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot written to {plot}" in shown.stdout
     assert "compared" in shown.stdout and "gpt_tiny" in shown.stdout  # the table, from the cluster's figures
+
+
+def test_a_cluster_that_wants_a_prompt_says_to_log_in_once(laptop, tmp_path):
+    """BatchMode: no command ever prompts. Without the key (as a login node that asks for a second factor), the
+    listing warns in one line to run `launcher login`, and lists the rest."""
+    keyless = tmp_path / "ssh_config"
+    keyless.write_text("\n".join(line for line in laptop.site.ssh_config.read_text().splitlines()
+                                 if "IdentityFile" not in line) + "\n  IdentityAgent none\n")
+    env = {"LAUNCHER_SSH_CONFIG": str(keyless), "LAUNCHER_HOME": f"{laptop.env['LAUNCHER_HOME']}-keyless"}
+    res = subprocess.run([sys.executable, "-m", "launcher", "runs"], env={**laptop.cluster.env, **laptop.env, **env,
+                         "LAUNCHER_RUN_ROOT": str(laptop.root)}, capture_output=True, text=True, timeout=60,
+                         cwd=REPO, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr
+    (warning,) = [line for line in res.stderr.splitlines() if CLUSTER in line]
+    assert "Permission denied" in warning and f"run 'launcher login {CLUSTER}'" in warning, warning
+    subprocess.run(["rm", "-rf", env["LAUNCHER_HOME"]])
