@@ -195,3 +195,14 @@ def test_a_run_that_cannot_finish_in_its_time_budget_is_warned_of(capsys):
     warnings = [line for line in capsys.readouterr().err.splitlines() if "train.steps" in line]
     assert len(warnings) == 1 and warnings[0].startswith("warning: train.steps=100000 at the planned ")
     assert "more than the 2.0 h of (cluster.max_requeues+1) x cluster.time_limit_min = 2 x 60 min" in warnings[0]
+
+
+@pytest.mark.parametrize("command", [["plan"], ["dry_run=true"], ["dry_run=json"]])
+def test_a_share_group_that_is_not_a_group_is_refused_before_any_submission(command):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "launcher", *command, "model=gpt_tiny", "gpus=2",
+                          "share_group=nosuchgroup"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "share_group='nosuchgroup' is not a group on this machine" in res.stderr

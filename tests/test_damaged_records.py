@@ -3,6 +3,7 @@ command on it, and nothing about the other runs lost (no Slurm needed: the runs 
 from __future__ import annotations
 
 import json
+import shutil
 import os
 
 import pytest
@@ -198,3 +199,16 @@ def test_a_directory_that_never_became_a_run_is_not_listed(root, capsys):
     (root / "half-launched").mkdir()  # a launch in progress: no record and no events yet
     (root / "half-launched" / "config.yaml").write_text("name: x\n")
     assert list(listed(capsys, root)) == ["gamma", "beta", "alpha"]
+
+
+def test_a_copied_run_directory_is_damaged_and_no_command_reaches_the_original_through_it(root, capsys):
+    """cp -a RUN RUN-copy: the copy's record names the original's directory and job. Listed as DAMAGED, "a copy
+    of" the original; stop, resume and delete through it are refused, and the original is untouched."""
+    shutil.copytree(root / "beta", root / "beta-copy", symlinks=True)
+    rows = listed(capsys, root)
+    assert rows["beta-copy"]["status"] == "DAMAGED" and "is a copy of run beta" in rows["beta-copy"]["reason"]
+    assert rows["beta"]["status"] == "COMPLETED"
+    for args in (["stop", "beta-copy"], ["resume", "beta-copy"], ["delete", "beta-copy", "--yes"]):
+        assert_one_line_error(capsys, root, args, f"run beta-copy is damaged: {root / 'beta-copy' / 'run.json'} "
+                                                  "is a copy of run beta")
+    assert (root / "beta" / "run.json").exists() and (root / "beta-copy").is_dir()

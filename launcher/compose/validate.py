@@ -16,6 +16,7 @@ from typing import Any, Iterator, Tuple
 
 from launcher.core import preemption
 from launcher.core.config import RunConfig
+from launcher.core.privacy import group_id
 from launcher.compose.ranges import CHOICES, RANGES
 from launcher.errors import LaunchError, did_you_mean
 from launcher.slurm.batch import check_run_name
@@ -57,6 +58,11 @@ def validate(cfg: RunConfig) -> None:
                           "the interpreter inside it, if it is not python)")
     if cfg.model.d_model % cfg.model.n_heads:
         raise LaunchError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
+    if cfg.share_group and cfg.cluster.ssh is None:  # a remote cluster's groups are its own, checked there
+        try:
+            group_id(cfg.share_group)  # plan and dry runs too, not only a submission
+        except ValueError as err:
+            raise LaunchError(str(err)) from None
 
 
 def check_value(key: str, value: Any) -> None:

@@ -142,7 +142,13 @@ def load_record(run_dir: Path) -> RunRecord:
     for name, (types, type_name) in _FIELD_TYPES.items():
         if name in data and (not isinstance(data[name], types) or isinstance(data[name], bool)):
             raise DamagedRun(run_dir, RECORD, f"has {name}={data[name]!r}, not a {type_name}")
-    return RunRecord(**{k: v for k, v in data.items() if k in _FIELD_TYPES})
+    record = RunRecord(**{k: v for k, v in data.items() if k in _FIELD_TYPES})
+    if os.path.realpath(record.run_dir) != os.path.realpath(run_dir):
+        # Copied or moved: its job, checkpoints and name are another directory's. Acting on it as the record
+        # says would stop, resume or delete that one; it is listed as damaged instead, and only deleted itself.
+        raise DamagedRun(run_dir, RECORD, f"is a copy of run {record.name} (it names {record.run_dir}): the "
+                         "launcher acts on neither through it; remove the copy yourself")
+    return record
 
 
 def check_run(run_dir: Path) -> None:
