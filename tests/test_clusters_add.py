@@ -51,7 +51,8 @@ def test_print_writes_nothing_and_an_existing_file_needs_force(slurm, tmp_path, 
     (["clusters", "add", "x", "--partition", "nope"], "error: the cluster has no partition 'nope' (partitions: gpu)"),
     (["clusters", "add", "x", "--cluster-conf", "/nonexistent/slurm.conf"], "error: Slurm is not reachable"),
     (["clusters", "remove", "x"], "error: launcher clusters: argument action: invalid choice: 'remove'"),
-    (["clusters", "--print"], "error: NAME, --partition, --print and --force go with 'launcher clusters add NAME'"),
+    (["clusters", "--print"], "error: NAME, --partition, --print, --force, --ssh and --python go with "
+                              "'launcher clusters add NAME'"),
 ])  # fmt: skip
 def test_mistakes_are_one_line_and_write_nothing(slurm, tmp_path, xdg, args, message):
     res = slurm.launcher(*args, root=tmp_path, env=xdg)

@@ -4,6 +4,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
@@ -18,13 +19,23 @@ from train_harness import launch_forked
 TIMEOUT_S = 4.0
 
 
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (gone, or a zombie not yet reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
+    except OSError:
+        return True
+
+
 def kill_when_stalled(run_dir, rank):
-    """Once the stall is recorded, SIGKILL the stopped rank (this test's own process), as srun's
-    --kill-on-bad-exit would; torch's harness would otherwise wait 30 s on SIGTERM, which a stopped
-    process ignores."""
+    """Once the stall is recorded and the other ranks have exited (their watchdogs), SIGKILL the stopped rank
+    (this test's own process), as srun's --kill-on-bad-exit would; torch's harness would otherwise wait 30 s on
+    SIGTERM, which a stopped process ignores. Killed earlier, it could be the exit the harness reports first."""
     recorded = run_dir / "events.jsonl"
     try:  # a line being written is not yet JSON: the text is searched
         wait_for(lambda: recorded.exists() and "stalled" in recorded.read_text(), 60, "stall", interval=0.2)
+        others = [p.pid for p in read_pulses(run_dir) if p.rank != rank]
+        wait_for(lambda: all(gone(pid) for pid in others), 60, "the watchdogs' exits", interval=0.1)
     except AssertionError:
         pass  # the test itself says what is missing
     for pulse in read_pulses(run_dir):
