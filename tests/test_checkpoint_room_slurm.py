@@ -1,21 +1,39 @@
 """On the local cluster: a launch into a run root too small for the run's checkpoints warns in one line and
 goes on, and the warning comes true: the save that does not fit fails, named, and the earlier checkpoint
 stays whole."""
-from helpers import events, job_id_of
-from launcher.core.checkpoints import step_dir
+import os
+
+from helpers import REPO, events, job_id_of
+from launcher.core.checkpoints import human, step_dir
+from launcher.submit.freeze import FROZEN, SUFFIXES
 from launcher.train import manifest
+
+PAGE_KB = 4  # a tmpfs holds whole pages: each file of the frozen copy takes at least one
+
+
+def frozen_code_kb() -> int:
+    """What the run's frozen copy of the code takes on a tmpfs (it grows with the code)."""
+    pages = 0
+    for name in FROZEN:
+        for folder, subfolders, files in os.walk(REPO / name):
+            subfolders[:] = [sub for sub in subfolders if sub != "__pycache__"]
+            pages += 1 + sum(-(-os.path.getsize(os.path.join(folder, f)) // (PAGE_KB * 1024))
+                             for f in files if f.endswith(SUFFIXES))
+    return pages * PAGE_KB
 
 
 def test_a_launch_warns_of_a_small_run_root_and_goes_on(slurm, tmpfs):
-    root = tmpfs("2500k")  # the run's frozen code (0.4 MB) and one gpt_tiny checkpoint (1.6 MB) fit, two do not
+    # The frozen code and one gpt_tiny checkpoint (1.6 MB) fit, with room for logs and metrics; two do not.
+    size_kb = frozen_code_kb() + 2000
+    root = tmpfs(f"{size_kb}k")
     res = slurm.launcher("gpus=1", "model=gpt_tiny", "train.steps=2", "train.checkpoint_every=1",
                          "train.keep_checkpoints=1", "train.eval_every=0", "cluster.max_retries=0", "name=small",
                          root=root)
     assert res.returncode == 0, res.stderr
     assert [line for line in res.stderr.splitlines() if "warning" in line] == [
         "warning: checkpoints need 3.1 MB (2 x 1.6 MB: train.keep_checkpoints=1 kept and the one being saved) "
-        f"but the run root's filesystem ({root}) has 2.6 MB free: saves will fail; lower train.keep_checkpoints "
-        "or set run_root=... on a larger filesystem"]
+        f"but the run root's filesystem ({root}) has {human(size_kb * 1024)} free: saves will fail; lower "
+        "train.keep_checkpoints or set run_root=... on a larger filesystem"]
     job_id = job_id_of(res.stdout)
     assert slurm.wait(job_id, timeout=300).startswith("FAILED")
     run_dir = root / "small"
