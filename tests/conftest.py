@@ -287,8 +287,12 @@ def _share_the_cluster(request):
         return
     whole = request.node.get_closest_marker("whole_cluster") is not None
     with cluster_lock(exclusive=whole):
-        if whole:  # the jobs of tests just ended may hold their GPUs a while after sacct says they ended
+        if whole:  # the jobs of tests just ended may hold their GPUs a while after sacct says they ended, and
+            # one a test left queued would start during this one (a held job waits for ever: not counted)
             cluster = request.getfixturevalue("slurm")
-            wait_for(lambda: not cluster.run("squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%i").stdout.strip(),
-                     300, "no job running on the cluster")
+
+            def idle() -> bool:
+                listed = cluster.run("squeue", "-h", "-t", "RUNNING,COMPLETING,PENDING", "-o", "%i %r").stdout
+                return not [line for line in listed.splitlines() if "JobHeld" not in line]
+            wait_for(idle, 300, "no job running or about to run on the cluster")
         yield

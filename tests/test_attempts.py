@@ -169,3 +169,20 @@ def test_a_time_limit_within_the_signal_delay_is_refused():
                           "dry_run=json"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and res.stderr.count("\n") == 1
     assert "cluster.time_limit_min=1 (60 s) leaves no time to train" in res.stderr
+
+
+def test_a_rank_that_dies_after_the_run_finished_does_not_fail_the_attempt(tmp_path, monkeypatch):
+    """Seen in CI: Slurm's time-limit signal reached a rank while Python shut down after the final checkpoint
+    (Python puts the default action back then): srun reported the rank killed. The run is complete, and the job
+    must read COMPLETED too (the batch script's exit status)."""
+    from launcher.core.rundir import append_event, read_events
+    from launcher.job.recovery import main
+
+    requeue_scene(tmp_path, monkeypatch, "exit 1")  # no Slurm to ask: the answer must not depend on it
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    append_event(tmp_path, "attempt", attempt=1, job_id="9")
+    append_event(tmp_path, "finished", step=40, loss=2.0)
+    assert main(["end", str(tmp_path), "143"]) == 0
+    ended = read_events(tmp_path)[-1]
+    assert (ended["event"], ended["outcome"], ended["exit_code"]) == ("attempt_ended", "COMPLETED", 143)
+    assert "after the run finished" in ended["note"]

@@ -86,6 +86,7 @@ def test_a_remote_run_is_launched_listed_described_followed_and_deleted_from_her
 
     again = laptop.launcher(f"cluster={CLUSTER}", *TINY, "train.steps=10", "name=far-again")
     assert again.returncode == 0, again.stderr
+    laptop.status("far-again", {"COMPLETED"})  # no job of this test outlives it
     shipped = laptop.site.ssh("ls", f"{laptop.site.home}/.launcher/code").stdout.split()
     assert len([name for name in shipped if not name.startswith(".")]) >= 1
     print(f"remote launch {took:.2f} s (code shipped then); shipped copies: {shipped}")
@@ -94,6 +95,7 @@ def test_a_remote_run_is_launched_listed_described_followed_and_deleted_from_her
     assert gone.returncode == 0, gone.stderr
     assert laptop.site.ssh("test", "-e", f"{laptop.remote_root}/far").returncode == 1
     assert "far" not in laptop.rows()
+    laptop.status("here", {"COMPLETED"})
 
 
 def test_a_dry_run_shows_the_script_the_cluster_would_get(laptop):
@@ -196,6 +198,7 @@ def test_a_stopped_sshd_is_one_line_within_the_timeout_and_local_runs_are_still_
         print(f"runs with the cluster's sshd down: {took:.2f} s")
     finally:
         laptop.site.start_sshd()
+    laptop.status("still-here", {"COMPLETED"})
 
 
 def test_clusters_lists_the_remote_clusters_partitions(laptop):

@@ -6,6 +6,7 @@ instead of importing launcher/train/ (and torch) on the login node. The task imp
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,11 @@ class TrainTask(submitit.helpers.Checkpointable):
             if not isinstance(err, (SystemExit, KeyboardInterrupt)) and not being_requeued(Path(run_dir)):
                 record_failure(Path(run_dir), err, names)
             raise
+        finally:
+            # The work is over (finished, saved for a requeue, or failed): a time-limit signal from now on means
+            # nothing. Ignored, not handled: Python puts the default action (death) back while it shuts down, and
+            # a rank killed by a late USR2 after the run finished made a completed attempt read as failed.
+            signal.signal(preemption.SIGNAL, signal.SIG_IGN)
 
     def checkpoint(self, run_dir: str) -> submitit.helpers.DelayedSubmission:  # type: ignore[override]
         append_event(Path(run_dir), "requeued", job_id=os.environ.get("SLURM_JOB_ID"))

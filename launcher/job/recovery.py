@@ -113,9 +113,11 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
         append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome="FAILED",
                      cause=verdict.get("error"), short=verdict.get("short"), step=verdict.get("step"))
         return None
-    if exit_code == 0 and "finished" in kinds:
-        append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome="COMPLETED")
-        return None
+    if "finished" in kinds:  # the final checkpoint is whole: what a rank did after it does not matter
+        late = {"exit_code": exit_code, "note": f"a rank ended badly after the run finished (srun {exit_code})"} \
+            if exit_code else {}
+        append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome="COMPLETED", **late)
+        return COMPLETED
     queued = queue_state(job_id) if queued is None else queued
     if queued.startswith("CANCELLED"):  # by the user or an administrator (`launcher stop` records it too)
         kinds.add("cancelled")
@@ -154,6 +156,8 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
                      rank=cause.rank, node=cause.node, step=cause.step, reason=decision.reason)
     return decision
 
+
+COMPLETED = Decision(False, "the run completed")
 
 # A job that Slurm has put back in the queue while the old batch script may still be running.
 REQUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
@@ -274,7 +278,8 @@ def main(argv: List[str]) -> int:
         if argv[0] == "begin":
             begin(run_dir)
             return 0
-        end(run_dir, exit_code)
+        if end(run_dir, exit_code) is COMPLETED:
+            return 0  # the job reads COMPLETED in Slurm too, as the run's record says
     except OSError as err:  # the run directory is gone or unwritable: the job's own exit status stands
         print(f"launcher.job.recovery: cannot record the attempt in {run_dir}: {err.strerror or err}", file=sys.stderr)
     return 0 if argv[0] == "begin" else exit_code
