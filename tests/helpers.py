@@ -104,6 +104,24 @@ def run_name(root: Path, job_id: str, cluster: str = "local") -> str:
     return names[0]
 
 
+def rank_pids(job_id: str, node: str | None = None) -> dict[int, int]:
+    """The processes of the ranks of this test's own job (on ``node``, or every node), by their Slurm variables
+    (srun, whose command line names the same module, is not one)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
+            argv = (proc / "cmdline").read_text().split("\0")
+        except OSError:
+            continue
+        if environ.get("SLURM_JOB_ID") == job_id and "submitit.core._submit" in argv and "python" in argv[0] \
+                and "SLURM_PROCID" in environ and node in (None, environ.get("SLURMD_NODENAME")):
+            found[int(environ["SLURM_PROCID"])] = int(proc.name)
+    return found
+
+
 def events(run_dir: Path) -> list[dict]:
     """The run's events.jsonl, in order ([] before it exists)."""
     path = Path(run_dir) / "events.jsonl"

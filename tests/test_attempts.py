@@ -3,7 +3,10 @@ local cluster produced it: srun's stderr, ranks' failed events, heartbeats)."""
 import os
 import time
 
-from launcher.job.attempts import Cause, TaskEnd, attribute, expand_ranks, srun_task_ends
+from launcher.core.heartbeats import EXIT_STALLED, Pulse
+from launcher.job.attempts import Cause, attribute
+from launcher.job.recovery import Decision, decide, schedulable, trained
+from launcher.slurm.output import TaskEnd, expand_ranks, srun_lost_nodes, srun_task_ends
 
 SRUN_KILLED = """\
 [rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer
@@ -19,6 +22,10 @@ def failed(rank, error, node="local-node1", step=40, time=1.0):
     return {"event": "failed", "rank": rank, "node": node, "error": error, "step": step, "time": time}
 
 
+def pulse(rank, step, alive=100.0, node="local-node1"):
+    return Pulse(rank=rank, node=node, pid=1000 + rank, step=step, step_since=alive - 1, alive=alive)
+
+
 def test_srun_reports_are_parsed_in_order():
     assert srun_task_ends(SRUN_KILLED) == [TaskEnd("local-node2", [2], "Killed"),
                                            TaskEnd("local-node1", [0, 1], "Exited with exit code 1"),
@@ -28,7 +35,7 @@ def test_srun_reports_are_parsed_in_order():
 
 def test_a_killed_rank_is_blamed_not_the_peers_that_lost_it():
     events = [failed(0, PEER), failed(1, PEER), failed(3, PEER, node="local-node2")]
-    cause = attribute(events, srun_task_ends(SRUN_KILLED), steps={2: 37})
+    cause = attribute(events, srun_task_ends(SRUN_KILLED), [pulse(2, 37, node="local-node2")])
     assert cause == Cause("FAILED", "rank 2 on local-node2 at step 37: killed by a signal (SIGKILL)", rank=2,
                           node="local-node2", step=37, short="rank 2 killed")
 
@@ -36,7 +43,7 @@ def test_a_killed_rank_is_blamed_not_the_peers_that_lost_it():
 def test_a_rank_own_exception_wins_over_srun_and_peers():
     events = [failed(1, PEER, time=2.0), failed(3, "OSError: [Errno 28] No space left on device", "local-node2",
                                                  step=50, time=3.0)]
-    cause = attribute(events, srun_task_ends(SRUN_KILLED), steps={})
+    cause = attribute(events, srun_task_ends(SRUN_KILLED), [])
     assert (cause.rank, cause.node, cause.step, cause.short) == (3, "local-node2", 50, "OSError")
     assert cause.text == "rank 3 on local-node2 at step 50: OSError: [Errno 28] No space left on device"
 
@@ -44,17 +51,17 @@ def test_a_rank_own_exception_wins_over_srun_and_peers():
 def test_a_stall_is_its_own_outcome():
     events = [{"event": "stalled", "cause": "rank 1 on n2 froze, last seen at step 9", "ranks": [1]},
               failed(0, PEER)]
-    cause = attribute(events, [], steps={})
+    cause = attribute(events, [], [])
     assert (cause.outcome, cause.rank, cause.short) == ("STALLED", 1, "rank 1 hung")
 
 
 def test_with_nothing_but_peer_losses_the_first_is_reported():
-    cause = attribute([failed(2, PEER, time=5.0), failed(0, PEER, time=4.0)], [], steps={})
+    cause = attribute([failed(2, PEER, time=5.0), failed(0, PEER, time=4.0)], [], [])
     assert (cause.rank, cause.short) == (0, "lost a peer")
 
 
 def test_no_evidence_at_all_says_so_with_the_exit_status():
-    assert attribute([], [], {}, exit_code=137).text == "srun exited with status 137"
+    assert attribute([], [], [], exit_code=137).text == "srun exited with status 137"
 
 
 def test_history_has_one_row_per_attempt_with_what_came_next():
@@ -141,7 +148,7 @@ def test_a_requeue_the_controller_refuses_is_recorded_as_an_infrastructure_failu
     assert len(calls.read_text().splitlines()) >= 2
     assert failure["error"] == ("ConnectionError: scontrol requeue 9 failed: scontrol: error: Unable to contact slurm "
                                 "controller") and not failure.get("final")
-    cause = attribute(read_events(tmp_path), [], {})
+    cause = attribute(read_events(tmp_path), [], [])
     assert (cause.short, cause.node, cause.step) == ("requeue failed", "n1", 40) and INFRASTRUCTURE.search(cause.error)
 
 
@@ -186,3 +193,101 @@ def test_a_rank_that_dies_after_the_run_finished_does_not_fail_the_attempt(tmp_p
     ended = read_events(tmp_path)[-1]
     assert (ended["event"], ended["outcome"], ended["exit_code"]) == ("attempt_ended", "COMPLETED", 143)
     assert "after the run finished" in ended["note"]
+
+
+# srun's stderr when one node of two was lost with its ranks (its slurmd and ranks SIGKILLed on the local cluster),
+# and when a retry was placed on a node whose slurmd had died before Slurm marked it down.
+SRUN_NODE_DIED = """\
+srun: error: local-node2: tasks 2-3: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=207.0
+srun: error: local-node1: tasks 0-1: Terminated
+srun: Force Terminated StepId=207.0
+"""
+SRUN_LAUNCH_FAILED = """\
+srun: error: Task launch for StepId=209.1 failed on node local-node2: Communication connection failure
+srun: error: Application launch failed: Communication connection failure
+srun: Job step aborted
+srun: error: Node failure on local-node3
+"""
+# Rank 2 was SIGSTOPped: the watchdogs of ranks 0, 1 and 3 fired, and srun killed the stopped rank last.
+SRUN_WATCHDOGS = """\
+srun: error: local-node1: task 1: Exited with exit code 75
+srun: error: local-node1: task 0: Exited with exit code 75
+srun: error: local-node2: task 3: Exited with exit code 75
+srun: error: local-node2: task 2: Killed
+"""
+
+
+def test_the_nodes_srun_could_not_reach_are_read_from_its_words():
+    assert srun_lost_nodes(SRUN_LAUNCH_FAILED) == ["local-node2", "local-node3"]
+    assert srun_lost_nodes(SRUN_NODE_DIED) == []
+
+
+def test_a_lost_node_is_the_cause_whatever_its_ranks_and_peers_reported():
+    events = [failed(0, PEER, step=52), failed(1, PEER, step=52)]
+    cause = attribute(events, srun_task_ends(SRUN_NODE_DIED), [pulse(0, 52), pulse(2, 41, node="local-node2")],
+                      lost=["local-node2"])
+    assert cause == Cause("LOST", "node local-node2 lost at step 52: Slurm could not reach it", node="local-node2",
+                          step=52, short="local-node2 lost", nodes=("local-node2",))
+    assert attribute([], [], [], lost=["n2", "n3"]).text == "node n2, n3 lost during start-up: Slurm could not reach it"
+
+
+def test_every_rank_killed_together_is_named():
+    ends = [TaskEnd("n1", [1], "Killed"), TaskEnd("n2", [3], "Killed"), TaskEnd("n1", [0], "Terminated")]
+    cause = attribute([], ends, [pulse(1, 20), pulse(3, 21, node="n2")])
+    assert cause.text == "2 ranks killed by a signal (SIGKILL): rank 1 on n1 at step 20; rank 3 on n2 at step 21"
+    assert (cause.short, cause.nodes, cause.rank) == ("ranks 1,3 killed", ("n1", "n2"), 1)
+
+
+def test_a_stall_left_unrecorded_blames_the_rank_that_stopped_first_not_the_watchdogs():
+    pulses = [pulse(0, 90, alive=200.0), pulse(1, 90, alive=199.0), pulse(2, 90, alive=160.0, node="local-node2"),
+              pulse(3, 90, alive=200.5, node="local-node2")]
+    cause = attribute([], srun_task_ends(SRUN_WATCHDOGS), pulses, exit_code=EXIT_STALLED)
+    assert (cause.outcome, cause.rank, cause.node, cause.short) == ("STALLED", 2, "local-node2", "rank 2 hung")
+    assert cause.text == ("stalled: rank 2 on local-node2 stopped first, at step 90 (the watchdog of rank 0, 1, 3 "
+                          "ended the attempt)")
+
+
+def ended(outcome, short="", step=None, trained=True, nodes=(), **more):
+    return {"event": "attempt_ended", "outcome": outcome, "short": short, "step": step, "trained": trained,
+            "nodes": list(nodes), "node": nodes[0] if nodes else None, **more}
+
+
+def test_a_lost_node_costs_no_retry_the_first_time_and_is_excluded():
+    lost = Cause("LOST", "node n2 lost", node="n2", step=52, short="n2 lost", nodes=("n2",))
+    spent = [ended("FAILED", "rank 1 killed", 10), {"event": "retrying", "exclude": []}]
+    decision = decide(spent, lost, max_retries=1)
+    assert (decision.retry, decision.exclude, decision.free) == (True, ["n2"], True)
+    # The same node lost again (it came back, then died again) is a counted retry: here none is left.
+    again = [*spent, ended("LOST", "n2 lost", 52, nodes=("n2",)), {"event": "retrying", "exclude": ["n2"], "free": True}]
+    assert decide(again, lost, max_retries=1).reason == "all cluster.max_retries=1 retries spent"
+    first = decide([], Cause("LOST", "node n2 lost during start-up", node="n2", nodes=("n2",)), 0, progressed=False)
+    assert first.retry and first.free  # before any step: still the node's fault, not the code's
+
+
+def test_a_fault_during_start_up_is_retried_and_the_same_failure_twice_needs_two_attempts_that_trained():
+    killed = Cause("FAILED", "rank 0 killed", rank=0, node="n1", step=91, short="rank 0 killed")
+    history = [ended("FAILED", "rank 0 killed", 91), {"event": "retrying", "exclude": []}]
+    during = decide(history, killed, max_retries=3, trained=False)
+    assert during.retry and during.reason == "retry 2 of 3 from the newest good checkpoint"
+    assert decide(history, killed, max_retries=3, trained=True).reason == \
+        "the same failure at step 91 twice, not retried again"
+    untrained = [ended("FAILED", "rank 0 killed", 91, trained=False), {"event": "retrying", "exclude": []}]
+    assert decide(untrained, killed, max_retries=3).retry
+
+
+def test_an_attempt_trained_only_when_a_rank_got_past_the_step_it_started_from():
+    resumed = [{"event": "resumed", "step": 90}]
+    assert not trained(resumed, [pulse(0, 90)]) and trained(resumed, [pulse(0, 91)])
+    assert not trained([], []) and trained([failed(0, PEER, step=3)], [])
+
+
+def test_exclusions_that_would_leave_too_few_nodes_are_allowed_again_least_certain_first():
+    events = [ended("STALLED", "rank 2 hung", 10, nodes=("n2",)), ended("LOST", "n3 lost", 20, nodes=("n3",))]
+    wanted = Decision(True, "retry 2 of 3", ["n2", "n3"])
+    kept = schedulable(wanted, events, down=[], partition=["n1", "n2", "n3"], needed=2)
+    assert (kept.exclude, kept.allowed) == (["n3"], ["n2"])  # the hung rank's node, not the lost one
+    assert "would leave 1 of the 2 nodes the run needs, so n2 is allowed again" in kept.reason
+    assert schedulable(wanted, events, [], ["n1", "n2", "n3", "n4"], 2) == wanted  # room enough: unchanged
+    both = schedulable(wanted, events, [], ["n1", "n2", "n3"], 3)
+    assert (both.exclude, both.allowed) == ([], ["n2", "n3"])  # Slurm then waits for the nodes it holds down

@@ -1,16 +1,19 @@
 """Faults of the cluster itself, caused on the suite's second local cluster (``three`` in conftest.py): a node
-lost mid-run (its slurmd killed) and the controller stopped mid-run."""
+lost mid-run (its slurmd killed; with its ranks, before Slurm notices), the controller stopped mid-run, and a
+retry the controller refuses."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from conftest import SLURMD_TIMEOUT_S
-from helpers import events, launch, losses, wait_for
+from helpers import events, launch, losses, rank_pids, wait_for
 
 RUN = ("model=gpt_tiny", "train.log_every=10")
 
@@ -64,6 +67,79 @@ def test_a_lost_node_is_named_left_out_and_the_run_completes_on_the_others(three
     assert kinds.count("attempt") == 2 and "retrying" not in kinds  # Slurm's requeue, not a second job
     print(f"node lost: attempt 2 began {second['time'] - killed_at:.0f} s after the kill "
           f"(SlurmdTimeout={SLURMD_TIMEOUT_S} s); completed {time.time() - killed_at:.0f} s after it")
+
+
+@contextmanager
+def slurmd_timeout(cluster, state: Path, seconds: int):
+    """The cluster's SlurmdTimeout for the duration of a test (a site's is a minute or more: Slurm then runs jobs
+    on a dead node's "idle" state for that long), its own after."""
+    conf = state / "etc" / "slurm.conf"
+    original = conf.read_text()
+    conf.write_text(re.sub(r"^SlurmdTimeout=\d+", f"SlurmdTimeout={seconds}", original, flags=re.M))
+    cluster.run("scontrol", "reconfigure")
+    try:
+        yield
+    finally:
+        conf.write_text(original)
+        cluster.run("scontrol", "reconfigure")
+
+
+def test_a_node_lost_with_its_ranks_before_slurm_notices_is_left_out_and_costs_no_retry(three, tmp_path):
+    """As on a site whose SlurmdTimeout is a minute: Slurm still reads the dead node "idle" when the attempt
+    ends. The attempt's end asks the node itself (a probe step), names it LOST and retries without it, though
+    the run has no retries to spend."""
+    cluster, state = three
+    with slurmd_timeout(cluster, state, 120):
+        job = launch(cluster, tmp_path, "name=gone", "gpus=4", "layout.nodes=2", "train.steps=900",
+                     "train.checkpoint_every=50", "cluster.max_retries=0", defaults=RUN)
+        run_dir = tmp_path / "gone"
+        wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
+        nodes = cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
+        victim = cluster.run("scontrol", "show", "hostnames", nodes).stdout.split()[1]  # not the batch host
+        ranks = rank_pids(job, victim)
+        assert len(ranks) == 2, ranks
+        pidfile = state / "run" / f"slurmd-{victim}.pid"
+        argv, env = stop_daemon(pidfile)
+        try:
+            for pid in ranks.values():
+                os.kill(pid, signal.SIGKILL)
+            lost = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 120, "end")[0]
+            assert (lost["outcome"], lost["nodes"], lost["short"]) == ("LOST", [victim], f"{victim} lost"), lost
+            state_then = cluster.run("sinfo", "-h", "-n", victim, "-o", "%T").stdout.strip()
+            assert "down" not in state_then, state_then  # Slurm has not marked it down: "idle" or "allocated*"
+            retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 60, "retry")[0]
+            assert (retry["exclude"], retry["free"]) == ([victim], True), retry
+            cluster.completes(retry["job_id"], run_dir, timeout=400)
+        finally:
+            start_daemon(pidfile, argv, env, state / "log" / f"slurmd-{victim}.log")
+    second = [e for e in events(run_dir) if e["event"] == "attempt"][1]
+    assert victim not in cluster.run("scontrol", "show", "hostnames", second["nodes"]).stdout.split()
+    assert progress(run_dir) == 900
+    wait_for(lambda: cluster.run("sinfo", "-h", "-n", victim, "-o", "%T").stdout.strip() in ("idle", "mixed"), 120,
+             f"{victim} back")
+
+
+def test_a_retry_the_controller_refuses_is_the_run_final_cause(three, tmp_path):
+    cluster, _ = three
+    job = launch(cluster, tmp_path, "name=refused", "gpus=2", "train.steps=900", "train.checkpoint_every=50",
+                 defaults=RUN)
+    run_dir = tmp_path / "refused"
+    wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
+    partition = cluster.run("sinfo", "-h", "-o", "%R").stdout.split()[0]
+    cluster.run("scontrol", "update", f"PartitionName={partition}", "State=INACTIVE")
+    try:
+        os.kill(next(iter(rank_pids(job, cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()).values())),
+                signal.SIGKILL)
+        final = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "failed" and e.get("final")], 120,
+                         "verdict")[0]
+    finally:
+        cluster.run("scontrol", "update", f"PartitionName={partition}", "State=UP")
+    assert final["short"] == "retry refused" and "killed by a signal (SIGKILL)" in final["error"], final
+    assert final["error"].endswith("; its retry could not be submitted: Slurm refused it: Required partition not "
+                                   "available (inactive or drain)"), final["error"]
+    listed = {r["name"]: r for r in json.loads(cluster.launcher("runs", "--json", root=tmp_path).stdout)}
+    assert (listed["refused"]["status"], listed["refused"]["reason"]) == ("FAILED", "retry refused"), listed
+    assert "its retry could not be submitted" in cluster.launcher("describe", "refused", root=tmp_path).stdout
 
 
 def test_training_goes_on_while_the_controller_is_down_and_status_commands_answer(three, tmp_path):

@@ -73,7 +73,7 @@ def test_a_task_whose_python_has_no_torch_records_the_cause_in_one_line_and_is_n
     from launcher.job.attempts import attribute
     from launcher.job.recovery import decide
 
-    cause = attribute([event], [], {})
+    cause = attribute([event], [], [])
     assert cause.text == f"rank 1 on node7: {event['error']}" and cause.short == "no torch"
     earlier = [{"event": "attempt", "attempt": 1}, {"event": "attempt_ended", "outcome": "COMPLETED"}]
     for events, progressed in (([], False), (earlier, True)):

@@ -12,30 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TASKS_WITHOUT_SLURM, cluster_lock, events, job_id_of, launch, losses, wait_for
+from helpers import TASKS_WITHOUT_SLURM, cluster_lock, events, job_id_of, launch, losses, rank_pids, wait_for
 
 from launcher.core.checkpoints import latest_checkpoint, step_of
 
 # The run each test starts unless it says otherwise: 300 steps on 4 GPUs, checkpointed every 20.
 RUN = ("model=gpt_tiny", "gpus=4", "train.steps=300", "train.log_every=10", "train.checkpoint_every=20")
-
-
-def rank_pids(job_id: str) -> dict[int, int]:
-    """The processes of the ranks of this test's own job, by their Slurm variables (srun, whose command line
-    names the same module, is not one)."""
-    found = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
-            argv = (proc / "cmdline").read_text().split("\0")
-        except OSError:
-            continue
-        if environ.get("SLURM_JOB_ID") == job_id and "submitit.core._submit" in argv and "python" in argv[0] \
-                and "SLURM_PROCID" in environ:
-            found[int(environ["SLURM_PROCID"])] = int(proc.name)
-    return found
 
 
 def rank_pid(job_id: str, rank: int) -> int:
@@ -87,6 +69,44 @@ def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, steady, tmp_
     assert "rank 2 on " in described and "SIGKILL" in described
     print(f"detected in {detected:.1f} s; recovered at {retry['time'] - killed_at:.1f} s; "
           f"completed {time.time() - killed_at:.0f} s after the kill")
+
+
+def test_a_second_fault_during_recovery_is_retried_and_the_run_still_recovers_exactly(slurm, steady, tmp_path):
+    """The retry's rank killed before it trained a step: judged by its own attempt's evidence (not the heartbeats
+    the first attempt left), "failed during start-up", and retried while retries last."""
+    job = launch(slurm, tmp_path, "name=twice", defaults=RUN)
+    run_dir = tmp_path / "twice"
+    wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
+    os.kill(rank_pid(job, 2), signal.SIGKILL)
+    retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 60, "retry")[0]
+    pids = wait_for(lambda: len(rank_pids(retry["job_id"])) == 4 and rank_pids(retry["job_id"]), 180, "retry's ranks")
+    os.kill(pids[1], signal.SIGKILL)
+
+    second = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"][1:], 90, "2nd end")[0]
+    assert second["trained"] is False and second["cause"].startswith("failed during start-up: rank 1 "), second
+    again = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"][1:], 60, "second retry")[0]
+    assert again["previous_job_id"] == retry["job_id"] and again["reason"].startswith("retry 2 of 3")
+    slurm.completes(again["job_id"], run_dir, timeout=400)
+    assert losses(run_dir) == steady()
+
+
+@pytest.mark.whole_cluster  # both nodes of the suite's cluster: its only two
+def test_a_hang_on_a_cluster_too_small_to_leave_its_node_out_is_retried_on_it(slurm, tmp_path):
+    """Excluding the hung rank's node would leave one node for a two-node run, which sbatch refuses: the retry
+    allows it again (a hung process is the least certain blame) and says so."""
+    job = launch(slurm, tmp_path, "name=small", "gpus=4", "layout.nodes=2", "train.stall_timeout_s=20", defaults=RUN)
+    run_dir = tmp_path / "small"
+    wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
+    os.kill(rank_pid(job, 3), signal.SIGSTOP)
+
+    retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 120, "retry")[0]
+    ended = next(e for e in events(run_dir) if e["event"] == "attempt_ended")
+    assert (ended["outcome"], ended["rank"]) == ("STALLED", 3), ended
+    assert (retry["exclude"], retry["allowed"]) == ([], [ended["node"]]), retry
+    assert f"would leave 1 of the 2 nodes the run needs, so {ended['node']} is allowed again" in retry["reason"]
+    slurm.completes(retry["job_id"], run_dir, timeout=400)
+    described = slurm.launcher("describe", "small", root=tmp_path).stdout
+    assert f"allowed again: {ended['node']}" in described, described
 
 
 def newest_step(run_dir):
@@ -184,7 +204,7 @@ def test_a_node_failing_preflight_is_left_out_and_the_run_completes_on_another(s
     failed = [e for e in events(run_dir) if e["event"] == "preflight_failed"]
     assert failed and {e["node"] for e in failed} == {sick}
     assert "metrics.jsonl" not in {p.name for p in run_dir.iterdir()}  # caught before training
-    assert retry["exclude"] == [sick] and retry["preflight"] is True
+    assert retry["exclude"] == [sick] and retry["free"] is True
     slurm.completes(retry["job_id"], run_dir, timeout=300)
     attempts = [e for e in events(run_dir) if e["event"] == "attempt"]
     assert [a["nodes"] for a in attempts] == [sick, slurm.nodes[1]]

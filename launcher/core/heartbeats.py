@@ -12,6 +12,9 @@ HEARTBEATS = "heartbeats"
 STALL_FLOOR_S = 300.0  # a limit derived from the step time never goes below this
 STEP_TIMES = 20  # a step this many times slower than the measured step time is a hang
 SLOW_PHASE_S = 900.0  # the first step (data, compile) and a checkpoint save may take this long
+# A rank's exit status when its watchdog ended a stalled attempt (EX_TEMPFAIL: the run may go on elsewhere). It
+# says the rank's watchdog fired, not that the rank is the one that hung (launcher/job/attempts.py).
+EXIT_STALLED = 75
 
 
 def derived_timeout(step_time: float) -> float:
@@ -35,14 +38,18 @@ def heartbeat_path(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / HEARTBEATS / f"rank_{rank:05d}.json"
 
 
-def read_pulses(run_dir: Path) -> List[Pulse]:
-    """Every rank's last heartbeat (an unreadable file is skipped: a rank may be replacing it)."""
+def read_pulses(run_dir: Path, since: Optional[float] = None) -> List[Pulse]:
+    """Every rank's last heartbeat (an unreadable file is skipped: a rank may be replacing it); with ``since``,
+    only those written since then (this attempt's: a rank that died before its watchdog began leaves the
+    previous attempt's file, which says nothing about this one)."""
     pulses = []
     for path in sorted((Path(run_dir) / HEARTBEATS).glob("rank_*.json")):
         try:
-            pulses.append(Pulse(**json.loads(path.read_text())))
+            pulse = Pulse(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue
+        if since is None or pulse.alive >= since:
+            pulses.append(pulse)
     return pulses
 
 

@@ -7,12 +7,15 @@ The batch script the launcher submits runs (launcher/slurm/batch.py)::
     python -m launcher.job.recovery end RUN_DIR $?         # after srun, with its exit status
 
 ``begin`` records an ``attempt`` event (its number, job id, nodes). ``end`` weighs the attempt's evidence
-(launcher/job/attempts.py: events, srun's report, heartbeats) into a cause and records ``attempt_ended``. When
-the ranks saved on Slurm's time-limit or preemption signal, it requeues the job (:func:`requeue`). For a
-failed or stalled attempt it then decides (:func:`decide`): retry from the newest good checkpoint as a new
-Slurm job that excludes the node to blame, up to ``cluster.max_retries``; or give up with the cause, when the
-failure is the code's own (before the first step of the first attempt, or the same error at the same step
-twice) or the retries are spent. Everything happens in Slurm and the run directory: no process outside
+(:class:`Evidence`: its events, srun's report, its heartbeats, and a probe of its nodes, which finds a dead node
+before Slurm marks it down) into a cause (launcher/job/attempts.py) and records ``attempt_ended``. When the
+ranks saved on Slurm's time-limit or preemption signal, it requeues the job (:func:`requeue`). For a failed
+or stalled attempt it then decides (:func:`decide`): retry from the newest good checkpoint as a new Slurm job
+that excludes the nodes to blame, up to ``cluster.max_retries`` (a node's own fault costs none), with
+exclusions allowed again where they would leave too few nodes (:func:`schedulable`); or give up with the
+cause, when the failure is the code's own (before the first step of the first attempt, or the same error at
+the same step in two attempts that trained) or the retries are spent. A retry that cannot be submitted is
+the run's final cause. Everything happens in Slurm and the run directory: no process outside
 the job. Retrying with a new job rather than ``scontrol requeue`` is what lets it exclude a node: Slurm
 accepts ``ExcNodeList`` only for a pending job, and a requeued job stays running until this script ends.
 The design is in docs/recovery.md.
@@ -24,13 +27,15 @@ import re
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from launcher.job.attempts import NO_TORCH, Cause, attribute, srun_task_ends
-from launcher.core.heartbeats import steps_by_rank
+from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.rundir import append_event, last_metrics, read_events
+from launcher.job.attempts import NO_TORCH, Cause, attribute
+from launcher.slurm.output import srun_lost_nodes, srun_task_ends
 from launcher.status.attempt_log import AttemptLog
 
 
@@ -40,12 +45,50 @@ INFRASTRUCTURE = re.compile(r"^(OSError|IOError|ConnectionError|ConnectionResetE
                             r"CUDA error|NCCL|ECC|Input/output error|No space left", re.IGNORECASE)
 
 
+# Slurm's words for a controller that did not answer (a retry's sbatch is asked again, with backoff).
+TRANSIENT = re.compile(r"Unable to contact slurm controller|Socket timed out|did not answer in|Connection refused|"
+                       r"Zero Bytes were transmitted|Resource temporarily unavailable|try again", re.IGNORECASE)
+SUBMIT_BACKOFF_S = (2, 4, 8, 16, 30, 60)  # about two minutes of asking a silent controller
+
+
 @dataclass(frozen=True)
 class Decision:
     retry: bool
     reason: str
     exclude: List[str] = field(default_factory=list)
-    preflight: bool = False  # a node failed its preflight: the retry is not counted against max_retries
+    free: bool = False  # the node's fault (lost, failed its preflight): the retry is not counted in max_retries
+    allowed: List[str] = field(default_factory=list)  # exclusions dropped so that the retry can be scheduled
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What an ending attempt left: srun's stderr, its ranks' heartbeats (since it began) and its lost nodes."""
+
+    stderr: str
+    pulses: List[Pulse]
+    lost: List[str]
+
+    @classmethod
+    def of(cls, run_dir: Path, attempt: Optional[dict], job_id: str) -> "Evidence":
+        stderr = ""
+        log = batch_log(run_dir, job_id)
+        if log.exists():
+            with open(log, errors="replace") as f:
+                f.seek(attempt.get("log_offset", 0) if attempt else 0)
+                stderr = f.read()
+        lost = srun_lost_nodes(stderr)
+        if attempt and attempt.get("nodes"):
+            lost += [node for node in unanswering(job_id, attempt["nodes"]) if node not in lost]
+        return cls(stderr, read_pulses(run_dir, since=attempt.get("time") if attempt else None), lost)
+
+
+def trained(since: List[dict], pulses: List[Pulse]) -> bool:
+    """Whether this attempt trained a step: a rank got past the step it started from (a ``resumed`` checkpoint's,
+    else 0), by its heartbeat or the step its failure was recorded at."""
+    start = next((e.get("step") or 0 for e in since if e.get("event") == "resumed"), 0)
+    reached = [p.step for p in pulses] + [e["step"] for e in since if e.get("event") in ("failed", "stalled")
+                                           and isinstance(e.get("step"), int)]
+    return max(reached, default=start) > start
 
 
 def batch_log(run_dir: Path, job_id: str) -> Path:
@@ -78,7 +121,8 @@ def unjudged(run_dir: Path, attempt: dict) -> dict:
     the job itself: LOST when one of its nodes stopped responding (NODE_FAIL; the nodes to blame are those
     Slurm now holds down, and the requeued job runs without them), else REQUEUED from outside the run."""
     nodes = sick_nodes(attempt.get("nodes"))
-    step = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *steps_by_rank(run_dir).values()])
+    pulses = read_pulses(run_dir, since=attempt.get("time"))
+    step = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *(p.step for p in pulses)])
     fields = {"attempt": attempt.get("attempt"), "job_id": attempt.get("job_id"), "step": step}
     if not nodes:
         return {**fields, "outcome": "REQUEUED", "short": "requeued",
@@ -129,32 +173,67 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
         # Slurm requeued the job itself (its node was lost) while this batch script lived on: the next attempt
         # records this one (unjudged()), and a retry from here would run the run twice.
         return None
-    log = batch_log(run_dir, job_id)
-    stderr = ""
-    if log.exists():
-        with open(log, errors="replace") as f:
-            f.seek(attempt.get("log_offset", 0) if attempt else 0)
-            stderr = f.read()
-    cause = attribute(since, srun_task_ends(stderr), steps_by_rank(run_dir), exit_code)
-    append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome=cause.outcome, cause=cause.text,
-                 short=cause.short, rank=cause.rank, node=cause.node, step=cause.step, exit_code=exit_code)
+    evidence = Evidence.of(Path(run_dir), attempt, job_id)
+    if evidence.lost and queue_state(job_id) in REQUEUED_STATES:  # Slurm marked the node down while it was probed
+        return None
+    cause = attribute(since, srun_task_ends(evidence.stderr), evidence.pulses, exit_code, evidence.lost)
+    began = trained(since, evidence.pulses)
+    text = cause.text if began or cause.outcome in ("LOST", "PREFLIGHT") else f"failed during start-up: {cause.text}"
+    append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome=cause.outcome, cause=text,
+                 short=cause.short, rank=cause.rank, node=cause.node, step=cause.step, exit_code=exit_code,
+                 trained=began, **({"nodes": list(cause.nodes)} if cause.nodes else {}))
     from launcher.core.config import load_run_config
+    from launcher.core.plan import read_plan
 
+    cfg = load_run_config(Path(run_dir) / "config.yaml")
     unwell = sick_nodes(attempt.get("nodes") if attempt else None)
-    reached = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), cause.step or 0,
-                   *steps_by_rank(run_dir).values()])
-    decision = decide(events, cause, load_run_config(Path(run_dir) / "config.yaml").cluster.max_retries, unwell,
-                      progressed=reached > 0)
+    progressed = began or (last_metrics(Path(run_dir)) or {}).get("step", 0) > 0
+    decision = decide(events, cause, cfg.cluster.max_retries, unwell, progressed=progressed, trained=began)
     if decision.retry:
-        from launcher.job.submission import resubmit
-
-        new_job = resubmit(Path(run_dir), exclude=decision.exclude)
+        decision = schedulable(decision, events, unwell, partition_nodes(cfg.cluster.partition),
+                               read_plan(Path(run_dir)).nodes)
+        try:
+            new_job = submit_retry(Path(run_dir), decision.exclude)
+        except RetryRefused as err:
+            append_event(run_dir, "failed", final=True, job_id=job_id, short="retry refused", step=cause.step,
+                         error=f"{text}; its retry could not be submitted: {err}", node=cause.node, rank=cause.rank,
+                         reason="the retry could not be submitted")
+            return Decision(False, f"the retry could not be submitted: {err}")
         append_event(run_dir, "retrying", attempt=number, job_id=new_job, previous_job_id=job_id,
-                     exclude=decision.exclude, reason=decision.reason, preflight=decision.preflight)
+                     exclude=decision.exclude, reason=decision.reason, free=decision.free,
+                     **({"allowed": decision.allowed} if decision.allowed else {}))
     else:
-        append_event(run_dir, "failed", final=True, job_id=job_id, error=cause.text, short=cause.short,
+        append_event(run_dir, "failed", final=True, job_id=job_id, error=text, short=cause.short,
                      rank=cause.rank, node=cause.node, step=cause.step, reason=decision.reason)
     return decision
+
+
+class RetryRefused(Exception):
+    """The retry's job could not be submitted (sbatch refused it, the controller never answered, the run
+    directory could not be written); the message is one line."""
+
+
+def submit_retry(run_dir: Path, exclude: Sequence[str]) -> str:
+    """Submit the retry's job, asking a controller that does not answer again with backoff; its job id, or
+    RetryRefused with the reason."""
+    from launcher.errors import LaunchError
+    from launcher.job.submission import resubmit
+    from launcher.slurm.output import SlurmError
+
+    delays = list(SUBMIT_BACKOFF_S)
+    while True:
+        try:
+            return resubmit(run_dir, exclude=exclude)
+        except SlurmError as err:
+            if not TRANSIENT.search(str(err)):
+                raise RetryRefused(f"Slurm refused it: {err}") from None
+            if not delays:
+                raise RetryRefused(f"Slurm did not answer for {sum(SUBMIT_BACKOFF_S)} s: {err}") from None
+        except LaunchError as err:
+            raise RetryRefused(str(err)) from None
+        except OSError as err:
+            raise RetryRefused(f"{err.strerror or err}: {err.filename or run_dir}") from None
+        time.sleep(delays.pop(0))
 
 
 COMPLETED = Decision(False, "the run completed")
@@ -232,37 +311,97 @@ def sick_nodes(nodelist: Optional[str]) -> List[str]:
     return sorted(node for node, state in states.items() if unusable(state))
 
 
+def unanswering(job_id: str, nodelist: str) -> List[str]:
+    """The attempt's nodes where Slurm can no longer start a task (launcher/slurm/client.py probes them)."""
+    from launcher.slurm.client import Slurm, SlurmError
+
+    try:
+        return Slurm(None).unanswering(job_id, nodelist)
+    except SlurmError:
+        return []
+
+
+def partition_nodes(partition: Optional[str]) -> List[str]:
+    """Every node of the run's partition (the default one when it names none), up or down; [] when Slurm cannot
+    say."""
+    from launcher.slurm.client import Slurm, SlurmError
+
+    try:
+        nodes = Slurm(None, timeout=15).nodes()
+    except SlurmError:
+        return []
+    return sorted({n.name for n in nodes if (n.partition == partition if partition else n.default)})
+
+
+# How sure the run is that an excluded node is to blame, least sure first: a hung process may have hung on a healthy
+# node; a node that failed its preflight may pass the next; one Slurm holds down is avoided by Slurm anyway; a node
+# found lost is the surest.
+CERTAINTY = ("STALLED", "PREFLIGHT", "DOWN", "LOST")
+
+
+def schedulable(decision: Decision, events: List[dict], down: Sequence[str], partition: Sequence[str],
+                needed: int) -> Decision:
+    """The decision with exclusions allowed again, least certain first, when excluding them all would leave
+    fewer nodes in the partition than the run needs (sbatch would refuse the retry). A node allowed again that
+    Slurm holds down is still not used by Slurm: the retry then waits in the queue for nodes to come back."""
+    if not partition:
+        return decision
+    why = {}
+    for event in events:
+        if event.get("event") == "attempt_ended" and event.get("outcome") in CERTAINTY:
+            for node in event.get("nodes") or [event.get("node")]:
+                why[node] = max(why.get(node, event["outcome"]), event["outcome"], key=CERTAINTY.index)
+    why.update({node: "DOWN" for node in down if why.get(node) != "LOST"})
+    kept = sorted(decision.exclude, key=lambda node: CERTAINTY.index(why.get(node, "STALLED")))
+    allowed: List[str] = []
+    while kept and len(set(partition) - set(kept)) < needed:
+        allowed.append(kept.pop(0))
+    if not allowed:
+        return decision
+    left = len(set(partition) - set(decision.exclude))
+    reason = (f"{decision.reason}; excluding {', '.join(decision.exclude)} would leave {left} of the {needed} nodes "
+              f"the run needs, so {', '.join(allowed)} {'is' if len(allowed) == 1 else 'are'} allowed again "
+              "(least certain first)")
+    return Decision(True, reason, sorted(kept), decision.free, allowed)
+
+
 def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[str] = (),
-           progressed: bool = True) -> Decision:
+           progressed: bool = True, trained: bool = True) -> Decision:
     """Retry or not, and which nodes the next attempt must avoid (``events`` hold every attempt so far,
     the ending one's ``attempt_ended`` not yet among them).
 
     Retried: what may pass on another try or another node (a rank killed by a signal, a hang, a lost node,
-    I/O, network and device errors). The next attempt avoids the node of a hung rank and every node Slurm
-    holds down or drained (``sick``); a rank killed by a signal (often the kernel's out-of-memory killer) does
-    not make its node suspect. Not retried: tasks whose Python has no torch, an error of the code's own (any
-    other exception), a failure before the first step of the first attempt, the same error at the same step
-    twice, or a run whose ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or
-    heartbeats)."""
+    I/O, network and device errors). The next attempt avoids the nodes of a hung rank, of a lost node and every
+    node Slurm holds down or drained (``sick``); a rank killed by a signal (often the kernel's out-of-memory
+    killer) does not make its node suspect. A node's own fault (lost, or failed its preflight) costs the run no
+    retry the first time that node is blamed. Not retried: tasks whose Python has no torch, an error of the
+    code's own (any other exception), a failure before the first step of the first attempt, the same error at
+    the same step in two attempts that each trained (``trained``: this one did), or a run whose
+    ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or heartbeats)."""
     excluded = {node for e in events if e.get("event") in ("retrying", "attempt_ended")
                 for node in e.get("exclude") or []}
-    if cause.outcome == "PREFLIGHT":  # the node's fault, found before training: costs no retry of the run's
-        return Decision(True, f"{cause.node} failed its preflight check: retried without it",
-                        sorted(excluded | {cause.node} | set(sick)), preflight=True)
+    blamed = set(cause.nodes or ([cause.node] if cause.node else [])) \
+        if cause.outcome in ("STALLED", "LOST", "PREFLIGHT") else set()
+    before = {node for e in events if e.get("event") == "attempt_ended" and e.get("outcome") in ("LOST", "PREFLIGHT")
+              for node in e.get("nodes") or [e.get("node")]}
+    if cause.outcome in ("LOST", "PREFLIGHT") and not blamed & before:
+        what = "was lost" if cause.outcome == "LOST" else "failed its preflight check"
+        return Decision(True, f"{', '.join(sorted(blamed))} {what}: retried without it, not counted as a retry",
+                        sorted(excluded | blamed | set(sick)), free=True)
     if cause.outcome == "FAILED" and cause.short == NO_TORCH:
         return Decision(False, "the tasks' Python has no torch: the same on every node and every try, not retried")
     first = not any(e.get("event") == "attempt_ended" for e in events)
-    if first and not progressed:
+    if first and not progressed and cause.outcome not in ("LOST", "PREFLIGHT"):
         return Decision(False, "it failed before its first step: a problem of the code, config or data, not retried")
     if cause.outcome == "FAILED" and cause.error and not INFRASTRUCTURE.search(cause.error):
         return Decision(False, "an error of the code's own, not retried")
-    ended = [e for e in events if e.get("event") == "attempt_ended" and e.get("outcome") in ("FAILED", "STALLED")]
-    if ended and (ended[-1].get("short"), ended[-1].get("step")) == (cause.short, cause.step):
+    ended = [e for e in events if e.get("event") == "attempt_ended" and e.get("outcome") in ("FAILED", "STALLED")
+             and e.get("trained", True)]
+    if trained and ended and (ended[-1].get("short"), ended[-1].get("step")) == (cause.short, cause.step):
         return Decision(False, f"the same failure at step {cause.step} twice, not retried again")
-    retries = sum(e.get("event") == "retrying" and not e.get("preflight") for e in events)
+    retries = sum(e.get("event") == "retrying" and not (e.get("free") or e.get("preflight")) for e in events)
     if retries >= max_retries:
         return Decision(False, f"all cluster.max_retries={max_retries} retries spent")
-    blamed = {cause.node} if cause.node and cause.outcome == "STALLED" else set()
     return Decision(True, f"retry {retries + 1} of {max_retries} from the newest good checkpoint",
                     sorted(excluded | blamed | set(sick)))
 
@@ -282,8 +421,13 @@ def main(argv: List[str]) -> int:
             return 0  # the job reads COMPLETED in Slurm too, as the run's record says
     except OSError as err:  # the run directory is gone or unwritable: the job's own exit status stands
         print(f"launcher.job.recovery: cannot record the attempt in {run_dir}: {err.strerror or err}", file=sys.stderr)
+    except Exception as err:  # a fault of this step itself: the run's record says so, not only this traceback
+        traceback.print_exc()
+        first = (str(err).strip().splitlines() or [""])[0]
+        append_event(run_dir, "failed", final=True, job_id=os.environ.get("SLURM_JOB_ID", ""), short="recovery failed",
+                     error=f"the batch script's recovery step ({argv[0]}) failed: {type(err).__name__}: {first}",
+                     reason="the recovery step failed")
     return 0 if argv[0] == "begin" else exit_code
-
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))

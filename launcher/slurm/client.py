@@ -18,13 +18,14 @@ from typing import Dict, List, Optional, Sequence
 
 from launcher.slurm.output import (NODE_FIELDS, SACCT_FIELDS, SQUEUE_FIELDS, JobRow, Node, Partition, SlurmError,
                                    field_list, field_rows, parse_nodes, parse_sacct, parse_squeue, partitions_of,
-                                   sbatch_reason)
+                                   sbatch_reason, srun_lost_nodes)
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_SLURM_CONF = REPO / ".slurm" / "etc" / "slurm.conf"
 TIMEOUT_S = 20
 PING_TIMEOUT_S = 4
 PARTITIONS_TIMEOUT_S = 10  # a dry run asks for the GPU type and must not wait long on a silent cluster
+PROBE_TIMEOUT_S = 30  # srun gives up on a node whose slurmd does not answer in about 10 s
 
 
 def slurm_conf_for(cluster_name: str, slurm_conf: Optional[str]) -> Optional[str]:
@@ -165,6 +166,24 @@ class Slurm:
     def requeue(self, job_id: str) -> None:
         """Put a running job back in the queue (same job id): Slurm ends its processes and starts it again."""
         self.run(["scontrol", "requeue", job_id])
+
+    def unanswering(self, job_id: str, nodelist: str, timeout: float = PROBE_TIMEOUT_S) -> List[str]:
+        """The nodes of a running job's allocation where Slurm cannot start a task now: one step of ``true`` on
+        every node (``--overlap``: beside whatever still runs). Before the controller marks a dead node down
+        (``SlurmdTimeout``, often minutes) it still reads "idle"; this asks its slurmd. [] when all answer,
+        and when the probe itself cannot run (no srun, the job gone): no node is blamed without evidence."""
+        nodes = self.hostnames(nodelist)
+        try:
+            proc = subprocess.run(["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(nodes)}",
+                                   f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--nodelist={nodelist}",
+                                   "--time=1", "--quiet", "true"],
+                                  capture_output=True, text=True, timeout=timeout, env=self.env)
+        except FileNotFoundError:
+            return []
+        except subprocess.TimeoutExpired as err:
+            stderr = err.stderr.decode(errors="replace") if isinstance(err.stderr, bytes) else (err.stderr or "")
+            return [node for node in srun_lost_nodes(stderr) if node in nodes]
+        return [] if proc.returncode == 0 else [node for node in srun_lost_nodes(proc.stderr) if node in nodes]
 
     def set_comment(self, job_id: str, text: str) -> None:
         """The job's Comment, as squeue (``%k``) and sacct show it."""

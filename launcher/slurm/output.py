@@ -1,7 +1,8 @@
 """What Slurm's client tools print, parsed by field name into typed rows (launcher/slurm/client.py runs the tools).
 
 Output is requested with named fields (``sinfo -O``, ``squeue -O``, ``sacct -o``), one ``|`` after each value,
-and every row is zipped with those names, so adding a field never shifts another.
+and every row is zipped with those names, so adding a field never shifts another. srun's reports of a step's
+tasks and nodes, which it prints only in its own words, are read here too (:func:`srun_task_ends`).
 """
 from __future__ import annotations
 
@@ -174,3 +175,50 @@ def unusable(state: str) -> bool:
     """A node in this state runs nothing: down, drained, failing, not responding, ... (``*`` is no response)."""
     state = state.lower()
     return state.endswith("*") or any(word in state for word in UNUSABLE)
+
+
+# srun's line for a task that ended badly: "srun: error: node2: task 2: Killed",
+# "srun: error: node1: tasks 0-1: Exited with exit code 1".
+SRUN_TASK = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,-]+): (?P<how>.+)$")
+# srun's lines for a node it lost: "srun: error: Task launch for StepId=6.0 failed on node n2: Communication
+# connection failure", "srun: error: Node failure on n2".
+SRUN_NODE_LOST = re.compile(r"Task launch for StepId=\S+ failed on node (?P<launch>[^\s:]+)|"
+                            r"Node failure on (?P<node>[^\s:]+)")
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    """One srun report of tasks that ended badly."""
+
+    node: str
+    ranks: List[int]
+    how: str  # "Killed", "Exited with exit code 1", "Segmentation fault", ...
+
+
+def expand_ranks(text: str) -> List[int]:
+    """``0-1,3`` as [0, 1, 3]."""
+    ranks: List[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        ranks += list(range(int(first), int(last or first) + 1))
+    return ranks
+
+
+def srun_task_ends(stderr: str) -> List[TaskEnd]:
+    """srun's reports of tasks that ended badly, in the order srun printed them (first failure first)."""
+    ends = []
+    for line in stderr.splitlines():
+        match = SRUN_TASK.search(line.strip())
+        if match:
+            ends.append(TaskEnd(match["node"], expand_ranks(match["tasks"]), match["how"].strip()))
+    return ends
+
+
+def srun_lost_nodes(stderr: str) -> List[str]:
+    """The nodes srun reports it lost or could not start a task on, in the order it reported them."""
+    lost: List[str] = []
+    for match in SRUN_NODE_LOST.finditer(stderr):
+        node = match["launch"] or match["node"]
+        if node not in lost:
+            lost.append(node)
+    return lost

@@ -68,7 +68,10 @@ class AttemptLog:
                     rows[-1]["then"] = f"requeued by Slurm, excluding {','.join(event['exclude'])}"
             elif rows and kind == "retrying":
                 excluded = f", excluding {','.join(event['exclude'])}" if event.get("exclude") else ""
-                rows[-1]["then"] = f"retried as job {event.get('job_id')}{excluded}"
+                allowed = f", allowed again: {','.join(event['allowed'])} (too few nodes otherwise)" \
+                    if event.get("allowed") else ""
+                free = " (the node's fault: no retry spent)" if event.get("free") else ""
+                rows[-1]["then"] = f"retried as job {event.get('job_id')}{excluded}{allowed}{free}"
             elif rows and kind == "failed" and event.get("final"):
                 rows[-1]["then"] = f"gave up: {event.get('reason', '')}"
         return rows

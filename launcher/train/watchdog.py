@@ -28,14 +28,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from launcher.core.heartbeats import (SLOW_PHASE_S, STALL_FLOOR_S, Pulse, derived_timeout, heartbeat_path,
-                                      read_pulses)
+from launcher.core.heartbeats import (EXIT_STALLED, SLOW_PHASE_S, STALL_FLOOR_S, Pulse, derived_timeout,
+                                      heartbeat_path, read_pulses)
 from launcher.core.rundir import read_events
 
 log = logging.getLogger(__name__)
 
-EXIT_STALLED = 75  # EX_TEMPFAIL: the attempt failed, the run may go on elsewhere
 INTERVAL_S = 2.0
+
+
 def frozen(pulses: list[Pulse], now: float, stale_s: float) -> list[Pulse]:
     """The ranks whose watchdog has not run for ``stale_s``: their process is not running."""
     return [p for p in pulses if now - p.alive > stale_s]
