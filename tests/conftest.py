@@ -165,13 +165,13 @@ def remote_site(slurm, tmp_path_factory):
 
 @pytest.fixture
 def tmpfs(tmp_path):
-    """``tmpfs("1m")`` mounts a filesystem of that size under ``tmp_path`` (unmounted after the test): a disk
-    that fills up for real. Needs root; skips without it, except in CI."""
+    """``tmpfs("1m")`` mounts a filesystem of that size under ``tmp_path`` (or at ``at``; unmounted after the test):
+    a disk that fills up for real, or that is made read-only. Needs root; skips without it, except in CI."""
     mounted = []
 
-    def mount(size: str) -> Path:
-        path = tmp_path / f"disk{len(mounted)}"
-        path.mkdir()
+    def mount(size: str, at: Path | None = None) -> Path:
+        path = at or tmp_path / f"disk{len(mounted)}"
+        path.mkdir(parents=True, exist_ok=True)
         result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
                                 capture_output=True, text=True)
         if result.returncode != 0:

@@ -109,7 +109,11 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
     tmp = final.with_name(final.name + ".tmp")
     if env.is_main:
         shutil.rmtree(tmp, ignore_errors=True)  # left by a crashed save of this step
-        tmp.mkdir(parents=True, exist_ok=True)
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # a read-only or full filesystem, a directory not ours: the others lose this rank
+            raise CheckpointSaveError(f"saving the checkpoint of step {step} failed: {_full_disk(tmp)}"
+                                      f"{_first_line(err)}") from err
     dist.barrier()
     try:
         _write_all(tmp, step, model, optimizer, scheduler, env, record or {})
