@@ -10,8 +10,8 @@ import pytest
 import torch.multiprocessing as mp
 
 import train_workers
-from launcher.core.heartbeats import Pulse, read_pulses
-from launcher.train.watchdog import EXIT_STALLED, describe_stall
+from launcher.core.heartbeats import EXIT_STALLED, Pulse, read_pulses
+from launcher.train.watchdog import describe_stall
 from helpers import events as read_events
 from helpers import wait_for
 from train_harness import launch_forked
@@ -43,22 +43,28 @@ def kill_when_stalled(run_dir, rank):
             os.kill(pulse.pid, signal.SIGKILL)
 
 
-def test_a_stopped_rank_is_named_and_the_attempt_ends(tmp_path):
+@pytest.mark.parametrize("trial", range(10))
+def test_a_stopped_rank_is_named_and_the_attempt_ends(tmp_path, trial):
+    """Ten times, each rank in turn the stopped one (rank 0 too: then rank 1 records), with a 4 s stall limit:
+    the stall is recorded, naming the stopped rank, before any rank exits (the harness, like srun, ends the
+    others at the first exit)."""
+    stopped = trial % 3
     start = time.time()
-    threading.Thread(target=kill_when_stalled, args=(tmp_path, 1), daemon=True).start()
+    threading.Thread(target=kill_when_stalled, args=(tmp_path, stopped), daemon=True).start()
     with pytest.raises(mp.ProcessExitedException, match=f"exit code {EXIT_STALLED}"):
-        launch_forked(train_workers.allreduce_with_watchdog, (tmp_path, 1, 5, TIMEOUT_S), world_size=3)
+        launch_forked(train_workers.allreduce_with_watchdog, (tmp_path, stopped, 5, TIMEOUT_S), world_size=3)
     events = read_events(tmp_path)
     assert events, "no stall was recorded in events.jsonl"
     print(f"the stall was recorded {events[0]['time'] - start:.1f} s after the start (timeout {TIMEOUT_S} s)")
     assert [e["event"] for e in events] == ["stalled"], events  # one event, from the lowest live rank
-    assert events[0]["ranks"] == [1]
-    assert "rank 1 on " in events[0]["cause"] and "froze, last seen at step 5" in events[0]["cause"]
+    assert events[0]["ranks"] == [stopped]
+    assert f"rank {stopped} on " in events[0]["cause"] and "froze, last seen at step 5" in events[0]["cause"]
     assert "state T (stopped)" in events[0]["cause"]
-    log = (tmp_path / "logs" / "rank_0.log").read_text()
+    recorder = 1 if stopped == 0 else 0
+    log = (tmp_path / "logs" / f"rank_{recorder}.log").read_text()
     assert "stalled: step 5 has not advanced" in log and "Thread 0x" in log  # its Python stacks
     pulses = {p.rank: p for p in read_pulses(tmp_path)}
-    assert sorted(pulses) == [0, 1, 2] and pulses[1].step == 5
+    assert sorted(pulses) == [0, 1, 2] and pulses[stopped].step == 5
 
 
 def test_a_stall_with_every_rank_alive_blames_the_collective():
