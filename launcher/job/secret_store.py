@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import List, MutableMapping, Optional, Sequence
 
 from launcher.core.rundir import launcher_home
+from launcher.core.safepath import HOME, UnsafePath, ensure_home, private_dir
 from launcher.errors import LaunchError, did_you_mean
 
 KINDS = ("env", "file", "ssh")
@@ -176,6 +177,7 @@ def delete(directory: Path, names: Sequence[str]) -> List[str]:
         if name not in known:
             raise LaunchError(f"no secret named {name!r}{did_you_mean(name, known)}; "
                               f"secrets: {', '.join(known) or 'none'}")
+    _ensure_dir(directory)  # the store to remove from is ours, not a symlink another user planted
     removed = []
     for name in dict.fromkeys(names):
         for path in (meta_path(directory, name), value_path(directory, name)):  # metadata first: gone at once
@@ -222,14 +224,13 @@ def check_free(directory: Path, name: str, env: str, force: bool) -> None:
 
 
 def _ensure_dir(directory: Path) -> None:
-    """The store directory, created (with its parents) and made 0700 (never wider, even while created)."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
+    """The store directory, created (with its parents) and made 0700 (never wider, even while created), in
+    a launcher home no other user can change, and never through a symlink (launcher/core/safepath.py)."""
     try:
-        os.mkdir(directory, 0o700)  # the umask can only narrow this
-    except FileExistsError:
-        if not directory.is_dir():
-            raise LaunchError(f"{directory} exists and is not a directory") from None
-    os.chmod(directory, 0o700)
+        ensure_home(directory.parent)
+        private_dir(directory, "secrets store", HOME)
+    except UnsafePath as err:
+        raise LaunchError(str(err)) from None
 
 
 def _write_private(path: Path, data: bytes) -> None:
