@@ -46,7 +46,7 @@ def check_run_root(root: Path, share_group: Optional[str] = None) -> None:
 
 def check_home(home: Path) -> None:
     """UnsafePath unless no one but this user and root can change what the launcher home's path leads to
-    (its secrets are never shared, so no group is trusted)."""
+    (its secrets are never shared: no share group is trusted, only a group of this user alone)."""
     check_tree(home, "launcher home", HOME)
 
 

@@ -17,7 +17,7 @@ from typing import Iterable, Optional
 from launcher.core.damage import DamagedRun, read_json_object
 from launcher.core.privacy import file_mode
 from launcher.core.rundir import DEFAULT_ROOT, launcher_home, EVENTS, PLAN, RECORD, write_json_atomic
-from launcher.core.safepath import check_run_root, is_safe_root, open_nofollow
+from launcher.core.safepath import check_run_root, ensure_home, is_safe_root, open_nofollow
 
 INDEX = ".index"
 
@@ -48,13 +48,12 @@ def known_roots() -> list[Path]:
 
 def remember_root(root: Path) -> None:
     """Add a run root to the launcher's list, once (one O_APPEND write; a root it cannot list is only not
-    found by ``runs`` without ``--root``). The launch checked the launcher home (launcher/core/safepath.py)."""
+    found by ``runs`` without ``--root``), in a launcher home no other user can change."""
     root = Path(root).absolute()
     if root in known_roots():
         return
     try:
-        home = launcher_home()
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        home = ensure_home(launcher_home())
         fd = open_nofollow(home / ROOTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(fd, f"{root}\n".encode())
