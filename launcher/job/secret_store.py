@@ -9,7 +9,9 @@ Storage
     directory, fsynced and renamed into place, so no reader ever sees a partial or world-readable file.
     The value is written first and the metadata last: a secret exists once its ``.json`` does, and
     ``delete`` removes the ``.json`` first. On a cluster the home directory is shared with the compute
-    nodes, which is how tasks read the store.
+    nodes, which is how tasks read the store. The store is written only in a launcher home no other user
+    could change, and only when it is this user's own directory, not a symlink or a directory another user
+    planted in a sticky home (launcher/core/safepath.py): its files would be theirs to read or replace.
 
 Injection
     ``launcher.job.entry.TrainTask`` records the store's absolute path when the run is submitted (so the
