@@ -1,5 +1,5 @@
-"""What the commands share: the run root option's value, run lookup by name or prefix, human formatting of
-times, and how to name the launcher in a hint the user pastes."""
+"""What the commands share: the run root option's value, run lookup by name or prefix, the check before a
+command changes runs, human formatting of times, and how to name the launcher in a hint the user pastes."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from launcher.core.safepath import UnsafePath, check_run_root
 from launcher.errors import LaunchError
 from launcher.status.index import RunRecord, default_root, find_run, known_roots, list_records, unique_prefix
 
@@ -54,6 +55,18 @@ def chosen_runs(roots: Sequence[Path], names: List[str], sweep: Optional[str]) -
     if not names:
         raise LaunchError("name at least one run, or --sweep ID")
     return [lookup(roots, name) for name in names]
+
+
+def changeable(records: Sequence[RunRecord]) -> Sequence[RunRecord]:
+    """``records``, once no other user could change the run roots they are in (launcher/core/safepath.py):
+    stop, resume and delete write into a run's directory or remove it, and would otherwise act wherever a
+    symlink planted in its place leads. LaunchError in one line before anything is done."""
+    for root in dict.fromkeys(Path(rec.run_dir).parent for rec in records):
+        try:
+            check_run_root(root)
+        except UnsafePath as err:
+            raise LaunchError(str(err)) from None
+    return records
 
 
 def duration(seconds: Optional[float]) -> str:

@@ -6,7 +6,7 @@ import shutil
 import sys
 import time
 
-from launcher.commands.common import chosen_runs, roots_of
+from launcher.commands.common import changeable, chosen_runs, roots_of
 from launcher.commands.stop import cancel, run_args
 from launcher.errors import LaunchError
 
@@ -17,7 +17,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    records = chosen_runs(roots_of(args), args.names, args.sweep)
+    records = changeable(chosen_runs(roots_of(args), args.names, args.sweep))
     names = ", ".join(rec.name for rec in records)
     if not args.yes:
         if not sys.stdin.isatty():
@@ -29,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
     if cancelled:
         ended(cancelled)
     for rec in records:
-        shutil.rmtree(rec.run_dir, ignore_errors=True)
+        shutil.rmtree(rec.run_dir, ignore_errors=True)  # follows no symlink inside: rmtree.avoids_symlink_attacks
         print(f"Deleted {rec.name}.")
     return 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from launcher.commands.common import lookup, roots_of
+from launcher.commands.common import changeable, lookup, roots_of
 from launcher.core.checkpoints import latest_checkpoint, step_of
 from launcher.core.rundir import append_event, last_metrics
 from launcher.errors import LaunchError
@@ -24,7 +24,7 @@ def main(args: argparse.Namespace) -> int:
     from launcher.slurm.client import SlurmError
     from launcher.job.submission import resubmit
 
-    rec = lookup(roots_of(args), args.name)
+    (rec,) = changeable([lookup(roots_of(args), args.name)])
     run_dir = Path(rec.run_dir)
     state = job_states([rec])[rec.name]
     if state.active:

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 from typing import List
 
-from launcher.commands.common import chosen_runs, roots_of
+from launcher.commands.common import changeable, chosen_runs, roots_of
 from launcher.errors import LaunchError
 from launcher.core.rundir import append_event
 from launcher.status.index import RunRecord
@@ -35,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    records = chosen_runs(roots_of(args), args.names, args.sweep)
+    records = changeable(chosen_runs(roots_of(args), args.names, args.sweep))
     stopped = cancel(records)
     for rec in records:
         if rec in stopped:

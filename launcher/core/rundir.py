@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from launcher.core.damage import read_jsonl, usable_metrics
 from launcher.core.privacy import file_mode
+from launcher.core.safepath import open_nofollow
 
 RECORD = "run.json"
 CONFIG = "config.yaml"
@@ -46,7 +47,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write a file so that readers see the old one or the new one, never half of one. It gets the
-    permissions of its directory (launcher/core/privacy.py), as the run's other files do."""
+    permissions of its directory (launcher/core/privacy.py), as the run's other files do. Neither step follows
+    a symlink: mkstemp creates its file O_EXCL, and the rename replaces whatever ``path`` is."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, file_mode(path.parent))
@@ -60,8 +62,9 @@ def write_atomic(path: Path, text: str) -> None:
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON line with a single write on an O_APPEND descriptor, so lines from different
-    processes (the launcher, rank 0 of successive requeues) never interleave within a line."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, file_mode(Path(path).parent))
+    processes (the launcher, rank 0 of successive requeues) never interleave within a line. A symlink
+    there is refused, not followed (launcher/core/safepath.py)."""
+    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, file_mode(Path(path).parent))
     try:
         os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
     finally:

@@ -9,7 +9,9 @@ Storage
     directory, fsynced and renamed into place, so no reader ever sees a partial or world-readable file.
     The value is written first and the metadata last: a secret exists once its ``.json`` does, and
     ``delete`` removes the ``.json`` first. On a cluster the home directory is shared with the compute
-    nodes, which is how tasks read the store.
+    nodes, which is how tasks read the store. The store is written only in a launcher home no other user
+    could change, and only when it is this user's own directory, not a symlink or a directory another user
+    planted in a sticky home (launcher/core/safepath.py): its files would be theirs to read or replace.
 
 Injection
     ``launcher.job.entry.TrainTask`` records the store's absolute path when the run is submitted (so the
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import List, MutableMapping, Optional, Sequence
 
 from launcher.core.rundir import launcher_home
+from launcher.core.safepath import HOME, UnsafePath, ensure_home, private_dir
 from launcher.errors import LaunchError, did_you_mean
 
 KINDS = ("env", "file", "ssh")
@@ -176,6 +179,7 @@ def delete(directory: Path, names: Sequence[str]) -> List[str]:
         if name not in known:
             raise LaunchError(f"no secret named {name!r}{did_you_mean(name, known)}; "
                               f"secrets: {', '.join(known) or 'none'}")
+    _ensure_dir(directory)  # the store to remove from is ours, not a symlink another user planted
     removed = []
     for name in dict.fromkeys(names):
         for path in (meta_path(directory, name), value_path(directory, name)):  # metadata first: gone at once
@@ -222,14 +226,13 @@ def check_free(directory: Path, name: str, env: str, force: bool) -> None:
 
 
 def _ensure_dir(directory: Path) -> None:
-    """The store directory, created (with its parents) and made 0700 (never wider, even while created)."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
+    """The store directory, created (with its parents) and made 0700 (never wider, even while created), in
+    a launcher home no other user can change, and never through a symlink (launcher/core/safepath.py)."""
     try:
-        os.mkdir(directory, 0o700)  # the umask can only narrow this
-    except FileExistsError:
-        if not directory.is_dir():
-            raise LaunchError(f"{directory} exists and is not a directory") from None
-    os.chmod(directory, 0o700)
+        ensure_home(directory.parent)
+        private_dir(directory, "secrets store", HOME)
+    except UnsafePath as err:
+        raise LaunchError(str(err)) from None
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional
 
-from launcher.core.rundir import launcher_home
+from launcher.core.rundir import launcher_home, write_atomic
+from launcher.core.safepath import UnsafePath, check_home, ensure_home, open_nofollow
 from launcher.errors import LaunchError
 from launcher.remote.ssh import Remote
 
@@ -70,6 +72,10 @@ def launch_remote(runs: List["ComposedRun"], sweep: bool) -> "Launched":
     from launcher.submit.launch import Launched
 
     same_remote(runs)
+    try:
+        check_home(launcher_home())  # where the runs are remembered, after they are submitted
+    except UnsafePath as err:
+        raise LaunchError(str(err)) from None
     remote = remote_of(runs[0].config.cluster)
     answer = call(remote, "launch", request(runs, sweep, sys.argv[1:]))
     records = [RunRecord(**record) for record in answer["records"]]
@@ -85,22 +91,27 @@ def same_remote(runs: List["ComposedRun"]) -> None:
 
 
 def remember(cluster: str, records: List["RunRecord"]) -> None:
-    """Note each run's cluster in this machine's index of remote runs."""
-    path = launcher_home() / RUNS_INDEX
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
+    """Note each run's cluster in this machine's index of remote runs, in a launcher home no other user can
+    change, following no symlink there (launcher/core/safepath.py)."""
+    try:
+        path = ensure_home(launcher_home()) / RUNS_INDEX
+        lock = open_nofollow(path.with_suffix(".lock"), os.O_WRONLY | os.O_CREAT)
+    except UnsafePath as err:
+        raise LaunchError(str(err)) from None
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         index = remote_runs()
         index.update({record.name: cluster for record in records})
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(index, indent=1, sort_keys=True))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(index, indent=1, sort_keys=True))
+    finally:
+        os.close(lock)
 
 
 def remote_runs() -> Dict[str, str]:
     """Run name → remote cluster, for the runs launched from here."""
     try:
-        index = json.loads((launcher_home() / RUNS_INDEX).read_text())
+        with os.fdopen(open_nofollow(launcher_home() / RUNS_INDEX)) as f:
+            index = json.load(f)
     except (OSError, json.JSONDecodeError):
         return {}
     return index if isinstance(index, dict) else {}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
 from launcher.core.rundir import launcher_home
+from launcher.core.safepath import HOME, UnsafePath, ensure_home, private_dir
 from launcher.errors import LaunchError
 
 PERSIST = "10m"  # how long an idle master stays open after the last command
@@ -58,13 +59,20 @@ def destination(remote: Remote) -> List[str]:
 
 def control_dir() -> Path:
     """Where the masters' sockets live: ``$LAUNCHER_HOME/ssh`` (0700), or a 0700 directory under the system's
-    temporary directory when that path is too long for a socket."""
+    temporary directory when that path is too long for a socket. Either is this user's own directory, not a
+    symlink or another user's directory planted there (launcher/core/safepath.py): whoever controls it could
+    stand in for the master and read what the launcher sends."""
     home = launcher_home() / "ssh"
-    folder = home if len(str(home)) + 42 <= SOCKET_MAX else Path(tempfile.gettempdir()) / f"launcher-ssh-{os.getuid()}"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o077:
-        folder.chmod(0o700)  # ours, as created; another user's directory fails here rather than being used
-    return folder
+    try:
+        if len(str(home)) + 42 <= SOCKET_MAX:
+            ensure_home(home.parent)
+            private_dir(home, "SSH socket directory", HOME)
+            return home
+        folder = Path(tempfile.gettempdir()) / f"launcher-ssh-{os.getuid()}"
+        private_dir(folder, "SSH socket directory", "set TMPDIR to a directory of your own")
+        return folder
+    except UnsafePath as err:
+        raise LaunchError(str(err)) from None
 
 
 def options(remote: Remote, batch: bool = True) -> List[str]:

@@ -17,6 +17,7 @@ from typing import Iterable, Optional
 from launcher.core.damage import DamagedRun, read_json_object
 from launcher.core.privacy import file_mode
 from launcher.core.rundir import DEFAULT_ROOT, launcher_home, EVENTS, PLAN, RECORD, write_json_atomic
+from launcher.core.safepath import check_run_root, ensure_home, is_safe_root, open_nofollow
 
 INDEX = ".index"
 
@@ -35,7 +36,7 @@ def known_roots() -> list[Path]:
     """The default root, then every other root a launch used that still exists."""
     roots = [default_root()]
     try:
-        with open(launcher_home() / ROOTS) as f:
+        with os.fdopen(open_nofollow(launcher_home() / ROOTS)) as f:
             listed = [Path(line.rstrip("\n")) for line in f if line.strip()]
     except OSError:
         listed = []
@@ -47,14 +48,13 @@ def known_roots() -> list[Path]:
 
 def remember_root(root: Path) -> None:
     """Add a run root to the launcher's list, once (one O_APPEND write; a root it cannot list is only not
-    found by ``runs`` without ``--root``)."""
+    found by ``runs`` without ``--root``), in a launcher home no other user can change."""
     root = Path(root).absolute()
     if root in known_roots():
         return
     try:
-        home = launcher_home()
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(home / ROOTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        home = ensure_home(launcher_home())
+        fd = open_nofollow(home / ROOTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(fd, f"{root}\n".encode())
         finally:
@@ -82,15 +82,18 @@ class RunRecord:
     argv: list[str] = field(default_factory=list)
 
 
-def ensure_root(root: str) -> Path:
-    """The run root, created if needed; a one-line error if it cannot be written."""
+def ensure_root(root: str, share_group: Optional[str] = None) -> Path:
+    """The run root, created if needed; a one-line error if it cannot be written, or if another user could
+    change it (launcher/core/safepath.py), checked before anything is created and again after."""
     path = Path(os.path.expanduser(root))
+    check_run_root(path, share_group)
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)  # a new root is private (launcher/core/privacy.py)
     except OSError as err:
         raise PermissionError(f"run root {path} cannot be created ({err.strerror})") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise PermissionError(f"run root {path} is not writable; set run_root=... or LAUNCHER_RUN_ROOT")
+    check_run_root(path, share_group)  # what was created took the umask: 0777 under umask 0
     return path
 
 
@@ -180,7 +183,7 @@ def record_names(root: Path) -> list[tuple[float, str]]:
         return []
     submitted: dict[str, float] = {}
     try:
-        with open(root / INDEX) as f:
+        with os.fdopen(open_nofollow(root / INDEX)) as f:
             for line in f:
                 stamp, _, name = line.rstrip("\n").partition(" ")
                 if name in names:
@@ -188,7 +191,7 @@ def record_names(root: Path) -> list[tuple[float, str]]:
                         submitted[name] = float(stamp)
                     except ValueError:  # a torn line
                         continue
-    except FileNotFoundError:
+    except OSError:  # none yet, or a symlink: the directories say it all
         pass
     for name in names - submitted.keys():
         for file in (RECORD, EVENTS):  # a run that lost its run.json is still one
@@ -204,10 +207,13 @@ def record_names(root: Path) -> list[tuple[float, str]]:
 
 
 def index_run(root: Path, name: str, submitted_at: float) -> None:
-    """Append the run to the root's index: one write of one line, so concurrent appends never mix."""
+    """Append the run to the root's index: one write of one line, so concurrent appends never mix. Only in
+    a root no other user can change (a status command reads any root, but writes only into those)."""
+    if not is_safe_root(root):
+        return
     try:
-        fd = os.open(root / INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, file_mode(root))
-    except OSError:  # a root this user may read but not write: the index stays a cache
+        fd = open_nofollow(root / INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, file_mode(root))
+    except OSError:  # a root this user may read but not write, or a symlink planted: the index stays a cache
         return
     try:
         os.write(fd, f"{submitted_at:.6f} {name}\n".encode())

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 from launcher.core.damage import DamagedRun, read_json_object
 from launcher.core.heartbeats import stalled_for
 from launcher.core.rundir import write_json_atomic
+from launcher.core.safepath import is_safe_root
 from launcher.status.index import RunRecord
 from launcher.status.run_files import RunFiles
 from launcher.slurm.client import JobRow, Slurm, SlurmError
@@ -218,6 +219,10 @@ def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:
 
 
 def _keep(rec: RunRecord, state: JobState) -> None:
+    """Cache the settled state in the run directory, where no other user could have swapped that directory
+    for a symlink (a status command reads any root, but writes only into a safe one: launcher/core/safepath.py)."""
+    if not is_safe_root(Path(rec.run_dir).parent):
+        return
     try:
         write_json_atomic(Path(rec.run_dir) / SETTLED_FILE, {"job_id": rec.job_id, **state.answer()})
     except OSError:  # someone else's run directory, or removed meanwhile: just not cached

@@ -1,8 +1,8 @@
 """Submit composed runs to Slurm: check the cluster, record each run, hand it to submitit, return at once.
 
 Every check that can refuse a launch (Slurm reachable, the request fits the partition, the run root is
-writable) runs for every run of a sweep before the first one is submitted. A run whose submission fails
-leaves no directory behind.
+writable and, like the launcher home its tasks read secrets from, out of other users' reach) runs for every
+run of a sweep before the first one is submitted. A run whose submission fails leaves no directory behind.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from launcher.compose.runs import ComposedRun
 from launcher.errors import LaunchError
 from launcher.compose.runfile import dump
 from launcher.core.config import tracker_missing
-from launcher.core.rundir import CONFIG, PLAN, append_event, write_atomic, write_json_atomic
+from launcher.core.rundir import CONFIG, PLAN, append_event, launcher_home, write_atomic, write_json_atomic
+from launcher.core.safepath import check_home
 from launcher.status.index import (RunRecord, base_name, create_run_dir, default_root, ensure_root, remember_root,
                                    save_record)
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
@@ -47,7 +48,8 @@ def launch(runs: List[ComposedRun], sweep: bool) -> Launched:
     try:
         for run in runs:
             group_id(run.config.share_group)
-        roots = [ensure_root(run.config.run_root) for run in runs]
+        check_home(launcher_home())
+        roots = [ensure_root(run.config.run_root, run.config.share_group) for run in runs]
         for root in set(roots) - {default_root()}:
             remember_root(root)  # so that `launcher runs` lists its runs without --root
         parts = check_cluster(runs)
