@@ -1,11 +1,16 @@
 """Token data: ranks never share a sample in a step, sampling is a pure function of (seed, step),
-the default corpus is built once even under concurrency. (Datasets of shards: test_data_prepare.py.)"""
+the default corpus is built once even under concurrency, as a dataset with the metadata of any other.
+(Datasets of shards: test_data_prepare.py; their checks: test_data_checks.py.)"""
+import json
 import multiprocessing
+import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from launcher.core.config import DataConfig
+from launcher.core.dataset import DatasetError, verify
 from launcher.train.data import StepSampler, TokenData, stdlib_sources, token_file, val_indices, write_tokens
 
 
@@ -81,20 +86,27 @@ def test_default_corpus_is_built_once_under_concurrency(tmp_path):
         assert p.exitcode == 0
     paths = {out.get(timeout=5) for _ in procs}
     assert len(paths) == 1
-    path = paths.pop()
-    assert path.endswith("-uint16.bin")
+    path = Path(paths.pop())
+    assert path.name.endswith("-uint16") and path.is_dir()
     sources = stdlib_sources()
-    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    tokens = np.memmap(path / "tokens_00000.bin", dtype=np.uint16, mode="r")
     assert len(tokens) == sum(f.stat().st_size for f in sources)
     first = sources[0].read_bytes()
     assert bytes(tokens[: len(first)].astype(np.uint8)) == first
     leftovers = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert [n for n in leftovers if ".tmp." in n] == []
-
-
-def test_data_path_must_exist(tmp_path):
-    with pytest.raises(FileNotFoundError, match="launcher data prepare"):
-        token_file(DataConfig(path=str(tmp_path / "missing.bin")))
+    # The metadata of any dataset: checked at launch and at every attempt's start like one.
+    meta = json.loads((path / "metadata.json").read_text())
+    assert meta["tokenizer"]["kind"] == "byte" and meta["dtype"] == "uint16" and meta["tokens"] == len(tokens)
+    (shard,) = meta["shards"]
+    assert (shard["tokens"], shard["bytes"], shard["max_id"]) == (len(tokens), 2 * len(tokens), int(tokens.max()))
+    assert shard["crc32"] == zlib.crc32((path / "tokens_00000.bin").read_bytes())
+    assert verify(DataConfig(cache_dir=str(tmp_path / "cache")), vocab_size=256).tokens == len(tokens)
+    with open(path / "tokens_00000.bin", "r+b") as f:
+        f.truncate(len(tokens))  # half its bytes
+    with pytest.raises(DatasetError, match=f"shard {path}/tokens_00000.bin has {len(tokens):,} bytes, not the "
+                                           f".*; delete {path} to have it built again"):
+        verify(DataConfig(cache_dir=str(tmp_path / "cache")), vocab_size=256)
 
 
 def test_val_split_may_be_empty_but_not_the_train_split(tmp_path):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import fcntl
 import os
+import shutil
 import sysconfig
 from pathlib import Path
 from typing import Callable, Iterable, List
@@ -25,29 +26,37 @@ from typing import Callable, Iterable, List
 import numpy as np
 
 from launcher.core.config import DataConfig
-from launcher.core.dataset import TOKEN_DTYPES, default_corpus, samples, shard_files, val_tokens
+from launcher.core.dataset import (BYTE_TOKENIZER, TOKEN_DTYPES, data_path, samples, shard_files, shard_name,
+                                   shard_record, val_tokens, write_metadata)
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
 def token_file(cfg: DataConfig) -> Path:
-    """The data to train on: ``cfg.path`` (a token file or a dataset directory), or the cached
-    standard-library corpus."""
+    """The data to train on: ``cfg.path`` (a token file or a dataset directory), or the standard-library corpus,
+    built on first use."""
     if cfg.dtype not in TOKEN_DTYPES:
         raise ValueError(f"data.dtype must be one of {', '.join(TOKEN_DTYPES)}, not {cfg.dtype!r}")
-    if cfg.path is not None:
-        path = Path(cfg.path).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"data.path {path} does not exist (make one with 'launcher data prepare')")
-        return path
-    path = default_corpus(cfg.cache_dir, cfg.dtype)
-    _build_once(path, lambda tmp: write_tokens(tmp, (encode_bytes(f.read_bytes(), cfg.dtype)
-                                                     for f in stdlib_sources()), cfg.dtype))
+    path = data_path(cfg)
+    if cfg.path is None:
+        _build_once(path, lambda tmp: build_corpus(tmp, cfg.dtype))
     return path
 
 
 def stdlib_sources() -> list[Path]:
     """The standard library's .py files (installed packages excluded), sorted for determinism."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(f for f in root.rglob("*.py") if "site-packages" not in f.relative_to(root).parts)
+    return sorted(f for f in STDLIB.rglob("*.py") if "site-packages" not in f.relative_to(STDLIB).parts)
+
+
+def build_corpus(directory: Path, dtype: str) -> None:
+    """The byte-level corpus of the standard library's sources in ``directory``: one shard and the metadata
+    ``launcher data prepare`` would write, so that it is checked like any dataset."""
+    sources = stdlib_sources()
+    shard = directory / shard_name(0)
+    tokens = write_tokens(shard, (encode_bytes(f.read_bytes(), dtype) for f in sources), dtype)
+    max_id = int(np.memmap(shard, dtype=dtype, mode="r").max())
+    write_metadata(directory, dtype, dict(BYTE_TOKENIZER), [shard_record(shard, tokens, max_id)],
+                   [{"path": str(STDLIB), "format": "text", "bytes": sum(f.stat().st_size for f in sources)}], None)
 
 
 def encode_bytes(data: bytes, dtype: str) -> np.ndarray:
@@ -78,18 +87,29 @@ def write_tokens(path: Path, chunks: Iterable[np.ndarray], dtype: str) -> int:
 
 
 def _build_once(path: Path, build: Callable[[Path], object]) -> None:
-    """Make ``path`` with ``build`` unless it exists; with many ranks or jobs, one builds and the rest wait.
+    """Make the directory ``path`` with ``build`` unless it exists; with many ranks or jobs, one builds and the
+    rest wait.
 
     An exclusive ``flock`` on a side file elects the builder; the kernel drops it
-    if the builder dies, so a crashed build never leaves the others stuck.
+    if the builder dies, so a crashed build never leaves the others stuck. The
+    builder fills a temporary directory renamed to ``path`` when whole, so a
+    reader never sees half a corpus.
     """
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():
-            build(path)
+        if path.exists():
+            return
+        tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            build(tmp)
+            os.rename(tmp, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 class TokenData:
