@@ -17,6 +17,7 @@ from launcher import cli
 from launcher.core import dataset
 from launcher.core.config import DataConfig
 from launcher.core.dataset import CHECKED, DatasetError, verify
+from launcher.train.data import TokenData
 
 STDLIB_JSON = Path(sysconfig.get_paths()["stdlib"]) / "json"
 SHARD = 20_000  # bytes of each full shard of the ``bpe`` dataset: 10,000 uint16 tokens
@@ -152,7 +153,8 @@ def test_ids_past_the_stated_vocabulary_are_refused(tmp_path, capsys):
 
 def test_ranks_share_the_checksums_and_a_large_share_is_sampled(tmp_path, monkeypatch):
     """Checksums are split among the checkers (ranks); a share above FULL_CHECK_BYTES is checked by sampled
-    blocks, which find a change inside a block; one between blocks is what sampling gives up."""
+    blocks, which find a change inside a block, while one between blocks is found as it is read (an id past
+    the vocabulary; any other change is what sampling gives up)."""
     monkeypatch.setattr(dataset, "SAMPLE_BLOCK", 1024)  # 16 blocks of 1 KiB sample a shard over 16 KiB
     (tmp_path / "a.txt").write_bytes(bytes(range(128)) * 1000)
     assert cli.main(["data", "prepare", str(tmp_path / "ds"), str(tmp_path / "a.txt"), "--shard-tokens", "40000"]) == 0
@@ -174,5 +176,32 @@ def test_ranks_share_the_checksums_and_a_large_share_is_sampled(tmp_path, monkey
     with pytest.raises(DatasetError, match="tokens_00001.bin has changed .* its CRC-32 of sampled blocks is not"):
         verify(data, 256, share=1, shares=2)
     write_over(second, inside, was)
-    write_over(second, between, b"\x00\x01")  # between sampled blocks
+    write_over(second, between, b"\x00\x01")  # id 256, past the byte vocabulary, between sampled blocks
     assert verify(data, 256, share=1, shares=2).tokens == 128_000
+    tokens = TokenData(tmp_path / "ds", "uint16", seq_len=63, val_fraction=0.0, vocab_size=256)
+    position = 40_000 + between // 2  # in the whole sequence; sample i holds tokens 63 i .. 63 i + 63
+    tokens.batch("train", np.array([position // 63 - 2]))  # its neighbours read fine
+    with pytest.raises(DatasetError) as caught:
+        tokens.batch("train", np.array([0, position // 63]))
+    assert str(caught.value) == (f"shard {second} holds token id 256 at token {between // 2:,}, not below "
+                                 "model.vocab_size=256: set model.vocab_size to its tokenizer's vocabulary, or "
+                                 "prepare the data again if it was damaged")
+
+
+def test_plan_and_dry_runs_show_tokens_and_epochs(datasets, capsys):
+    meta = json.loads((datasets / "bpe" / "metadata.json").read_text())
+    tokens = meta["tokens"]
+    train_samples = (tokens - int(tokens * 0.05) - 1) // 64  # gpt_tiny: seq_len 64; val_fraction 0.05
+    epochs = 300 / (train_samples // 16)  # 300 steps of 16 sequences (8 GPUs x 2)
+    args = [f"data.path={datasets}/bpe", "model.vocab_size=300", "train.steps=300"]
+    assert cli.main([*args, "dry_run=json"]) == 0
+    data = json.loads(capsys.readouterr().out)["data"]
+    assert data == {"source": str(datasets / "bpe"), "tokenizer": "bpe:300", "vocab_size": 300, "tokens": tokens,
+                    "epochs": pytest.approx(epochs), "note": None}
+    line = f"data: {datasets}/bpe (bpe:300 tokenizer, vocabulary 300); {tokens:,} tokens; {epochs:.3g} epochs"
+    assert cli.main([*args, "dry_run=true"]) == 0
+    assert line in capsys.readouterr().out.splitlines()
+    assert cli.main(["plan", *args]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == line
+    assert cli.main(["plan", "--json", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["data"]["epochs"] == pytest.approx(epochs)

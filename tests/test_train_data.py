@@ -60,7 +60,7 @@ def test_sampler_rejects_impossible_batches():
 def test_token_data_split_and_shift(tmp_path):
     path = tmp_path / "t.bin"
     write_tokens(path, [np.arange(1000) % 60000], "uint32")
-    data = TokenData(path, "uint32", seq_len=10, val_fraction=0.1)
+    data = TokenData(path, "uint32", seq_len=10, val_fraction=0.1, vocab_size=1000)
     assert len(data.splits["train"]) == 900 and len(data.splits["val"]) == 100
     assert data.splits["val"][0] == 900  # the last 10% of the tokens
     x, y = data.batch("train", np.array([0, 5]))
@@ -109,12 +109,27 @@ def test_default_corpus_is_built_once_under_concurrency(tmp_path):
         verify(DataConfig(cache_dir=str(tmp_path / "cache")), vocab_size=256)
 
 
+def test_an_id_past_the_vocabulary_is_named_with_its_file_as_it_is_read(tmp_path):
+    """A single token file records no largest id; the batch that reads one the model has no embedding for
+    is a DatasetError naming the file and the token, not torch's IndexError at that step."""
+    path = tmp_path / "t.bin"
+    write_tokens(path, [np.arange(1000) % 200, [300], np.arange(99) % 200], "uint16")
+    data = TokenData(path, "uint16", seq_len=10, val_fraction=0.0, vocab_size=256)
+    x, _ = data.batch("train", np.array([0, 98, 101]))  # tokens 0..10, 980..990, 1010..1020
+    assert x.max() < 256
+    with pytest.raises(DatasetError) as caught:
+        data.batch("train", np.array([3, 99]))  # 990..1000 ends with token 1000
+    assert str(caught.value) == (f"data.path={path} holds token id 300 at token 1,000, not below model.vocab_size=256: "
+                                 "set model.vocab_size to its tokenizer's vocabulary, or prepare the data again if "
+                                 "it was damaged")
+
+
 def test_val_split_may_be_empty_but_not_the_train_split(tmp_path):
     path = tmp_path / "t.bin"
     write_tokens(path, [np.arange(100)], "uint16")
-    data = TokenData(path, "uint16", seq_len=10, val_fraction=0.0)
+    data = TokenData(path, "uint16", seq_len=10, val_fraction=0.0, vocab_size=100)
     assert data.num_samples("val") == 0
     with pytest.raises(ValueError, match="the val split of .* has 0 tokens"):
         data.require("val")
     with pytest.raises(ValueError, match="the train split of .* has 100 tokens, fewer than one sample of seq_len"):
-        TokenData(path, "uint16", seq_len=100, val_fraction=0.0)
+        TokenData(path, "uint16", seq_len=100, val_fraction=0.0, vocab_size=100)
