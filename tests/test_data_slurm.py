@@ -86,7 +86,7 @@ DAMAGE = {
     "cut": (lambda f, size: f.truncate(size // 2),
             "has 20,000 bytes, not the 40,000 (20,000 tokens) that metadata.json records: cut short, grown or "
             "replaced; prepare the dataset again"),
-    "changed": (lambda f, size: (f.seek(size // 2), f.write(b"\x20\x00" * 8)),
+    "changed": (lambda f, size: (f.seek(size // 2), f.write(b"\x07\x00" * 8)),  # BEL: in no source
                 "has changed since it was written: its size is right but its CRC-32 is not the one metadata.json "
                 "records; prepare the dataset again"),
 }

@@ -120,7 +120,8 @@ def shard_files(path: Path) -> List[Path]:
 
 
 def file_label(path: Path, file: Path) -> str:
-    """How messages name one token file of ``data.path``."""
+    """How messages name one token file of ``data.path`` (``path``): by its full path, which a rank's record
+    keeps whatever the directory it ran in."""
     return f"data.path={file}" if file == path else f"shard {file}"
 
 
@@ -181,7 +182,6 @@ def write_metadata(directory: Path, dtype: str, tokenizer: Dict[str, Any], shard
 class Checked:
     """What checking ``data.path`` found."""
 
-    path: Path
     tokens: int
     tokenizer: Dict[str, Any]
     note: Optional[str] = None  # why its contents could not be checked, and what to do: a one-line suggestion
@@ -209,14 +209,15 @@ def verify(data: DataConfig, vocab_size: int, share: int = 0, shares: int = 1) -
     check_vocab(BYTE_TOKENIZER, vocab_size)
     size, itemsize = path.stat().st_size, TOKEN_DTYPES[data.dtype]
     if size == 0:
-        raise DatasetError(f"data.path={path} is empty (0 bytes); {PREPARE_HINT}")
+        raise DatasetError(f"{file_label(path, path)} is empty (0 bytes); {PREPARE_HINT}")
     if size % itemsize:
-        raise DatasetError(f"data.path={path} has {size:,} bytes, not a whole number of {data.dtype} tokens "
+        raise DatasetError(f"{file_label(path, path)} has {size:,} bytes, not a whole number of {data.dtype} tokens "
                            f"({itemsize} bytes each): truncated, or another dtype (data.dtype)")
-    return Checked(path, size // itemsize, dict(BYTE_TOKENIZER))
+    return Checked(size // itemsize, dict(BYTE_TOKENIZER))
 
 
 def check_vocab(tokenizer: Dict[str, Any], vocab_size: int) -> None:
+    """The model must have an embedding for every token of the data's tokenizer."""
     if vocab_size < tokenizer["vocab_size"]:
         raise DatasetError(f"model.vocab_size={vocab_size} is smaller than the vocabulary of data.path's tokenizer "
                            f"({tokenizer['vocab_size']}); set model.vocab_size={tokenizer['vocab_size']} or more")
@@ -233,14 +234,15 @@ def _verify_dataset(directory: Path, data: DataConfig, vocab_size: int, share: i
     shards, itemsize = meta["shards"], TOKEN_DTYPES[data.dtype]
     for shard in shards:
         file = directory / shard["file"]
+        where = file_label(directory, file)
         if not file.is_file():
-            raise DatasetError(f"shard {file} is missing; {again}")
+            raise DatasetError(f"{where} is missing; {again}")
         size, expected = file.stat().st_size, shard.get("bytes", shard["tokens"] * itemsize)
         if size != expected:
-            raise DatasetError(f"shard {file} has {size:,} bytes, not the {expected:,} ({shard['tokens']:,} tokens) "
+            raise DatasetError(f"{where} has {size:,} bytes, not the {expected:,} ({shard['tokens']:,} tokens) "
                                f"that {METADATA} records: cut short, grown or replaced; {again}")
         if shard.get("max_id", -1) >= vocab_size:
-            raise DatasetError(f"shard {file} holds token ids up to {shard['max_id']:,}, not below "
+            raise DatasetError(f"{where} holds token ids up to {shard['max_id']:,}, not below "
                                f"model.vocab_size={vocab_size:,}; set model.vocab_size={shard['max_id'] + 1} or more")
     tokens = sum(s["tokens"] for s in shards)
     if tokens == 0:
@@ -251,9 +253,10 @@ def _verify_dataset(directory: Path, data: DataConfig, vocab_size: int, share: i
         file = directory / shard["file"]
         ranges = [(0, shard["bytes"])] if whole else sample_ranges(shard["bytes"])
         if crc32(file, ranges) != shard["crc32" if whole else "sample_crc32"]:
-            raise DatasetError(f"shard {file} has changed since it was written: its size is right but its CRC-32 "
-                               f"{'' if whole else 'of sampled blocks '}is not the one {METADATA} records; {again}")
+            raise DatasetError(f"{file_label(directory, file)} has changed since it was written: its size is right "
+                               f"but its CRC-32 {'' if whole else 'of sampled blocks '}is not the one {METADATA} "
+                               f"records; {again}")
     legacy = not all("crc32" in s for s in shards)
     note = (f"data.path={directory} was prepared before shards had checksums: only their sizes are checked; "
             "prepare it again (launcher data prepare --overwrite) to have their contents checked") if legacy else None
-    return Checked(directory, tokens, meta["tokenizer"], note)
+    return Checked(tokens, meta["tokenizer"], note)
