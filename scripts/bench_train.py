@@ -113,7 +113,7 @@ def plain(args) -> float:
     mcfg, tcfg, dcfg = cfg.model, cfg.train, cfg.data
     model = GPT(mcfg)
     optimizer, scheduler = build_optimizer(model, tcfg)
-    data = TokenData(token_file(dcfg), dcfg.dtype, mcfg.seq_len, dcfg.val_fraction)
+    data = TokenData(token_file(dcfg), dcfg.dtype, mcfg.seq_len, dcfg.val_fraction, mcfg.vocab_size)
     sampler = StepSampler(data.num_samples("train"), args.batch, tcfg.seed)
     start = None
     for step in range(args.steps):

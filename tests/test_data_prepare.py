@@ -101,7 +101,7 @@ def test_a_tokenizer_file_gives_the_same_tokens(bpe_dataset, tmp_path, capsys):
 
 def test_training_reads_the_shards_as_one_sequence(bpe_dataset):
     whole = tokens_of(bpe_dataset)
-    data = TokenData(bpe_dataset, "uint16", seq_len=64, val_fraction=0.1)
+    data = TokenData(bpe_dataset, "uint16", seq_len=64, val_fraction=0.1, vocab_size=512)
     n_train = len(whole) - int(len(whole) * 0.1)
     assert len(data.splits["train"]) == n_train and data.splits["val"][0] == whole[n_train]
     x, y = data.batch("train", np.array([78, 0]))  # sample 78 spans shards 0 and 1 (5,000 tokens each)

@@ -32,7 +32,8 @@ def as_run(root: Path, name: str, source: Path) -> Path:
 def test_checkpoint_loads_into_one_process_with_the_trained_weights(reference_run):
     cfg = load_run_config(reference_run / "config.yaml")
     model = load_model(cfg.model, latest_checkpoint(reference_run), torch.device("cpu"))
-    data = TokenData(Path(cfg.data.path), cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction)
+    data = TokenData(Path(cfg.data.path), cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction,
+                     cfg.model.vocab_size)
     losses = []
     with torch.no_grad():
         for rank in range(2):  # the eval batches the two ranks read at step 6 (launcher/train/loop.py's evaluate)

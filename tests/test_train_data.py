@@ -1,11 +1,16 @@
 """Token data: ranks never share a sample in a step, sampling is a pure function of (seed, step),
-the default corpus is built once even under concurrency. (Datasets of shards: test_data_prepare.py.)"""
+the default corpus is built once even under concurrency, as a dataset with the metadata of any other.
+(Datasets of shards: test_data_prepare.py; their checks: test_data_checks.py.)"""
+import json
 import multiprocessing
+import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from launcher.core.config import DataConfig
+from launcher.core.dataset import DatasetError, verify
 from launcher.train.data import StepSampler, TokenData, stdlib_sources, token_file, val_indices, write_tokens
 
 
@@ -55,7 +60,7 @@ def test_sampler_rejects_impossible_batches():
 def test_token_data_split_and_shift(tmp_path):
     path = tmp_path / "t.bin"
     write_tokens(path, [np.arange(1000) % 60000], "uint32")
-    data = TokenData(path, "uint32", seq_len=10, val_fraction=0.1)
+    data = TokenData(path, "uint32", seq_len=10, val_fraction=0.1, vocab_size=1000)
     assert len(data.splits["train"]) == 900 and len(data.splits["val"]) == 100
     assert data.splits["val"][0] == 900  # the last 10% of the tokens
     x, y = data.batch("train", np.array([0, 5]))
@@ -81,28 +86,50 @@ def test_default_corpus_is_built_once_under_concurrency(tmp_path):
         assert p.exitcode == 0
     paths = {out.get(timeout=5) for _ in procs}
     assert len(paths) == 1
-    path = paths.pop()
-    assert path.endswith("-uint16.bin")
+    path = Path(paths.pop())
+    assert path.name.endswith("-uint16") and path.is_dir()
     sources = stdlib_sources()
-    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    tokens = np.memmap(path / "tokens_00000.bin", dtype=np.uint16, mode="r")
     assert len(tokens) == sum(f.stat().st_size for f in sources)
     first = sources[0].read_bytes()
     assert bytes(tokens[: len(first)].astype(np.uint8)) == first
     leftovers = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert [n for n in leftovers if ".tmp." in n] == []
+    # The metadata of any dataset: checked at launch and at every attempt's start like one.
+    meta = json.loads((path / "metadata.json").read_text())
+    assert meta["tokenizer"]["kind"] == "byte" and meta["dtype"] == "uint16" and meta["tokens"] == len(tokens)
+    (shard,) = meta["shards"]
+    assert (shard["tokens"], shard["bytes"], shard["max_id"]) == (len(tokens), 2 * len(tokens), int(tokens.max()))
+    assert shard["crc32"] == zlib.crc32((path / "tokens_00000.bin").read_bytes())
+    assert verify(DataConfig(cache_dir=str(tmp_path / "cache")), vocab_size=256).tokens == len(tokens)
+    with open(path / "tokens_00000.bin", "r+b") as f:
+        f.truncate(len(tokens))  # half its bytes
+    with pytest.raises(DatasetError, match=f"shard {path}/tokens_00000.bin has {len(tokens):,} bytes, not the "
+                                           f".*; delete {path} to have it built again"):
+        verify(DataConfig(cache_dir=str(tmp_path / "cache")), vocab_size=256)
 
 
-def test_data_path_must_exist(tmp_path):
-    with pytest.raises(FileNotFoundError, match="launcher data prepare"):
-        token_file(DataConfig(path=str(tmp_path / "missing.bin")))
+def test_an_id_past_the_vocabulary_is_named_with_its_file_as_it_is_read(tmp_path):
+    """A single token file records no largest id; the batch that reads one the model has no embedding for
+    is a DatasetError naming the file and the token, not torch's IndexError at that step."""
+    path = tmp_path / "t.bin"
+    write_tokens(path, [np.arange(1000) % 200, [300], np.arange(99) % 200], "uint16")
+    data = TokenData(path, "uint16", seq_len=10, val_fraction=0.0, vocab_size=256)
+    x, _ = data.batch("train", np.array([0, 98, 101]))  # tokens 0..10, 980..990, 1010..1020
+    assert x.max() < 256
+    with pytest.raises(DatasetError) as caught:
+        data.batch("train", np.array([3, 99]))  # 990..1000 ends with token 1000
+    assert str(caught.value) == (f"data.path={path} holds token id 300 at token 1,000, not below model.vocab_size=256: "
+                                 "set model.vocab_size to its tokenizer's vocabulary, or prepare the data again if "
+                                 "it was damaged")
 
 
 def test_val_split_may_be_empty_but_not_the_train_split(tmp_path):
     path = tmp_path / "t.bin"
     write_tokens(path, [np.arange(100)], "uint16")
-    data = TokenData(path, "uint16", seq_len=10, val_fraction=0.0)
+    data = TokenData(path, "uint16", seq_len=10, val_fraction=0.0, vocab_size=100)
     assert data.num_samples("val") == 0
     with pytest.raises(ValueError, match="the val split of .* has 0 tokens"):
         data.require("val")
     with pytest.raises(ValueError, match="the train split of .* has 100 tokens, fewer than one sample of seq_len"):
-        TokenData(path, "uint16", seq_len=100, val_fraction=0.0)
+        TokenData(path, "uint16", seq_len=100, val_fraction=0.0, vocab_size=100)

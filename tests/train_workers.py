@@ -32,7 +32,7 @@ def parity(raw: dict, micro_batch: int, out_dir: Path) -> None:
     task.setup_logging(out_dir, int(os.environ["RANK"]))
     env = init_distributed(timeout_s=60)
     allreduce = check_allreduce(env)
-    data = TokenData(cfg.data.path, cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction)
+    data = TokenData(cfg.data.path, cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction, cfg.model.vocab_size)
     sampler = StepSampler(data.num_samples("train"), cfg.train.global_batch, cfg.train.seed)
     model = build_model(cfg, env)
     optimizer, scheduler = build_optimizer(model, cfg.train)

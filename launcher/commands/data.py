@@ -53,6 +53,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"tokenizer: {tokenizer['spec']}, vocabulary {tokenizer['vocab_size']:,}"
           + (f" ({out / tokenizer['file']})" if tokenizer["file"] else ""))
     dtype = "" if meta["dtype"] == "uint16" else f" data.dtype={meta['dtype']}"
-    print(f"train with: launcher data.path={out}{dtype} model.vocab_size={tokenizer['vocab_size']} "
-          "(or more)")
+    # A tokenizer.json may use ids past the vocabulary size it reports: the embedding must hold the largest.
+    vocab = max(tokenizer["vocab_size"], 1 + max(s["max_id"] for s in meta["shards"]))
+    print(f"train with: launcher data.path={out}{dtype} model.vocab_size={vocab} (or more)")
     return 0

@@ -1,20 +1,18 @@
 """Launch-time checks of a run's data: everything the login node can see about ``data.path`` is checked
-before a job is submitted, so a missing, empty, truncated or mismatched token file costs a one-line error
-instead of a queue wait and a failed job. Also the data's size in the plan's terms (tokens, epochs).
+before a job is submitted, so a missing, empty, truncated, changed or mismatched token file costs a one-line
+error instead of a queue wait and a failed job. The checks are launcher/core/dataset.py's ``verify``, the
+same every attempt makes at its start. Also the data's size in the plan's terms (tokens, epochs).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Dict, Optional
 
 from launcher.core.config import RunConfig
-from launcher.core.dataset import (TOKEN_DTYPES, DatasetError, default_corpus, read_metadata, samples,
-                                   tokenizer_of, val_tokens)
+from launcher.core.dataset import (BYTE_TOKENIZER, TOKEN_DTYPES, DatasetError, check_vocab, data_path, samples,
+                                   val_tokens, verify)
 from launcher.core.plan import Plan
 from launcher.errors import LaunchError
-
-PREPARE_HINT = "make one with 'launcher data prepare OUT INPUT...'"
 
 
 @dataclass(frozen=True)
@@ -26,6 +24,7 @@ class DataSummary:
     vocab_size: int
     tokens: Optional[int]  # None: the default corpus, not built yet
     epochs: Optional[float]
+    note: Optional[str] = None  # what could not be checked, and what to do (a launch prints it as a warning)
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -41,63 +40,18 @@ def check_data(cfg: RunConfig, plan: Plan) -> DataSummary:
     data = cfg.data
     if data.dtype not in TOKEN_DTYPES:
         raise LaunchError(f"data.dtype must be one of {', '.join(TOKEN_DTYPES)}; got '{data.dtype}'")
-    if data.path is None:
-        corpus = default_corpus(data.cache_dir, data.dtype)
-        tokens = corpus.stat().st_size // TOKEN_DTYPES[data.dtype] if corpus.is_file() else None
-        tokenizer, source = tokenizer_of(None), "the standard-library corpus"
-    else:
-        path = Path(data.path).expanduser()
-        tokens = _dataset_tokens(path, data.path, data.dtype) if path.is_dir() else _file_tokens(path, data.path,
-                                                                                                  data.dtype)
-        tokenizer, source = tokenizer_of(path), str(path)
-    if cfg.model.vocab_size < tokenizer["vocab_size"]:
-        raise LaunchError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the vocabulary of data.path's "
-                          f"tokenizer ({tokenizer['vocab_size']}); set model.vocab_size={tokenizer['vocab_size']} "
-                          "or more")
-    epochs = None if tokens is None else _epochs(cfg, plan, tokens, source)
-    return DataSummary(source=source, tokenizer=tokenizer.get("spec", tokenizer["kind"]),
-                       vocab_size=tokenizer["vocab_size"], tokens=tokens, epochs=epochs)
-
-
-def _file_tokens(path: Path, typed: str, dtype: str) -> int:
-    """A single token file's token count (its dtype is ``data.dtype``: it has no metadata)."""
-    if not path.exists():
-        raise LaunchError(f"data.path={typed} does not exist; {PREPARE_HINT}")
-    if not path.is_file():
-        raise LaunchError(f"data.path={typed} is neither a file nor a dataset directory")
-    return _whole_tokens(path, f"data.path={typed}", dtype, None)
-
-
-def _dataset_tokens(path: Path, typed: str, dtype: str) -> int:
-    """A dataset directory's token count, after checking its shards against its metadata."""
+    source = str(data_path(data)) if data.path is not None else "the standard-library corpus"
     try:
-        meta = read_metadata(path)
+        if data.path is None and not data_path(data).is_dir():  # built by the first task that needs it
+            check_vocab(BYTE_TOKENIZER, cfg.model.vocab_size)
+            return DataSummary(source=source, tokenizer="byte", vocab_size=BYTE_TOKENIZER["vocab_size"], tokens=None,
+                               epochs=None)
+        found = verify(data, cfg.model.vocab_size)
     except DatasetError as err:
-        raise LaunchError(f"data.path={typed}: {err}") from None
-    if meta["dtype"] != dtype:
-        raise LaunchError(f"data.dtype={dtype} does not match data.path={typed}, whose tokens are {meta['dtype']} "
-                          f"(its {path.name}/metadata.json); set data.dtype={meta['dtype']}")
-    total = sum(_whole_tokens(path / s["file"], f"data.path={typed}: shard {s['file']}", dtype, s["tokens"])
-                for s in meta["shards"])
-    if total == 0:
-        raise LaunchError(f"data.path={typed} holds no tokens; prepare it again from non-empty inputs")
-    return total
-
-
-def _whole_tokens(path: Path, label: str, dtype: str, expected: Optional[int]) -> int:
-    itemsize = TOKEN_DTYPES[dtype]
-    if not path.is_file():
-        raise LaunchError(f"{label} is missing; prepare the dataset again")
-    size = path.stat().st_size
-    if size == 0 and expected is None:
-        raise LaunchError(f"{label} is empty (0 bytes); {PREPARE_HINT}")
-    if size % itemsize:
-        raise LaunchError(f"{label} has {size:,} bytes, not a whole number of {dtype} tokens ({itemsize} bytes "
-                          "each): truncated, or another dtype (data.dtype)")
-    if expected is not None and size // itemsize != expected:
-        raise LaunchError(f"{label} has {size // itemsize:,} tokens; its metadata says {expected:,}; "
-                          "prepare the dataset again")
-    return size // itemsize
+        raise LaunchError(str(err)) from None
+    return DataSummary(source=source, tokenizer=found.tokenizer.get("spec", found.tokenizer["kind"]),
+                       vocab_size=found.tokenizer["vocab_size"], tokens=found.tokens,
+                       epochs=_epochs(cfg, plan, found.tokens, source), note=found.note)
 
 
 def _epochs(cfg: RunConfig, plan: Plan, tokens: int, source: str) -> float:

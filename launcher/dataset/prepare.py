@@ -7,15 +7,13 @@ batch at a time, and a shard is closed at ``shard_tokens`` tokens.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, Iterator, List, Optional
 
-from launcher.core.dataset import FORMAT, METADATA, TOKEN_DTYPES, shard_name, smallest_dtype
+from launcher.core.dataset import METADATA, TOKEN_DTYPES, shard_name, shard_record, smallest_dtype, write_metadata
 from launcher.dataset import tokenizer as tok
 from launcher.dataset.progress import Progress
 from launcher.dataset.sources import Source, documents, find_sources
@@ -89,21 +87,18 @@ def _write(tmp: Path, sources: List[Source], codec: tok.Codec, req: Request, dty
                 batch, ends, chars = [], [], 0
     shards.add(codec, batch, ends)
     progress.done()
-    meta = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dtype": dtype,
-            "tokens": shards.total, "tokenizer": codec.save(tmp), "shards": shards.close(),
-            "sources": [s.to_dict() for s in sources], "field": req.field}
-    (tmp / METADATA).write_text(json.dumps(meta, indent=1) + "\n")  # last: only a whole dataset has metadata
-    return meta
+    return write_metadata(tmp, dtype, codec.save(tmp), shards.close(), [s.to_dict() for s in sources], req.field)
 
 
 class Shards:
-    """Token files of at most ``limit`` tokens each, filled in order."""
+    """Token files of at most ``limit`` tokens each, filled in order, each recorded with its checksums and
+    largest id once closed (launcher/core/dataset.py's ``shard_record``)."""
 
     def __init__(self, directory: Path, dtype: str, limit: int):
         self.directory, self.dtype, self.limit = directory, dtype, limit
         self.done: List[Dict[str, Any]] = []
         self.file: Optional[BinaryIO] = None
-        self.in_file = self.total = 0
+        self.in_file = self.max_id = 0
 
     def add(self, codec: tok.Codec, texts: List[str], ends: List[bool]) -> None:
         import numpy as np
@@ -117,8 +112,8 @@ class Shards:
                     self.file = open(self.directory / shard_name(len(self.done)), "wb")
                 take = tokens[: self.limit - self.in_file]
                 self.file.write(take.tobytes())
+                self.max_id = max(self.max_id, int(take.max()))
                 self.in_file += len(take)
-                self.total += len(take)
                 tokens = tokens[len(take):]
                 if self.in_file == self.limit:
                     self._finish()
@@ -128,8 +123,8 @@ class Shards:
         self.file.flush()
         os.fsync(self.file.fileno())
         self.file.close()
-        self.done.append({"file": Path(self.file.name).name, "tokens": self.in_file})
-        self.file, self.in_file = None, 0
+        self.done.append(shard_record(Path(self.file.name), self.in_file, self.max_id))
+        self.file, self.in_file, self.max_id = None, 0, 0
 
     def close(self) -> List[Dict[str, Any]]:
         if self.file is not None:

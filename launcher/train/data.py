@@ -5,7 +5,11 @@ in launcher/core/dataset.py) or a single token file in nanoGPT's ``train.bin``
 layout: token ids back to back as uint16 or uint32. Every file is read through
 ``np.memmap`` and the shards are seen as one sequence, so a corpus larger than
 memory costs nothing to open. A sample is the ``i``-th window of ``seq_len + 1``
-tokens (inputs and targets shifted by one), and may span two shards.
+tokens (inputs and targets shifted by one), and may span two shards. The files
+are checked at the attempt's start (launcher/train/preflight.py); what a check
+cannot see (a single file's ids, a change outside the sampled blocks of a large
+shard) is caught as it is read: an id the model has no embedding for is a
+DatasetError naming the file, not torch's IndexError.
 
 Which samples a rank reads at a step depends only on (seed, step, rank): the
 samples of a step are a slice of a per-epoch permutation, so no sample appears
@@ -18,6 +22,7 @@ from __future__ import annotations
 import bisect
 import fcntl
 import os
+import shutil
 import sysconfig
 from pathlib import Path
 from typing import Callable, Iterable, List
@@ -25,29 +30,37 @@ from typing import Callable, Iterable, List
 import numpy as np
 
 from launcher.core.config import DataConfig
-from launcher.core.dataset import TOKEN_DTYPES, default_corpus, samples, shard_files, val_tokens
+from launcher.core.dataset import (BYTE_TOKENIZER, TOKEN_DTYPES, DatasetError, data_path, file_label, samples,
+                                   shard_files, shard_name, shard_record, val_tokens, write_metadata)
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
 def token_file(cfg: DataConfig) -> Path:
-    """The data to train on: ``cfg.path`` (a token file or a dataset directory), or the cached
-    standard-library corpus."""
+    """The data to train on: ``cfg.path`` (a token file or a dataset directory), or the standard-library corpus,
+    built on first use."""
     if cfg.dtype not in TOKEN_DTYPES:
         raise ValueError(f"data.dtype must be one of {', '.join(TOKEN_DTYPES)}, not {cfg.dtype!r}")
-    if cfg.path is not None:
-        path = Path(cfg.path).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"data.path {path} does not exist (make one with 'launcher data prepare')")
-        return path
-    path = default_corpus(cfg.cache_dir, cfg.dtype)
-    _build_once(path, lambda tmp: write_tokens(tmp, (encode_bytes(f.read_bytes(), cfg.dtype)
-                                                     for f in stdlib_sources()), cfg.dtype))
+    path = data_path(cfg)
+    if cfg.path is None:
+        _build_once(path, lambda tmp: build_corpus(tmp, cfg.dtype))
     return path
 
 
 def stdlib_sources() -> list[Path]:
     """The standard library's .py files (installed packages excluded), sorted for determinism."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(f for f in root.rglob("*.py") if "site-packages" not in f.relative_to(root).parts)
+    return sorted(f for f in STDLIB.rglob("*.py") if "site-packages" not in f.relative_to(STDLIB).parts)
+
+
+def build_corpus(directory: Path, dtype: str) -> None:
+    """The byte-level corpus of the standard library's sources in ``directory``: one shard and the metadata
+    ``launcher data prepare`` would write, so that it is checked like any dataset."""
+    sources = stdlib_sources()
+    shard = directory / shard_name(0)
+    tokens = write_tokens(shard, (encode_bytes(f.read_bytes(), dtype) for f in sources), dtype)
+    max_id = int(np.memmap(shard, dtype=dtype, mode="r").max())
+    write_metadata(directory, dtype, dict(BYTE_TOKENIZER), [shard_record(shard, tokens, max_id)],
+                   [{"path": str(STDLIB), "format": "text", "bytes": sum(f.stat().st_size for f in sources)}], None)
 
 
 def encode_bytes(data: bytes, dtype: str) -> np.ndarray:
@@ -78,18 +91,29 @@ def write_tokens(path: Path, chunks: Iterable[np.ndarray], dtype: str) -> int:
 
 
 def _build_once(path: Path, build: Callable[[Path], object]) -> None:
-    """Make ``path`` with ``build`` unless it exists; with many ranks or jobs, one builds and the rest wait.
+    """Make the directory ``path`` with ``build`` unless it exists; with many ranks or jobs, one builds and the
+    rest wait.
 
     An exclusive ``flock`` on a side file elects the builder; the kernel drops it
-    if the builder dies, so a crashed build never leaves the others stuck.
+    if the builder dies, so a crashed build never leaves the others stuck. The
+    builder fills a temporary directory renamed to ``path`` when whole, so a
+    reader never sees half a corpus.
     """
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():
-            build(path)
+        if path.exists():
+            return
+        tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            build(tmp)
+            os.rename(tmp, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 class TokenData:
@@ -97,12 +121,15 @@ class TokenData:
 
     The val split is the last ``val_fraction`` of the tokens, so it never
     overlaps the train split; it may be empty when there is no evaluation.
+    Every batch is held to ``vocab_size``: the model's embedding has no row for
+    a larger id.
     """
 
-    def __init__(self, path: Path, dtype: str, seq_len: int, val_fraction: float):
-        tokens = Tokens([np.memmap(f, dtype=dtype, mode="r") for f in shard_files(Path(path))])
+    def __init__(self, path: Path, dtype: str, seq_len: int, val_fraction: float, vocab_size: int):
+        self.files = shard_files(Path(path))
+        tokens = Tokens([np.memmap(f, dtype=dtype, mode="r") for f in self.files])
         n_val = val_tokens(len(tokens), val_fraction)
-        self.seq_len = seq_len
+        self.seq_len, self.vocab_size = seq_len, vocab_size
         self.splits = {"train": tokens[: len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}
         self.path = path
         self.require("train")
@@ -120,6 +147,13 @@ class TokenData:
         """Inputs and targets (int64, shape (len(indices), seq_len)) for the given samples."""
         data, t = self.splits[split], self.seq_len
         rows = np.stack([data.read(i * t, i * t + t + 1) for i in indices]).astype(np.int64)
+        if rows.size and rows.max() >= self.vocab_size:
+            row, column = np.argwhere(rows >= self.vocab_size)[0]
+            shard, offset = data.locate(int(indices[row]) * t + int(column))
+            where = file_label(Path(self.path), self.files[shard])
+            raise DatasetError(f"{where} holds token id {rows[row, column]:,} at token {offset:,}, not below "
+                               f"model.vocab_size={self.vocab_size:,}: set model.vocab_size to its tokenizer's "
+                               "vocabulary, or prepare the data again if it was damaged")
         return rows[:, :-1], rows[:, 1:]
 
 
@@ -143,6 +177,12 @@ class Tokens:
             begin, end, _ = key.indices(len(self))
             return Tokens(self.shards, self.start + begin, self.start + max(begin, end))
         return self.read(key, key + 1)[0]
+
+    def locate(self, position: int) -> tuple[int, int]:
+        """The shard that holds the ``position``-th token of this range, and the token's offset in it."""
+        absolute = self.start + position
+        index = bisect.bisect_right(self.ends, absolute)
+        return index, absolute - (self.ends[index] - len(self.shards[index]))
 
     def read(self, begin: int, end: int) -> np.ndarray:
         begin, end = self.start + begin, self.start + min(end, len(self))

@@ -125,7 +125,8 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
     checkpoint's record sets that checkpoint aside and starts again from the one before (launcher/train/resume.py)."""
     tc = cfg.train
     batching = Batching.from_plan(plan, tc, env.world_size)
-    data = TokenData(token_file(cfg.data), cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction)
+    data = TokenData(token_file(cfg.data), cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction,
+                     cfg.model.vocab_size)
     if tc.eval_every > 0:
         data.require("val")
     sampler = StepSampler(data.num_samples("train"), batching.global_batch, tc.seed)

@@ -10,6 +10,10 @@ seconds and left out of the next attempt instead of failing or slowing the run l
 Rank 0 records one ``preflight`` event with the bandwidth of every rank. A rank whose node fails records a
 ``preflight_failed`` event naming the node and the check; every rank then raises :class:`PreflightFailed`,
 and launcher/job/recovery.py retries the run on other nodes without that node.
+
+Then the data (:func:`verify_data`): the checks the launch made (launcher/core/dataset.py), made again because
+the files may have changed while the job waited or between attempts, the ranks sharing the checksums. A bad
+file is the data's fault, not a node's: every rank raises the DatasetError that names it, which is not retried.
 """
 from __future__ import annotations
 
@@ -25,10 +29,12 @@ import torch
 import torch.distributed as dist
 
 from launcher.core.checkpoints import checkpoint_bytes, human
-from launcher.core.config import ModelConfig
+from launcher.core.config import ModelConfig, RunConfig
+from launcher.core.dataset import DatasetError, verify
 from launcher.core.plan import Plan
 from launcher.core.rundir import append_event
 from launcher.train import faults
+from launcher.train.data import token_file
 from launcher.train.dist import DistEnv
 
 log = logging.getLogger(__name__)
@@ -123,3 +129,23 @@ def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig, virtu
                      median_gbps=round(median, 3), slow_ranks=slow)
         log.info("preflight ok: all-reduce bus bandwidth median %.3f GB/s%s", median,
                  f"; slow ranks {slow}" if slow else "")
+
+
+def verify_data(env: DistEnv, cfg: RunConfig) -> None:
+    """Every rank calls this before training: rank ``r`` checks every shard's size and the checksums of every
+    ``world_size``-th shard from ``r`` on; raises DatasetError on every rank, with the problem of the first
+    rank that found one, so that the attempt ends at once with the file named. The default corpus is built
+    here (by one rank) if this is its first use."""
+    problem, note = None, None
+    try:
+        token_file(cfg.data)
+        note = verify(cfg.data, cfg.model.vocab_size, env.rank, env.world_size).note
+    except DatasetError as err:
+        problem = str(err)
+    found: list = [None] * env.world_size
+    dist.all_gather_object(found, problem)
+    first = next((p for p in found if p), None)
+    if first:
+        raise DatasetError(first)
+    if note and env.is_main:
+        log.warning(note)

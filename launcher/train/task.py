@@ -23,7 +23,7 @@ from launcher.core.rundir import append_event
 from launcher.train.dist import check_allreduce, global_rank_from_environ, init_distributed
 from launcher.train.interrupt import Interrupt, Requeue
 from launcher.train.loop import train
-from launcher.train.preflight import preflight
+from launcher.train.preflight import preflight, verify_data
 from launcher.train.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ def run(run_dir: str | Path) -> dict[str, Any]:
         env = init_distributed()
         check_allreduce(env)
         preflight(env, run_dir, plan, cfg.model, cfg.cluster.virtual_gpus)
+        verify_data(env, cfg)
         if env.is_main:
             append_event(run_dir, "started", job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
                          nodes=env.nodes, code=CODE_ROOT)
