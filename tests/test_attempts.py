@@ -291,3 +291,15 @@ def test_exclusions_that_would_leave_too_few_nodes_are_allowed_again_least_certa
     assert schedulable(wanted, events, [], ["n1", "n2", "n3", "n4"], 2) == wanted  # room enough: unchanged
     both = schedulable(wanted, events, [], ["n1", "n2", "n3"], 3)
     assert (both.exclude, both.allowed) == ([], ["n2", "n3"])  # Slurm then waits for the nodes it holds down
+
+
+def test_damaged_data_is_not_retried_whatever_its_path_says():
+    from launcher.job.recovery import INFRASTRUCTURE
+
+    error = "DatasetError: shard /data/rebecca/nccl-peer/tokens_00001.bin has 10,000 bytes, not the 20,000"
+    cause = attribute([failed(0, error, step=9), failed(1, error, step=9)], [], [pulse(0, 9)])
+    assert (cause.rank, cause.error) == (0, error)  # the rank's own error, not a lost peer
+    decision = decide([], Cause("FAILED", cause.text, short="bad data", error=error, step=9), max_retries=3)
+    assert (decision.retry, decision.reason) == (
+        False, "the data is damaged: every node and try would read it alike, not retried")
+    assert not INFRASTRUCTURE.search(error) and INFRASTRUCTURE.search("RuntimeError: NCCL error in: x.cpp")

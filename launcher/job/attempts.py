@@ -31,7 +31,7 @@ from launcher.slurm.output import TaskEnd
 
 # What a rank reports when it lost a peer rather than failed itself (gloo, NCCL, torch.distributed).
 PEER_LOSS = re.compile(r"connection reset by peer|connection closed by peer|broken pipe|remote process exited|"
-                       r"socket.*closed|Connection refused|DistNetworkError|peer|NCCL communicator was aborted",
+                       r"socket.*closed|Connection refused|DistNetworkError|NCCL communicator was aborted",
                        re.IGNORECASE)
 # The short words of a failure of the tasks' environment, not of the run: the tasks' Python has no torch (the
 # cluster's environment lacks the [train] extra). launcher/job/entry.py records it; recovery does not retry it.

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from launcher.core.dataset import DatasetError
 from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.rundir import append_event, last_metrics, read_events
 from launcher.job.attempts import NO_TORCH, Cause, attribute
@@ -40,9 +41,10 @@ from launcher.status.attempt_log import AttemptLog
 
 
 # Exceptions that may pass on another try or another node: I/O, network, device and collective errors.
+# The words are matched as words and in their own case: a file name holding "ecc" or "nccl" says nothing.
 INFRASTRUCTURE = re.compile(r"^(OSError|IOError|ConnectionError|ConnectionResetError|BrokenPipeError|TimeoutError|"
                             r"CheckpointSaveError|DistBackendError|DistNetworkError|DistStoreError)\b|"
-                            r"CUDA error|NCCL|ECC|Input/output error|No space left", re.IGNORECASE)
+                            r"\bCUDA error\b|\bNCCL\b|\bECC\b|Input/output error|No space left|Read-only file system")
 
 
 # Slurm's words for a controller that did not answer (a retry's sbatch is asked again, with backoff).
@@ -390,6 +392,8 @@ def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[st
                         sorted(excluded | blamed | set(sick)), free=True)
     if cause.outcome == "FAILED" and cause.short == NO_TORCH:
         return Decision(False, "the tasks' Python has no torch: the same on every node and every try, not retried")
+    if cause.outcome == "FAILED" and cause.short == DatasetError.short:
+        return Decision(False, "the data is damaged: every node and try would read it alike, not retried")
     first = not any(e.get("event") == "attempt_ended" for e in events)
     if first and not progressed and cause.outcome not in ("LOST", "PREFLIGHT"):
         return Decision(False, "it failed before its first step: a problem of the code, config or data, not retried")
