@@ -213,3 +213,24 @@ def test_watch_on_a_terminal_redraws_in_place_until_the_runs_end(tmp_path, monke
     assert frames[0] == "" and len(frames) == 3
     assert "1 of 1 runs active; every 2s" in frames[1] and "RUNNING" in frames[1]
     assert "no run active: final table" in frames[2] and "COMPLETED" in frames[2]
+
+
+def test_goodput_counts_kept_steps_and_where_the_rest_of_the_wall_time_went():
+    from launcher.status.goodput import goodput
+
+    def record(step, at):
+        return {"step": step, "step_time": 1.0, "loss": 2.0, "time": at}
+
+    events = [{"event": "submitted", "time": 0.0}, {"event": "attempt", "time": 10.0}, {"event": "started", "time": 15.0},
+              {"event": "attempt_ended", "outcome": "FAILED", "step": 105, "time": 130.0},
+              {"event": "attempt", "time": 160.0}, {"event": "resumed", "step": 50, "time": 170.0},
+              {"event": "finished", "step": 200, "time": 322.0}, {"event": "attempt_ended", "outcome": "COMPLETED",
+                                                                  "time": 330.0}]
+    metrics = [record(s, 15.0 + s) for s in range(10, 101, 10)] + [record(s, 120.0 + s) for s in range(60, 201, 10)]
+    measured = goodput(events, metrics + [{"final": True, "step": 200, "time": 321.0}], now=999.0)
+    assert (measured.wall_s, measured.kept_s) == (330.0, 200.0)  # steps 0-50 of the first attempt, 50-200 of the second
+    assert measured.lost_s == {"queue": 40.0, "start-up": 15.0, "re-trained": 55.0, "checkpoints and evaluation": 0.0,
+                               "detection and ending": 25.0}
+    assert measured.line() == ("Goodput: 0.61 of 330 s since submission trained kept steps; lost: queue 40 s, "
+                               "start-up 15 s, re-trained 55 s, detection and ending 25 s")
+    assert goodput(events[:2], [], now=20.0) is None  # no timed record yet

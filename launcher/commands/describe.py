@@ -18,6 +18,7 @@ from launcher.status.index import RunRecord
 from launcher.submit.freeze import code_source
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.status.attempt_log import history
+from launcher.status.goodput import goodput
 from launcher.status.job_state import JobState, job_states
 
 
@@ -50,6 +51,8 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
     metrics = read_metrics(run_dir)
     final = next((m for m in reversed(metrics) if m.get("final")), None)
     latest = next((m for m in reversed(metrics) if not m.get("final")), None)
+    events = state.files.events if state.files else read_events(run_dir)
+    measured = goodput(events, metrics, time.time())
     return {
         "name": rec.name, "job_id": rec.job_id, "cluster": rec.cluster, "sweep": rec.sweep,
         "state": state.state, "reason": state.reason, "state_source": state.source,
@@ -61,7 +64,10 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
         },
         "plan": plan,
         "nodes": node_states(rec, state.nodes),
-        "events": state.files.events if state.files else read_events(run_dir),
+        "events": events,
+        "goodput": None if measured is None else {"fraction": round(measured.fraction, 3), "wall_s": measured.wall_s,
+                                                  "kept_s": measured.kept_s, "lost_s": measured.lost_s,
+                                                  "line": measured.line()},
         "checkpoints": checkpoints(run_dir),
         "latest_metrics": latest,
         "final_metrics": final,
@@ -144,6 +150,7 @@ def render(info: Dict[str, Any]) -> str:
         *(f"  {node:<16}{node_state}" for node, node_state in info["nodes"].items()),
         "",
         *attempt_lines(info["events"]),
+        *([info["goodput"]["line"], ""] if info["goodput"] else []),
         "Events:",
         *(event_line(e) for e in info["events"]),
         "",
@@ -155,7 +162,7 @@ def render(info: Dict[str, Any]) -> str:
         if info[label]:
             out += ["", label.replace("_", " ").capitalize() + ":",
                     "  " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                     for k, v in info[label].items() if v is not None and k != "final")]
+                                     for k, v in info[label].items() if v is not None and k not in ("final", "time"))]
     out += ["", "Config:", *("  " + line for line in info["config"].rstrip().splitlines())]
     return "\n".join(out)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import resource
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         if self.path is None:
             return
-        append_jsonl(self.path, record)
+        append_jsonl(self.path, {**record, "time": round(time.time(), 3)})  # when: goodput's timeline
         log.info("%s", format_record(record))
         if not record.get("final"):
             self.tracker.log(record["step"], {SCALARS[key][0]: value for key, value in record.items()

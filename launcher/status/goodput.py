@@ -1,0 +1,110 @@
+"""Goodput: the fraction of a run's wall time since submission that trained steps it kept, and where the rest
+went. ``describe`` shows it; scripts/bench_goodput.py compares a run under faults with one without.
+
+It is read from the run's own record alone (events and timed metrics records, pure: no Slurm), attempt by
+attempt (an attempt is one start of the run's job, launcher/status/attempt_log.py):
+
+- **queue**: from the submission, or the previous attempt's end, to the attempt's start (sbatch, the
+  scheduler, a requeued job's begin time);
+- **start-up**: from the attempt's start to its first step (imports, preflight, the model, the checkpoint);
+- **training**: its steps, at the run's median step time: *kept*, or **re-trained** when a later attempt
+  started from an earlier checkpoint;
+- **checkpoints and evaluation**: the rest of the time between its first and its last metrics record;
+- **detection and ending**: from its last metrics record to its end (a fault noticed and the ranks ended; for
+  the last attempt, the final checkpoint).
+
+The parts are estimates from records written every ``train.log_every`` steps; they add up to the wall time
+but for rounding.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+# The parts of the time not spent on kept steps, in the order they are shown.
+LOST = ("queue", "start-up", "re-trained", "checkpoints and evaluation", "detection and ending")
+
+
+@dataclass(frozen=True)
+class Goodput:
+    wall_s: float
+    kept_s: float
+    lost_s: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def fraction(self) -> float:
+        return self.kept_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def line(self) -> str:
+        """``Goodput: 0.87 of 483 s since submission trained kept steps; lost: queue 45 s, ...``"""
+        lost = ", ".join(f"{part} {seconds:.0f} s" for part, seconds in self.lost_s.items() if seconds >= 0.5)
+        return (f"Goodput: {self.fraction:.2f} of {self.wall_s:.0f} s since submission trained kept steps"
+                + (f"; lost: {lost}" if lost else ""))
+
+
+@dataclass
+class _Attempt:
+    begin: float
+    start_step: int = 0
+    first_step: Optional[float] = None  # when its first step began (its resume, or its start)
+    records: List[dict] = field(default_factory=list)  # its metrics records
+    end: Optional[float] = None
+    end_step: Optional[int] = None
+
+
+def goodput(events: Sequence[dict], metrics: Sequence[dict], now: float) -> Optional[Goodput]:
+    """The run's goodput up to its last attempt's end (``now`` while an attempt runs); None before any attempt
+    or without timed metrics (a run trained by a launcher before 0.3)."""
+    submitted = next((e["time"] for e in events if e.get("event") == "submitted"), None)
+    timed = [m for m in metrics if isinstance(m.get("time"), (int, float)) and not m.get("final")]
+    attempts = _attempts(events, timed)
+    if submitted is None or not attempts or not timed:
+        return None
+    step_time = statistics.median(m["step_time"] for m in timed if m.get("step_time"))
+    lost = dict.fromkeys(LOST, 0.0)
+    kept_steps = 0
+    previous_end = submitted
+    for index, attempt in enumerate(attempts):
+        end = attempt.end if attempt.end is not None else now
+        lost["queue"] += max(0.0, attempt.begin - previous_end)
+        previous_end = end
+        reached = max([attempt.end_step or 0, *(m["step"] for m in attempt.records)], default=attempt.start_step)
+        trained = max(0, reached - attempt.start_step)
+        if attempt.first_step is None or not attempt.records:  # it never trained: all of it went to starting
+            lost["start-up"] += max(0.0, end - attempt.begin)
+            lost["re-trained"] += trained * step_time
+            continue
+        lost["start-up"] += max(0.0, attempt.first_step - attempt.begin)
+        later = attempts[index + 1].start_step if index + 1 < len(attempts) else reached
+        kept = max(0, min(reached, later) - attempt.start_step)
+        kept_steps += kept
+        lost["re-trained"] += (trained - kept) * step_time
+        last = attempt.records[-1]["time"]
+        lost["checkpoints and evaluation"] += max(0.0, last - attempt.first_step - trained * step_time)
+        lost["detection and ending"] += max(0.0, end - last)
+    return Goodput(wall_s=previous_end - submitted, kept_s=kept_steps * step_time, lost_s=lost)
+
+
+def _attempts(events: Sequence[dict], metrics: Sequence[dict]) -> List[_Attempt]:
+    attempts: List[_Attempt] = []
+    for event in events:
+        kind = event.get("event")
+        if kind == "attempt":
+            attempts.append(_Attempt(begin=event["time"]))
+        elif not attempts:
+            continue
+        elif kind == "resumed":
+            attempts[-1].start_step, attempts[-1].first_step = event.get("step") or 0, event["time"]
+        elif kind == "started" and attempts[-1].first_step is None:
+            attempts[-1].first_step = event["time"]
+        elif kind in ("finished", "requeued") and isinstance(event.get("step"), int):
+            attempts[-1].end_step = event["step"]
+        elif kind == "attempt_ended":
+            attempts[-1].end = event["time"]
+            if attempts[-1].end_step is None and isinstance(event.get("step"), int):
+                attempts[-1].end_step = event["step"]
+    for attempt, following in zip(attempts, [*attempts[1:], None]):
+        until = following.begin if following else float("inf")
+        attempt.records = [m for m in metrics if attempt.begin <= m["time"] < until]
+    return attempts
