@@ -277,6 +277,7 @@ def requeue(run_dir: Path, job_id: str, step: int, events: List[dict]) -> Option
         while True:
             try:
                 Slurm(None, timeout=30).requeue(job_id)
+                start_at_once(job_id)
                 return None
             except SlurmError as err:
                 error = str(err)
@@ -287,6 +288,25 @@ def requeue(run_dir: Path, job_id: str, step: int, events: List[dict]) -> Option
                   "error": f"ConnectionError: scontrol requeue {job_id} failed: {error}"}
     append_event(run_dir, "failed", job_id=job_id, **fields)
     return fields
+
+
+def start_at_once(job_id: str, within_s: float = 4.0) -> None:
+    """Once the requeued job is back in the queue, make it eligible now rather than at the begin time Slurm gives
+    it. Slurm ends this batch script a few seconds after the requeue (``KillWait``): this asks within that, and
+    gives up quietly, leaving Slurm's own begin time, when the job is not pending by then."""
+    from launcher.slurm.client import Slurm, SlurmError
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        state = queue_state(job_id)
+        if state == "PENDING":
+            try:
+                Slurm(None, timeout=5).start_now(job_id)
+            except SlurmError:
+                pass
+        if state in ("PENDING", ""):  # done, or the queue cannot be asked
+            return
+        time.sleep(0.2)
 
 
 def queue_state(job_id: str) -> str:
