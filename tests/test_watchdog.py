@@ -67,6 +67,20 @@ def test_a_stopped_rank_is_named_and_the_attempt_ends(tmp_path, trial):
     assert sorted(pulses) == [0, 1, 2] and pulses[stopped].step == 5
 
 
+def test_a_stopped_process_of_the_node_ends_the_attempt_well_before_the_stall_limit(tmp_path):
+    """With a 60 s limit: the other ranks of the node see the process stopped (state T) and end the attempt in
+    seconds, naming it."""
+    threading.Thread(target=kill_when_stalled, args=(tmp_path, 2), daemon=True).start()
+    start = time.time()
+    with pytest.raises(mp.ProcessExitedException, match=f"exit code {EXIT_STALLED}"):
+        launch_forked(train_workers.allreduce_with_watchdog, (tmp_path, 2, 5, 60.0, True), world_size=3)
+    events = read_events(tmp_path)
+    assert [e["event"] for e in events] == ["stalled"] and events[0]["ranks"] == [2], events
+    assert "state T (stopped)" in events[0]["cause"]
+    assert events[0]["time"] - start < 30, events[0]["time"] - start  # 60 s without the neighbours' watch
+    assert "rank 2 of this node is stopped (state T) at step 5" in (tmp_path / "logs" / "rank_0.log").read_text()
+
+
 def test_a_stall_with_every_rank_alive_blames_the_collective():
     now = 1000.0
     pulses = [Pulse(rank=r, node="n1", pid=1, step=7, step_since=900.0, alive=now - 1) for r in range(2)]

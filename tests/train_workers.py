@@ -92,9 +92,11 @@ def train_run_oom_above(run_dir: Path, max_rows: int) -> None:
     task.run(run_dir)
 
 
-def allreduce_with_watchdog(run_dir: Path, stop_rank: int, stop_at: int, timeout_s: float) -> None:
+def allreduce_with_watchdog(run_dir: Path, stop_rank: int, stop_at: int, timeout_s: float,
+                            watch_neighbours: bool = False) -> None:
     """All-reduce steps under a watchdog; rank ``stop_rank`` stops itself (SIGSTOP) at step ``stop_at``,
-    as a hung rank would: the others wait in the collective until the watchdog ends them."""
+    as a hung rank would: the others wait in the collective until the watchdog ends them. With
+    ``watch_neighbours`` each watchdog also watches the other ranks' processes (all on this node)."""
     import signal
     import time
 
@@ -107,7 +109,8 @@ def allreduce_with_watchdog(run_dir: Path, stop_rank: int, stop_at: int, timeout
     def on_stall(cause, stuck):
         append_event(run_dir, "stalled", cause=cause, ranks=[p.rank for p in stuck])
 
-    watchdog = Watchdog(run_dir, env.rank, env.node, timeout_s, on_stall, interval_s=0.5).start(0)
+    watchdog = Watchdog(run_dir, env.rank, env.node, timeout_s, on_stall, interval_s=0.5,
+                        neighbours=range(env.world_size) if watch_neighbours else ()).start(0)
     for step in range(1000):
         watchdog.step(step)
         if env.rank == stop_rank and step == stop_at:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 HEARTBEATS = "heartbeats"
 STALL_FLOOR_S = 300.0  # a limit derived from the step time never goes below this
@@ -38,12 +38,14 @@ def heartbeat_path(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / HEARTBEATS / f"rank_{rank:05d}.json"
 
 
-def read_pulses(run_dir: Path, since: Optional[float] = None) -> List[Pulse]:
-    """Every rank's last heartbeat (an unreadable file is skipped: a rank may be replacing it); with ``since``,
-    only those written since then (this attempt's: a rank that died before its watchdog began leaves the
-    previous attempt's file, which says nothing about this one)."""
+def read_pulses(run_dir: Path, since: Optional[float] = None, ranks: Optional[Sequence[int]] = None) -> List[Pulse]:
+    """Every rank's last heartbeat (an unreadable file is skipped: a rank may be replacing it), or those of
+    ``ranks``; with ``since``, only those written since then (this attempt's: a rank that died before its
+    watchdog began leaves the previous attempt's file, which says nothing about this one)."""
     pulses = []
-    for path in sorted((Path(run_dir) / HEARTBEATS).glob("rank_*.json")):
+    paths = sorted((Path(run_dir) / HEARTBEATS).glob("rank_*.json")) if ranks is None else \
+        [heartbeat_path(run_dir, rank) for rank in ranks]
+    for path in paths:
         try:
             pulse = Pulse(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):

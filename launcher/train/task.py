@@ -47,8 +47,10 @@ def run(run_dir: str | Path) -> dict[str, Any]:
         if env.is_main:
             append_event(run_dir, "started", job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
                          nodes=env.nodes, code=CODE_ROOT)
+        first = env.rank - env.local_rank  # Slurm's block distribution: a node's ranks are consecutive
         watchdog = Watchdog(run_dir, env.rank, env.node, cfg.train.stall_timeout_s,
-                            on_stall=functools.partial(_record_stall, run_dir)).start(0)
+                            on_stall=functools.partial(_record_stall, run_dir),
+                            neighbours=range(first, first + env.world_size // env.nodes)).start(0)
         try:
             final = train(cfg, plan, run_dir, env, watchdog, Interrupt(env))
         except Requeue as stop:

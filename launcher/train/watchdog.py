@@ -7,8 +7,10 @@ the collective for as long as its timeout. So every rank runs a watchdog thread 
   (``step_since``) and when the watchdog last ran (``alive``);
 - checks its own progress: if its step has not advanced for ``stall_timeout_s``, the attempt is stalled.
 
-A stalled rank dumps its Python stacks into its log (faulthandler), reads every rank's heartbeat to name the
-culprit, and exits with :data:`EXIT_STALLED`, which ends the attempt (srun ``--kill-on-bad-exit``). A rank
+It also watches the processes of the other ranks of its node (through /proc): one seen stopped (state T, a
+SIGSTOP or a debugger) for a few beats will not run again by itself, so the attempt is stalled at once rather
+than after ``stall_timeout_s``. A stalled rank dumps its Python stacks into its log (faulthandler), reads
+every rank's heartbeat to name the culprit, and exits with :data:`EXIT_STALLED`, which ends the attempt (srun ``--kill-on-bad-exit``). A rank
 whose ``alive`` stamp is stale is frozen (its process does not run: stopped, or stuck holding the GIL); the
 others are waiting for it. The lowest-numbered rank still alive records one ``stalled`` event naming the
 frozen ranks, their nodes and steps; the others wait for that event before they exit. The thread runs while
@@ -26,7 +28,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 from launcher.core.heartbeats import (EXIT_STALLED, SLOW_PHASE_S, STALL_FLOOR_S, Pulse, derived_timeout,
                                       heartbeat_path, read_pulses)
@@ -54,15 +56,28 @@ def describe_stall(pulses: list[Pulse], now: float, stale_s: float) -> str:
     return f"every rank is alive but none advanced (steps {', '.join(map(str, steps))}): a collective never completed"
 
 
+def _state_code(pid: int) -> Optional[str]:
+    """A process's state letter from /proc (``T``: stopped), None where it is not a process of this node."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def _process_state(pulse: Pulse) -> str:
     """The frozen process's state from /proc where it is on this node (``T (stopped)``), else unknown."""
-    try:
-        fields = Path(f"/proc/{pulse.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    code = _state_code(pulse.pid)
+    if code is None:
         return "process state unknown from this node"
     names = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible I/O", "Z": "exited",
              "R": "running", "S": "sleeping"}
-    return f"process {pulse.pid} state {fields[0]} ({names.get(fields[0], 'other')})"
+    return f"process {pulse.pid} state {code} ({names.get(code, 'other')})"
+
+
+# A process of this node seen stopped (SIGSTOP, a debugger) at this many beats in a row will not run again by
+# itself: its node's other ranks end the attempt then, not after the full stall limit.
+STOPPED_BEATS = 4
+NEIGHBOUR_SKEW_S = 10.0  # a neighbour's watchdog starts within this of this one's
 
 
 class Watchdog:
@@ -70,8 +85,13 @@ class Watchdog:
 
     def __init__(self, run_dir: Path, rank: int, node: str, stall_timeout_s: Optional[float],
                  on_stall: Callable[[str, list[Pulse]], None], interval_s: float = INTERVAL_S,
-                 exit: Callable[[int], None] = os._exit) -> None:
+                 exit: Callable[[int], None] = os._exit, neighbours: Sequence[int] = ()) -> None:
         self.run_dir, self.rank, self.node = Path(run_dir), rank, node
+        # The other ranks of this node: their processes are watched through /proc (their pids learnt once from their
+        # heartbeats), so a stopped one is found in seconds without reading the shared run directory every beat.
+        self.neighbours = {r: 0 for r in neighbours if r != rank}  # rank -> beats seen stopped
+        self._pids: dict[int, int] = {}
+        self._started = time.time()
         self.derive = stall_timeout_s is None  # follow the measured step time (see measured())
         self.stall_timeout_s, self.interval_s = stall_timeout_s or STALL_FLOOR_S, interval_s
         self.on_stall, self.exit = on_stall, exit
@@ -84,6 +104,7 @@ class Watchdog:
         """Beat from now on; the first step (data, model, compile) gets the allowance of a slow phase."""
         heartbeat_path(self.run_dir, self.rank).parent.mkdir(parents=True, exist_ok=True)
         self.step(step)
+        self._started = time.time()
         self.limit_s = max(self.stall_timeout_s, SLOW_PHASE_S)
         self._write(time.time())
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
@@ -121,6 +142,22 @@ class Watchdog:
             if now - self.pulse.step_since > self.limit_s:
                 self._stalled(now)
                 return
+            if self._neighbour_stopped():
+                self._stalled(now, early=True)
+                return
+
+    def _neighbour_stopped(self) -> bool:
+        """Whether a rank of this node has been seen stopped for :data:`STOPPED_BEATS` beats in a row."""
+        missing = [r for r in self.neighbours if r not in self._pids]
+        if missing:
+            # This attempt's heartbeats (the ranks start their watchdogs together, after preflight's all-reduce), not
+            # a file an earlier attempt left, whose pid is gone or another process's.
+            for pulse in read_pulses(self.run_dir, since=self._started - NEIGHBOUR_SKEW_S, ranks=missing):
+                if pulse.node == self.node:
+                    self._pids[pulse.rank] = pulse.pid
+        for rank, pid in self._pids.items():
+            self.neighbours[rank] = self.neighbours[rank] + 1 if _state_code(pid) in ("T", "t") else 0
+        return any(beats >= STOPPED_BEATS for beats in self.neighbours.values())
 
     def _write(self, now: float) -> None:
         self.pulse.alive = now
@@ -132,9 +169,14 @@ class Watchdog:
         except OSError as err:  # a full or unreachable disk must not kill training by itself
             log.warning("heartbeat not written: %s", err)
 
-    def _stalled(self, now: float) -> None:
-        log.error("stalled: step %d has not advanced for %.0f s (limit %.0f s); Python stacks follow",
-                  self.pulse.step, now - self.pulse.step_since, self.limit_s)
+    def _stalled(self, now: float, early: bool = False) -> None:
+        if early:
+            log.error("stalled: rank %s of this node is stopped (state T) at step %d; Python stacks follow",
+                      ", ".join(str(r) for r, beats in self.neighbours.items() if beats >= STOPPED_BEATS),
+                      self.pulse.step)
+        else:
+            log.error("stalled: step %d has not advanced for %.0f s (limit %.0f s); Python stacks follow",
+                      self.pulse.step, now - self.pulse.step_since, self.limit_s)
         for handler in logging.getLogger().handlers:
             handler.flush()
         for stream in {getattr(h, "stream", None) for h in logging.getLogger().handlers} | {sys.stderr}:
@@ -142,10 +184,12 @@ class Watchdog:
                 faulthandler.dump_traceback(file=stream, all_threads=True)
         pulses = read_pulses(self.run_dir)
         stale = 3 * self.interval_s
-        live = [p.rank for p in pulses if now - p.alive <= stale]
-        # One event per stall, from the lowest live rank. Another waits for it before exiting: its exit ends the
-        # attempt (srun kills every rank), and the lowest's watchdog may fire an interval later. Should none come
-        # (that rank died too), it records the stall itself.
+        live = [p.rank for p in pulses if now - p.alive <= stale
+                and (not early or p.rank == self.rank or p.rank in self.neighbours)]
+        # One event per stall, from the lowest live rank (of this node, when a stopped process of this node is the
+        # evidence: only this node's ranks see it). Another waits for it before exiting: its exit ends the attempt
+        # (srun kills every rank), and the lowest's watchdog may fire an interval later. Should none come (that
+        # rank died too), it records the stall itself.
         if live and self.rank != min(live) and self._recorded_within(stale):
             self.exit(EXIT_STALLED)
             return
