@@ -10,11 +10,12 @@ the collective for as long as its timeout. So every rank runs a watchdog thread 
 It also watches the processes of the other ranks of its node (through /proc): one seen stopped (state T, a
 SIGSTOP or a debugger) for a few beats will not run again by itself, so the attempt is stalled at once rather
 than after ``stall_timeout_s``. A stalled rank dumps its Python stacks into its log (faulthandler), reads
-every rank's heartbeat to name the culprit, and exits with :data:`EXIT_STALLED`, which ends the attempt (srun
-``--kill-on-bad-exit``). A rank whose ``alive`` stamp is stale is frozen (its process does not run: stopped, or stuck holding the GIL); the
-others are waiting for it. The lowest-numbered rank still alive records one ``stalled`` event naming the
-frozen ranks, their nodes and steps; the others wait for that event before they exit. The thread runs while
-the main thread waits inside a collective, since torch releases the GIL there.
+every rank's heartbeat to name the culprit, and exits with :data:`EXIT_STALLED`, which ends the attempt
+(srun ``--kill-on-bad-exit``). A rank whose ``alive`` stamp is stale is frozen (its process does not run:
+stopped, or stuck holding the GIL); the others are waiting for it. The lowest-numbered rank still alive
+records one ``stalled`` event naming the frozen ranks, their nodes and steps; the others wait for that event
+before they exit. The thread runs while the main thread waits inside a collective, since torch releases the
+GIL there.
 """
 from __future__ import annotations
 
