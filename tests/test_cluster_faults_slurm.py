@@ -8,12 +8,13 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from conftest import SLURMD_TIMEOUT_S
-from helpers import events, launch, losses, rank_pids, wait_for
+from helpers import REPO, events, launch, losses, rank_pids, wait_for
 
 RUN = ("model=gpt_tiny", "train.log_every=10")
 
@@ -180,3 +181,17 @@ def test_training_goes_on_while_the_controller_is_down_and_status_commands_answe
     assert listed["calm"]["status"] == "COMPLETED"
     assert [e["event"] for e in events(run_dir)].count("attempt") == 1
 
+
+
+def test_the_goodput_benchmark_runs_in_its_quick_mode(three):
+    """scripts/bench_goodput.py --quick: a fault-free run beside one whose rank is killed, on this 3-node cluster;
+    it prints each run's goodput, the fault's detection and restart, and the ratio."""
+    cluster, _ = three
+    out = subprocess.run([sys.executable, "scripts/bench_goodput.py", "--quick"], cwd=REPO, env=cluster.env,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert re.search(r"^fault-free: COMPLETED in \d+ s; Goodput: [01]\.\d\d of \d+ s", out.stdout, re.M), out.stdout
+    assert re.search(r"^  kill +at +\d+ s: ended its attempt \d+ s later \(FAILED: rank 1 killed\); training again "
+                     r"\d+ s after that$", out.stdout, re.M), out.stdout
+    assert re.search(r"^goodput ratio: fault-free \d+ s / with faults \d+ s = [01]\.\d\d \(goal 0\.85\)$", out.stdout,
+                     re.M), out.stdout

@@ -50,7 +50,7 @@ INFRASTRUCTURE = re.compile(r"^(OSError|IOError|ConnectionError|ConnectionResetE
 # Slurm's words for a controller that did not answer (a retry's sbatch is asked again, with backoff).
 TRANSIENT = re.compile(r"Unable to contact slurm controller|Socket timed out|did not answer in|Connection refused|"
                        r"Zero Bytes were transmitted|Resource temporarily unavailable|try again", re.IGNORECASE)
-SUBMIT_BACKOFF_S = (2, 4, 8, 16, 30, 60)  # about two minutes of asking a silent controller
+SUBMIT_BACKOFF_S = (2, 4, 8, 16, 30, 60, 60, 60, 60)  # about five minutes of asking a silent controller
 
 
 @dataclass(frozen=True)

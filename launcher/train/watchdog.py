@@ -23,13 +23,14 @@ import faulthandler
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Collection, Iterator, Optional, Sequence
 
 from launcher.core.heartbeats import (EXIT_STALLED, SLOW_PHASE_S, STALL_FLOOR_S, Pulse, derived_timeout,
                                       heartbeat_path, read_pulses)
@@ -40,14 +41,15 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 2.0
 
 
-def frozen(pulses: list[Pulse], now: float, stale_s: float) -> list[Pulse]:
-    """The ranks whose watchdog has not run for ``stale_s``: their process is not running."""
-    return [p for p in pulses if now - p.alive > stale_s]
+def frozen(pulses: list[Pulse], now: float, stale_s: float, stopped: Collection[int] = ()) -> list[Pulse]:
+    """The ranks whose watchdog has not run for ``stale_s`` (their process is not running), and those seen
+    ``stopped``."""
+    return [p for p in pulses if now - p.alive > stale_s or p.rank in stopped]
 
 
-def describe_stall(pulses: list[Pulse], now: float, stale_s: float) -> str:
+def describe_stall(pulses: list[Pulse], now: float, stale_s: float, stopped: Collection[int] = ()) -> str:
     """The stall in words: which ranks are frozen where, or that every rank is waiting."""
-    stuck = frozen(pulses, now, stale_s)
+    stuck = frozen(pulses, now, stale_s, stopped)
     if stuck:
         waiting = max((p.step for p in pulses if p not in stuck), default=None)
         others = f"; the others wait at step {waiting}" if waiting is not None else ""
@@ -77,7 +79,7 @@ def _process_state(pulse: Pulse) -> str:
 
 # A process of this node seen stopped (SIGSTOP, a debugger) at this many beats in a row will not run again by
 # itself: its node's other ranks end the attempt then, not after the full stall limit.
-STOPPED_BEATS = 4
+STOPPED_BEATS = 2
 NEIGHBOUR_SKEW_S = 10.0  # a neighbour's watchdog starts within this of this one's
 
 
@@ -191,10 +193,17 @@ class Watchdog:
         # evidence: only this node's ranks see it). Another waits for it before exiting: its exit ends the attempt
         # (srun kills every rank), and the lowest's watchdog may fire an interval later. Should none come (that
         # rank died too), it records the stall itself.
+        stopped = [rank for rank, beats in self.neighbours.items() if beats >= STOPPED_BEATS]
+        live = [rank for rank in live if rank not in stopped]
         if live and self.rank != min(live) and self._recorded_within(stale):
             self.exit(EXIT_STALLED)
             return
-        self.on_stall(describe_stall(pulses, now, stale), frozen(pulses, now, stale))
+        self.on_stall(describe_stall(pulses, now, stale, stopped), frozen(pulses, now, stale, stopped))
+        for rank in stopped:  # srun would wait KillWait for it to heed SIGTERM, which a stopped process cannot
+            try:
+                os.kill(self._pids[rank], signal.SIGKILL)
+            except OSError:
+                pass
         self.exit(EXIT_STALLED)
 
     def _recorded_within(self, wait_s: float) -> bool:
