@@ -303,3 +303,16 @@ def test_damaged_data_is_not_retried_whatever_its_path_says():
     assert (decision.retry, decision.reason) == (
         False, "the data is damaged: every node and try would read it alike, not retried")
     assert not INFRASTRUCTURE.search(error) and INFRASTRUCTURE.search("RuntimeError: NCCL error in: x.cpp")
+
+
+def test_a_lost_node_slurm_still_reads_idle_is_allowed_again_only_after_slurm_can_mark_it_down():
+    """On a cluster with no node to spare, the retry needs the lost node back; placed at once, it would land on
+    the dead node Slurm still reads idle. It begins after SlurmdTimeout instead, and then waits for nodes."""
+    events = [ended("LOST", "n2 lost", 20, nodes=("n2",))]
+    waited = schedulable(Decision(True, "n2 was lost", ["n2"], free=True), events, down=[], partition=["n1", "n2"],
+                         needed=2, settle_s=60)
+    assert (waited.exclude, waited.allowed, waited.begin_s, waited.free) == ([], ["n2"], 65, True)
+    assert waited.reason.endswith("; it begins in 65 s, once Slurm has marked n2 down (SlurmdTimeout)")
+    marked = schedulable(Decision(True, "n2 was lost", ["n2"]), events, ["n2"], ["n1", "n2"], 2, settle_s=60)
+    assert (marked.allowed, marked.begin_s) == (["n2"], 0)  # already down: Slurm waits for it by itself
+

@@ -68,6 +68,10 @@ def test_a_retry_excludes_nodes(runs, tmp_path):
     run = runs[(8, "local")]
     params = executor_params(run.config, run.plan, "x", tmp_path, exclude=["node3", "node7"])
     assert params["exclude"] == "node3,node7"
+    assert "begin" not in params.get("additional_parameters", {})
+    # A retry that must wait until Slurm has marked a lost node down (launcher/job/recovery.py's schedulable)
+    later = executor_params(run.config, run.plan, "x", tmp_path, begin_s=65)
+    assert later["additional_parameters"]["begin"] == "now+65"
 
 
 def test_four_gpus_spread_over_two_nodes(tmp_path):

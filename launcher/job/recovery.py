@@ -60,6 +60,7 @@ class Decision:
     exclude: List[str] = field(default_factory=list)
     free: bool = False  # the node's fault (lost, failed its preflight): the retry is not counted in max_retries
     allowed: List[str] = field(default_factory=list)  # exclusions dropped so that the retry can be scheduled
+    begin_s: int = 0  # the retry is eligible only this long from now (a lost node allowed again: see schedulable)
 
 
 @dataclass(frozen=True)
@@ -193,9 +194,9 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     decision = decide(events, cause, cfg.cluster.max_retries, unwell, progressed=progressed, trained=began)
     if decision.retry:
         decision = schedulable(decision, events, unwell, partition_nodes(cfg.cluster.partition),
-                               read_plan(Path(run_dir)).nodes)
+                               read_plan(Path(run_dir)).nodes, slurmd_timeout_s())
         try:
-            new_job = submit_retry(Path(run_dir), decision.exclude)
+            new_job = submit_retry(Path(run_dir), decision.exclude, decision.begin_s)
         except RetryRefused as err:
             append_event(run_dir, "failed", final=True, job_id=job_id, short="retry refused", step=cause.step,
                          error=f"{text}; its retry could not be submitted: {err}", node=cause.node, rank=cause.rank,
@@ -215,7 +216,7 @@ class RetryRefused(Exception):
     directory could not be written); the message is one line."""
 
 
-def submit_retry(run_dir: Path, exclude: Sequence[str]) -> str:
+def submit_retry(run_dir: Path, exclude: Sequence[str], begin_s: int = 0) -> str:
     """Submit the retry's job, asking a controller that does not answer again with backoff; its job id, or
     RetryRefused with the reason."""
     from launcher.errors import LaunchError
@@ -225,7 +226,7 @@ def submit_retry(run_dir: Path, exclude: Sequence[str]) -> str:
     delays = list(SUBMIT_BACKOFF_S)
     while True:
         try:
-            return resubmit(run_dir, exclude=exclude)
+            return resubmit(run_dir, exclude=exclude, begin_s=begin_s)
         except SlurmError as err:
             if not TRANSIENT.search(str(err)):
                 raise RetryRefused(f"Slurm refused it: {err}") from None
@@ -355,6 +356,16 @@ def partition_nodes(partition: Optional[str]) -> List[str]:
     return sorted({n.name for n in nodes if (n.partition == partition if partition else n.default)})
 
 
+def slurmd_timeout_s() -> int:
+    """How long the controller waits before it marks a silent node down (0 when Slurm cannot say)."""
+    from launcher.slurm.client import Slurm, SlurmError
+
+    try:
+        return Slurm(None, timeout=15).slurmd_timeout_s()
+    except SlurmError:
+        return 0
+
+
 # How sure the run is that an excluded node is to blame, least sure first: a hung process may have hung on a healthy
 # node; a node that failed its preflight may pass the next; one Slurm holds down is avoided by Slurm anyway; a node
 # found lost is the surest.
@@ -362,10 +373,12 @@ CERTAINTY = ("STALLED", "PREFLIGHT", "DOWN", "LOST")
 
 
 def schedulable(decision: Decision, events: List[dict], down: Sequence[str], partition: Sequence[str],
-                needed: int) -> Decision:
+                needed: int, settle_s: int = 0) -> Decision:
     """The decision with exclusions allowed again, least certain first, when excluding them all would leave
     fewer nodes in the partition than the run needs (sbatch would refuse the retry). A node allowed again that
-    Slurm holds down is still not used by Slurm: the retry then waits in the queue for nodes to come back."""
+    Slurm holds down is still not used by Slurm: the retry then waits in the queue for nodes to come back. A
+    lost node Slurm does not hold down yet would get the retry at once: the retry then begins ``settle_s`` (the
+    cluster's SlurmdTimeout) from now, when Slurm has marked it down and waits for it like the others."""
     if not partition:
         return decision
     why = {}
@@ -384,7 +397,11 @@ def schedulable(decision: Decision, events: List[dict], down: Sequence[str], par
     reason = (f"{decision.reason}; excluding {', '.join(decision.exclude)} would leave {left} of the {needed} nodes "
               f"the run needs, so {', '.join(allowed)} {'is' if len(allowed) == 1 else 'are'} allowed again "
               "(least certain first)")
-    return Decision(True, reason, sorted(kept), decision.free, allowed)
+    unmarked = [node for node in allowed if why.get(node) == "LOST" and node not in down]
+    begin_s = settle_s + 5 if unmarked and settle_s else 0
+    if begin_s:
+        reason += f"; it begins in {begin_s} s, once Slurm has marked {', '.join(unmarked)} down (SlurmdTimeout)"
+    return Decision(True, reason, sorted(kept), decision.free, allowed, begin_s)
 
 
 def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[str] = (),

@@ -21,8 +21,9 @@ from launcher.slurm.client import for_cluster
 ENTRY = Path("launcher") / "job" / "entry.py"
 
 
-def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str] = ()) -> str:
-    """Submit the run in ``run_dir`` as one Slurm job (submitit pickles the task); returns its job id."""
+def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0) -> str:
+    """Submit the run in ``run_dir`` as one Slurm job (submitit pickles the task), eligible ``begin_s`` from now;
+    returns its job id."""
     from launcher.job.entry import TrainTask
     from launcher.job.secret_store import secrets_dir
     from launcher.slurm.batch import executor_params, task_python
@@ -31,7 +32,7 @@ def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str]
         executor = for_cluster(cfg.cluster).executor(run_dir / "submitit", cfg.cluster.max_requeues,
                                                      task_python(cfg.cluster))
         executor.update_parameters(**executor_params(cfg, plan, run_dir.name, run_dir, exclude,
-                                                     mounts=[str(secrets_dir())]))
+                                                     mounts=[str(secrets_dir())], begin_s=begin_s))
         return executor.submit(TrainTask(), str(run_dir)).job_id
 
 
@@ -47,7 +48,7 @@ def frozen_layout_problem(run_dir: Path) -> str | None:
             f"it anew with: launcher -f {Path(run_dir)}/run.yaml")
 
 
-def resubmit(run_dir: Path, exclude: Sequence[str] = ()) -> str:
+def resubmit(run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0) -> str:
     """Submit the run in ``run_dir`` again, as it was composed, as a new job that resumes from its newest good
     checkpoint (automatic recovery, ``launcher resume``) with the code frozen at its first submission; the
     record follows the new job. Returns its id; LaunchError when the frozen code is of an older layout."""
@@ -55,7 +56,7 @@ def resubmit(run_dir: Path, exclude: Sequence[str] = ()) -> str:
     if problem:
         raise LaunchError(problem)
     cfg, plan = load_run_config(run_dir / CONFIG), read_plan(run_dir)
-    job_id = submit_job(cfg, plan, run_dir, exclude)
+    job_id = submit_job(cfg, plan, run_dir, exclude, begin_s)
     record = load_or_damage(run_dir)
     if isinstance(record, RunRecord):
         record.job_id = job_id

@@ -143,7 +143,7 @@ def env_line(env: Dict[str, Any]) -> str:
 
 
 def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | None = None,
-                    exclude: Sequence[str] = (), mounts: Sequence[str] = ()) -> Dict[str, Any]:
+                    exclude: Sequence[str] = (), mounts: Sequence[str] = (), begin_s: int = 0) -> Dict[str, Any]:
     """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``.
 
     With the run's directory, the job also records its attempt around the ranks and recovers from a
@@ -152,6 +152,7 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
     (launcher/job/progress.py), all, like the tasks, importing the run's frozen code (:func:`frozen_code_line`); and
     srun ends every rank as soon as one dies (``--kill-on-bad-exit``), so an attempt fails in seconds, not
     after a collective's timeout. ``exclude``: nodes the job must not run on (an earlier attempt's culprits).
+    ``begin_s``: the job is eligible only that many seconds from now (``--begin``).
     """
     check_run_name(run_name)
     params = {**request_params(cfg, plan), "job_name": run_name, "comment": f"launcher:{run_name}"}
@@ -169,6 +170,8 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
         params["srun_args"] = ["--kill-on-bad-exit=1", *outside, *inside]
     if exclude:
         params["exclude"] = _token("exclude", ",".join([*filter(None, [params.get("exclude")]), *exclude]))
+    if begin_s:
+        params["additional_parameters"] = {**params.get("additional_parameters", {}), "begin": f"now+{begin_s}"}
     return params
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import pwd
+import re
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -184,6 +185,11 @@ class Slurm:
             stderr = err.stderr.decode(errors="replace") if isinstance(err.stderr, bytes) else (err.stderr or "")
             return [node for node in srun_lost_nodes(stderr) if node in nodes]
         return [] if proc.returncode == 0 else [node for node in srun_lost_nodes(proc.stderr) if node in nodes]
+
+    def slurmd_timeout_s(self) -> int:
+        """The controller's SlurmdTimeout: how long a node may stay silent before Slurm marks it down."""
+        found = re.search(r"^SlurmdTimeout\s*=\s*(\d+)", self.run(["scontrol", "show", "config"]), re.M)
+        return int(found.group(1)) if found else 0
 
     def start_now(self, job_id: str) -> None:
         """Make a pending job eligible at once: Slurm gives a requeued job a begin time 10-30 s ahead (the
