@@ -156,8 +156,9 @@ def fault_lines(run_dir: Path, faults: List[Fault]) -> List[str]:
     for fault in faults:
         ended = next((e for e in found if e.get("event") == "attempt_ended" and e["time"] >= fault.at), None)
         back = next((e for e in found if e.get("event") == "resumed" and ended and e["time"] > ended["time"]), None)
-        detected = f"ended its attempt {ended['time'] - fault.at:.0f} s later ({ended.get('outcome')}: " \
-                   f"{ended.get('short') or ended.get('cause') or ''})" if ended else "never ended its attempt"
+        why = ended and (ended.get("short") or ended.get("cause"))
+        detected = (f"ended its attempt {ended['time'] - fault.at:.0f} s later ({ended.get('outcome')}"
+                    f"{': ' + why if why else ''})") if ended else "never ended its attempt"
         again = f"; training again {back['time'] - ended['time']:.0f} s after that" if back else ""
         lines.append(f"  {fault.kind:<8} at {fault.at - found[0]['time']:5.0f} s: {detected}{again}")
     return lines
