@@ -170,9 +170,10 @@ def test_a_run_root_in_a_directory_others_can_write_is_refused_unless_sticky(bas
         ensure_root(str(root), share)
     who = (f"is writable by every user (mode {mode:04o}, no sticky bit)" if refusal == "every user" else
            f"is writable by group {planters_group()} (mode {mode:04o}, no sticky bit)")
-    fix = "o-w" if refusal == "every user" else "g-w"
+    fix = f"o-w {parent}" if refusal == "every user" else \
+        f"g-w {parent}, share the runs with that group (share_group={planters_group()})"
     assert str(err.value) == (f"run root {root} is refused: {parent} {who}, who could rename what is in it or "
-                              f"plant symlinks; run chmod {fix} {parent}, or {RUN_ROOT}")
+                              f"plant symlinks; run chmod {fix}, or {RUN_ROOT}")
     assert not root.exists()  # refused before anything was made
 
 

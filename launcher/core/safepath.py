@@ -41,7 +41,7 @@ def check_run_root(root: Path, share_group: Optional[str] = None) -> None:
     root's path leads to. The share group is the launch's ``share_group``, or the root's own group when the
     root is setgid (launcher/core/privacy.py share_root makes it so): the group its runs are shared with."""
     trusted = {gid for gid in (group_id(share_group), _shared_group(root)) if gid is not None}
-    check_tree(root, "run root", RUN_ROOT, trusted)
+    check_tree(root, "run root", RUN_ROOT, trusted, shareable=True)
 
 
 def check_home(home: Path) -> None:
@@ -69,20 +69,22 @@ def is_safe_root(root: Path) -> bool:
         return False
 
 
-def check_tree(path: Path, what: str, instead: str, trusted_gids: Collection[int] = ()) -> None:
+def check_tree(path: Path, what: str, instead: str, trusted_gids: Collection[int] = (),
+               shareable: bool = False) -> None:
     """UnsafePath, in one line naming the directory, who can change it and what to do, when another user
     could change what ``path`` resolves to (see the module's docstring). A part of the path that does not
-    exist yet is not checked: this user creates it, inside the last part that was."""
+    exist yet is not checked: this user creates it, inside the last part that was. ``shareable``: a group that
+    may write is also allowed by sharing the runs with it (a project directory's group, ``share_group``)."""
     me = os.geteuid()
     for place, info in _traversed(Path(os.path.expanduser(path)).absolute()):
-        problem = _problem(place, info, me, trusted_gids)
+        problem = _problem(place, info, me, trusted_gids, shareable)
         if problem:
             who, fix = problem
             raise UnsafePath(f"{what} {path} is refused: {place} {who}; {f'{fix}, or ' if fix else ''}{instead}")
 
 
-def _problem(place: str, info: os.stat_result, me: int,
-             trusted_gids: Collection[int]) -> Optional[Tuple[str, Optional[str]]]:
+def _problem(place: str, info: os.stat_result, me: int, trusted_gids: Collection[int],
+             shareable: bool = False) -> Optional[Tuple[str, Optional[str]]]:
     """Who besides this user and root could change ``place``, and the command that stops it (None: only
     another place will do); None when no one can."""
     mode = stat.S_IMODE(info.st_mode)
@@ -100,8 +102,9 @@ def _problem(place: str, info: os.stat_result, me: int,
             return (f"is writable by the users and groups its access-control list names (mode {mode:04o}, "
                     f"getfacl {place}), {others}", f"run chmod g-w {place}")
         if info.st_gid not in trusted_gids and not _only_mine(info.st_gid, me):
+            share = f", share the runs with that group (share_group={_group(info.st_gid)})" if shareable else ""
             return (f"is writable by group {_group(info.st_gid)} (mode {mode:04o}, no sticky bit), {others}",
-                    f"run chmod g-w {place}")
+                    f"run chmod g-w {place}{share}")
     return None
 
 
