@@ -155,7 +155,8 @@ def fault_lines(run_dir: Path, faults: List[Fault]) -> List[str]:
     lines = []
     for fault in faults:
         ended = next((e for e in found if e.get("event") == "attempt_ended" and e["time"] >= fault.at), None)
-        back = next((e for e in found if e.get("event") == "resumed" and ended and e["time"] > ended["time"]), None)
+        back = next((e for e in found if e.get("event") in ("resumed", "started") and ended  # from scratch: started
+                     and e["time"] > ended["time"]), None)
         why = ended and (ended.get("short") or ended.get("cause"))
         detected = (f"ended its attempt {ended['time'] - fault.at:.0f} s later ({ended.get('outcome')}"
                     f"{': ' + why if why else ''})") if ended else "never ended its attempt"

@@ -39,6 +39,12 @@ def start_daemon(pidfile: Path, argv: list[str], env: dict, log: Path) -> None:
     pidfile.write_text(f"{daemon.pid}\n")
 
 
+def back(cluster, node: str) -> None:
+    """Wait until a node whose slurmd was started again takes jobs (Slurm returns it to service)."""
+    wait_for(lambda: cluster.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip() in ("idle", "mixed"), 180,
+             f"{node} back")
+
+
 def progress(run_dir: Path) -> int:
     return max(losses(run_dir), default=0) if (run_dir / "metrics.jsonl").exists() else 0
 
@@ -52,14 +58,18 @@ def test_a_lost_node_is_named_left_out_and_the_run_completes_on_the_others(three
     nodes = cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
     victim = cluster.run("scontrol", "show", "hostnames", nodes).stdout.split()[1]  # not the batch host
     killed_at = time.time()
-    stop_daemon(state / "run" / f"slurmd-{victim}.pid")
-
-    lost = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 180, "lost attempt")[0]
-    second = next(e for e in events(run_dir) if e["event"] == "attempt" and e["attempt"] == 2)
-    assert (lost["outcome"], lost["node"], lost["exclude"]) == ("LOST", victim, [victim]), lost
-    assert f"node {victim} lost at step" in lost["cause"] and lost["short"] == f"{victim} lost"
-    assert victim not in cluster.run("scontrol", "show", "hostnames", second["nodes"]).stdout.split()
-    cluster.completes(job, run_dir, timeout=400)
+    pidfile = state / "run" / f"slurmd-{victim}.pid"
+    argv, env = stop_daemon(pidfile)
+    try:
+        lost = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 180, "lost attempt")[0]
+        second = next(e for e in events(run_dir) if e["event"] == "attempt" and e["attempt"] == 2)
+        assert (lost["outcome"], lost["node"], lost["exclude"]) == ("LOST", victim, [victim]), lost
+        assert f"node {victim} lost at step" in lost["cause"] and lost["short"] == f"{victim} lost"
+        assert victim not in cluster.run("scontrol", "show", "hostnames", second["nodes"]).stdout.split()
+        cluster.completes(job, run_dir, timeout=400)
+    finally:  # the next tests on this cluster need all three nodes
+        start_daemon(pidfile, argv, env, state / "log" / f"slurmd-{victim}.log")
+        back(cluster, victim)
     resumed = [e["step"] for e in events(run_dir) if e["event"] == "resumed"]
     assert len(resumed) == 1 and resumed[0] % 50 == 0 and progress(run_dir) == 900
     described = cluster.launcher("describe", "lost", root=tmp_path).stdout
@@ -90,6 +100,8 @@ def test_a_node_lost_with_its_ranks_before_slurm_notices_is_left_out_and_costs_n
     ends. The attempt's end asks the node itself (a probe step), names it LOST and retries without it, though
     the run has no retries to spend."""
     cluster, state = three
+    for node in cluster.nodes:  # its retry needs two nodes besides the one it loses
+        back(cluster, node)
     with slurmd_timeout(cluster, state, 120):
         job = launch(cluster, tmp_path, "name=gone", "gpus=4", "layout.nodes=2", "train.steps=900",
                      "train.checkpoint_every=50", "cluster.max_retries=0", defaults=RUN)
@@ -116,8 +128,7 @@ def test_a_node_lost_with_its_ranks_before_slurm_notices_is_left_out_and_costs_n
     second = [e for e in events(run_dir) if e["event"] == "attempt"][1]
     assert victim not in cluster.run("scontrol", "show", "hostnames", second["nodes"]).stdout.split()
     assert progress(run_dir) == 900
-    wait_for(lambda: cluster.run("sinfo", "-h", "-n", victim, "-o", "%T").stdout.strip() in ("idle", "mixed"), 120,
-             f"{victim} back")
+    back(cluster, victim)
 
 
 def test_a_retry_the_controller_refuses_is_the_run_final_cause(three, tmp_path):

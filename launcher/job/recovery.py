@@ -291,10 +291,16 @@ def requeue(run_dir: Path, job_id: str, step: int, events: List[dict]) -> Option
     return fields
 
 
+# A requeued job started within the second its old instance's credential was revoked is refused by slurmd ("Killing
+# non-startable batch JobId: Job credential revoked", then FAILED: seen in CI); a few seconds later it starts.
+REQUEUE_SETTLE_S = 3
+
+
 def start_at_once(job_id: str, within_s: float = 4.0) -> None:
-    """Once the requeued job is back in the queue, make it eligible now rather than at the begin time Slurm gives
-    it. Slurm ends this batch script a few seconds after the requeue (``KillWait``): this asks within that, and
-    gives up quietly, leaving Slurm's own begin time, when the job is not pending by then."""
+    """Once the requeued job is back in the queue, make it eligible in :data:`REQUEUE_SETTLE_S` rather than at
+    the begin time Slurm gives it. Slurm ends this batch script a few seconds after the requeue (``KillWait``):
+    this asks within that, and gives up quietly, leaving Slurm's own begin time, when the job is not pending by
+    then."""
     from launcher.slurm.client import Slurm, SlurmError
 
     deadline = time.monotonic() + within_s
@@ -302,7 +308,7 @@ def start_at_once(job_id: str, within_s: float = 4.0) -> None:
         state = queue_state(job_id)
         if state == "PENDING":
             try:
-                Slurm(None, timeout=5).start_now(job_id)
+                Slurm(None, timeout=5).start_in(job_id, REQUEUE_SETTLE_S)
             except SlurmError:
                 pass
         if state in ("PENDING", ""):  # done, or the queue cannot be asked
