@@ -86,13 +86,18 @@ def slurmd_timeout(cluster, state: Path, seconds: int):
     on a dead node's "idle" state for that long), its own after."""
     conf = state / "etc" / "slurm.conf"
     original = conf.read_text()
-    conf.write_text(re.sub(r"^SlurmdTimeout=\d+", f"SlurmdTimeout={seconds}", original, flags=re.M))
-    cluster.run("scontrol", "reconfigure")
+
+    def write(text: str) -> None:  # whole, by rename: a slurmd started meanwhile must never read it half-written
+        tmp = conf.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, conf)
+        cluster.run("scontrol", "reconfigure")
+
+    write(re.sub(r"^SlurmdTimeout=\d+", f"SlurmdTimeout={seconds}", original, flags=re.M))
     try:
         yield
     finally:
-        conf.write_text(original)
-        cluster.run("scontrol", "reconfigure")
+        write(original)
 
 
 def test_a_node_lost_with_its_ranks_before_slurm_notices_is_left_out_and_costs_no_retry(three, tmp_path):

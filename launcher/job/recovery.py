@@ -278,7 +278,7 @@ def requeue(run_dir: Path, job_id: str, step: int, events: List[dict]) -> Option
         while True:
             try:
                 Slurm(None, timeout=30).requeue(job_id)
-                start_at_once(job_id)
+                start_at_once(job_id, time.monotonic())
                 return None
             except SlurmError as err:
                 error = str(err)
@@ -292,23 +292,24 @@ def requeue(run_dir: Path, job_id: str, step: int, events: List[dict]) -> Option
 
 
 # A requeued job started within the second its old instance's credential was revoked is refused by slurmd ("Killing
-# non-startable batch JobId: Job credential revoked", then FAILED: seen in CI); a few seconds later it starts.
-REQUEUE_SETTLE_S = 3
+# non-startable batch JobId: Job credential revoked", then FAILED: seen in CI); two seconds later it starts.
+REQUEUE_SETTLE_S = 2.0
 
 
-def start_at_once(job_id: str, within_s: float = 4.0) -> None:
-    """Once the requeued job is back in the queue, make it eligible in :data:`REQUEUE_SETTLE_S` rather than at
-    the begin time Slurm gives it. Slurm ends this batch script a few seconds after the requeue (``KillWait``):
-    this asks within that, and gives up quietly, leaving Slurm's own begin time, when the job is not pending by
-    then."""
+def start_at_once(job_id: str, requeued: float, within_s: float = 4.0) -> None:
+    """Once the requeued job is back in the queue, make it eligible :data:`REQUEUE_SETTLE_S` after the requeue
+    (``requeued``, a monotonic time) rather than at the begin time Slurm gives it. Slurm ends this batch script
+    a few seconds after the requeue (``KillWait``): this asks within that, and gives up quietly, leaving Slurm's
+    own begin time, when the job is not pending by then. (A begin time set a few seconds ahead instead waits for
+    the backfill scheduler's tick, up to 30 s: the update at the moment wakes the main scheduler.)"""
     from launcher.slurm.client import Slurm, SlurmError
 
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < requeued + within_s:
         state = queue_state(job_id)
         if state == "PENDING":
+            time.sleep(max(0.0, requeued + REQUEUE_SETTLE_S - time.monotonic()))
             try:
-                Slurm(None, timeout=5).start_in(job_id, REQUEUE_SETTLE_S)
+                Slurm(None, timeout=5).start_now(job_id)
             except SlurmError:
                 pass
         if state in ("PENDING", ""):  # done, or the queue cannot be asked

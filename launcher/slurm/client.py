@@ -191,11 +191,11 @@ class Slurm:
         found = re.search(r"^SlurmdTimeout\s*=\s*(\d+)", self.run(["scontrol", "show", "config"]), re.M)
         return int(found.group(1)) if found else 0
 
-    def start_in(self, job_id: str, seconds: int) -> None:
-        """Make a pending job eligible ``seconds`` from now: Slurm gives a requeued job a begin time 10-30 s
-        ahead (the queue shows ``PD (BeginTime)``), which a run resuming from its checkpoint would only wait
-        out."""
-        self.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{seconds}"])
+    def start_now(self, job_id: str) -> None:
+        """Make a pending job eligible now (the update also wakes the scheduler): Slurm gives a requeued job a
+        begin time 10-30 s ahead (the queue shows ``PD (BeginTime)``), which a run resuming from its checkpoint
+        would only wait out."""
+        self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
 
     def set_comment(self, job_id: str, text: str) -> None:
         """The job's Comment, as squeue (``%k``) and sacct show it."""
