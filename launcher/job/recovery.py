@@ -30,7 +30,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence, TypeVar
+from typing import List, Optional, Sequence
 
 from launcher.core.dataset import DatasetError
 from launcher.core.heartbeats import Pulse, read_pulses
@@ -38,8 +38,6 @@ from launcher.core.rundir import append_event, last_metrics, read_events
 from launcher.job.attempts import NO_TORCH, Cause, attribute
 from launcher.slurm.output import srun_lost_nodes, srun_task_ends
 from launcher.status.attempt_log import AttemptLog
-
-T = TypeVar("T")
 
 
 # Exceptions that may pass on another try or another node: I/O, network, device and collective errors.
@@ -83,8 +81,7 @@ class Evidence:
                 stderr = f.read()
         lost = srun_lost_nodes(stderr)
         if attempt and attempt.get("nodes"):
-            probed = asked(lambda slurm: slurm.unanswering(job_id, attempt["nodes"]), [])  # a dead slurmd, found
-            lost += [node for node in probed if node not in lost]
+            lost += [node for node in unanswering(job_id, attempt["nodes"]) if node not in lost]
         return cls(stderr, read_pulses(run_dir, since=attempt.get("time") if attempt else None), lost)
 
 
@@ -197,7 +194,7 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     decision = decide(events, cause, cfg.cluster.max_retries, unwell, progressed=progressed, trained=began)
     if decision.retry:
         decision = schedulable(decision, events, unwell, partition_nodes(cfg.cluster.partition),
-                               read_plan(Path(run_dir)).nodes, asked(lambda slurm: slurm.slurmd_timeout_s(), 0))
+                               read_plan(Path(run_dir)).nodes, slurmd_timeout_s())
         try:
             new_job = submit_retry(Path(run_dir), decision.exclude, decision.begin_s)
         except RetryRefused as err:
@@ -305,45 +302,75 @@ def start_at_once(job_id: str, requeued: float, within_s: float = 4.0) -> None:
     a few seconds after the requeue (``KillWait``): this asks within that, and gives up quietly, leaving Slurm's
     own begin time, when the job is not pending by then. (A begin time set a few seconds ahead instead waits for
     the backfill scheduler's tick, up to 30 s: the update at the moment wakes the main scheduler.)"""
+    from launcher.slurm.client import Slurm, SlurmError
+
     while time.monotonic() < requeued + within_s:
         state = queue_state(job_id)
         if state == "PENDING":
             time.sleep(max(0.0, requeued + REQUEUE_SETTLE_S - time.monotonic()))
-            asked(lambda slurm: slurm.start_now(job_id), None)
+            try:
+                Slurm(None, timeout=5).start_now(job_id)
+            except SlurmError:
+                pass
         if state in ("PENDING", ""):  # done, or the queue cannot be asked
             return
         time.sleep(0.2)
 
 
-def asked(question: Callable[[Any], T], otherwise: T) -> T:
-    """Slurm's answer to ``question`` (a function of the job's cluster's client), or ``otherwise`` where Slurm
-    cannot be asked: the attempt is then judged on what else is known rather than not at all."""
+def queue_state(job_id: str) -> str:
+    """Slurm's state of this job in its queue ("" where the queue cannot be asked)."""
     from launcher.slurm.client import Slurm, SlurmError
 
     try:
-        return question(Slurm(None, timeout=15))
+        return next((row.state for row in Slurm(None, timeout=15).squeue() if row.job_id == job_id), "")
     except SlurmError:
-        return otherwise
-
-
-def queue_state(job_id: str) -> str:
-    """Slurm's state of this job in its queue ("" where the queue cannot be asked)."""
-    return asked(lambda slurm: next((row.state for row in slurm.squeue() if row.job_id == job_id), ""), "")
+        return ""
 
 
 def sick_nodes(nodelist: Optional[str]) -> List[str]:
     """The attempt's nodes that Slurm now holds down, drained or not responding."""
+    if not nodelist:
+        return []
+    from launcher.slurm.client import Slurm, SlurmError
     from launcher.slurm.output import unusable
 
-    states = asked(lambda slurm: slurm.node_states(nodelist), {}) if nodelist else {}
+    try:
+        states = Slurm(None, timeout=15).node_states(nodelist)
+    except SlurmError:
+        return []
     return sorted(node for node, state in states.items() if unusable(state))
+
+
+def unanswering(job_id: str, nodelist: str) -> List[str]:
+    """The attempt's nodes where Slurm can no longer start a task (launcher/slurm/client.py probes them)."""
+    from launcher.slurm.client import Slurm, SlurmError
+
+    try:
+        return Slurm(None).unanswering(job_id, nodelist)
+    except SlurmError:
+        return []
 
 
 def partition_nodes(partition: Optional[str]) -> List[str]:
     """Every node of the run's partition (the default one when it names none), up or down; [] when Slurm cannot
     say."""
-    return sorted({n.name for n in asked(lambda slurm: slurm.nodes(), [])
-                   if (n.partition == partition if partition else n.default)})
+    from launcher.slurm.client import Slurm, SlurmError
+
+    try:
+        nodes = Slurm(None, timeout=15).nodes()
+    except SlurmError:
+        return []
+    return sorted({n.name for n in nodes if (n.partition == partition if partition else n.default)})
+
+
+def slurmd_timeout_s() -> int:
+    """How long the controller waits before it marks a silent node down (0 when Slurm cannot say)."""
+    from launcher.slurm.client import Slurm, SlurmError
+
+    try:
+        return Slurm(None, timeout=15).slurmd_timeout_s()
+    except SlurmError:
+        return 0
 
 
 # How sure the run is that an excluded node is to blame, least sure first: a hung process may have hung on a healthy
