@@ -122,4 +122,5 @@ def test_a_refused_array_leaves_no_run_directory(tmp_path, monkeypatch, max_arra
     monkeypatch.setattr(submit, "check_cluster", lambda runs: [None] * len(runs))
     with pytest.raises(LaunchError, match="Invalid job array specification"):
         submit.launch(grid("train.lr=1e-3,2e-3"), sweep=True)
-    assert [p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")] == []
+    assert [p.name for p in (tmp_path / "runs").iterdir() if p.name != ".index"] == [".sweeps"]
+    assert list((tmp_path / "runs" / ".sweeps").iterdir()) == []

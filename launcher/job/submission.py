@@ -4,6 +4,7 @@ so that the batch script's recovery step (launcher/job/recovery.py) resubmits wi
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
@@ -57,7 +58,13 @@ def submit_array(cfg: RunConfig, plan: Plan, job_name: str, run_dirs: Sequence[P
         script = folder / f".submission_{secrets.token_hex(8)}.sh"
         script.write_text(array_script(cfg, plan, job_name, run_dirs, folder, mounts=[str(secrets_dir())]))
         slurm = for_cluster(cfg.cluster)
-        array_id = slurm.sbatch(script)
+        try:
+            array_id = slurm.sbatch(script)
+        except BaseException:
+            script.unlink()
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # the sweep's folder, unless another array of it is there
+            raise
         try:
             script.rename(folder / f"{array_id}_submission.sh")
             # After sbatch, as submitit does for its arrays: an element that starts first waits for its pickle.
