@@ -3,11 +3,13 @@ logs, record and status), and stop and delete act on one element or on the whole
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import yaml
 
-from helpers import runs_json, wait_status
+from helpers import events, rank_pids, runs_json, wait_for, wait_status
 
 TINY = ("model=gpt_tiny", "gpus=1")
 
@@ -67,3 +69,26 @@ def test_stop_of_one_element_leaves_the_others_running_and_the_sweep_stops_whole
     deleted = slurm.launcher("delete", "--yes", "--sweep", first["sweep"], root=tmp_path, timeout=120)
     assert deleted.returncode == 0, deleted.stderr
     assert runs_json(slurm, tmp_path) == {}
+
+
+def test_a_killed_rank_of_one_element_is_retried_as_a_plain_job_of_that_run(slurm, tmp_path):
+    """The element's attempt is judged from its own batch log (srun names the killed rank there), its retry is a
+    job of its own that the run's record follows, and the other element is not touched."""
+    res = slurm.launcher("-m", "model=gpt_tiny", "gpus=2", "train.steps=200", "train.log_every=10",
+                         "train.checkpoint_every=20", "train.lr=1e-3,2e-3", root=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr
+    victim, other = sweep_records(tmp_path)
+    run_dir = Path(victim["run_dir"])
+    wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
+    queue = slurm.run("squeue", "-h", "-O", "JobArrayID:|,JobID:|").stdout.splitlines()
+    own = next(line.split("|")[1] for line in queue if line.split("|")[0] == victim["job_id"])
+    os.kill(wait_for(lambda: rank_pids(own).get(1), 30, "rank 1"), signal.SIGKILL)
+
+    ended = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 60, "attempt end")[0]
+    assert (ended["outcome"], ended["rank"], ended["short"]) == ("FAILED", 1, "rank 1 killed"), ended
+    retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 30, "retry")[0]
+    assert "_" not in retry["job_id"] and json.loads((run_dir / "run.json").read_text())["job_id"] == retry["job_id"]
+    slurm.completes(retry["job_id"], run_dir, timeout=400)
+    for rec in (victim, other):
+        assert wait_status(slurm, tmp_path, rec["name"], {"COMPLETED", "FAILED"}, timeout=300)["status"] == "COMPLETED"
+    assert [e["event"] for e in events(Path(other["run_dir"]))].count("attempt") == 1
