@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from helpers import events, rank_pids, runs_json, wait_for, wait_status
+from helpers import events, preempt_after_a_checkpoint, rank_pids, runs_json, wait_for, wait_status
 
 TINY = ("model=gpt_tiny", "gpus=1")
 
@@ -74,8 +74,8 @@ def test_stop_of_one_element_leaves_the_others_running_and_the_sweep_stops_whole
 def test_a_killed_rank_of_one_element_is_retried_as_a_plain_job_of_that_run(slurm, tmp_path):
     """The element's attempt is judged from its own batch log (srun names the killed rank there), its retry is a
     job of its own that the run's record follows, and the other element is not touched."""
-    res = slurm.launcher("-m", "model=gpt_tiny", "gpus=2", "train.steps=200", "train.log_every=10",
-                         "train.checkpoint_every=20", "train.lr=1e-3,2e-3", root=tmp_path, timeout=120)
+    res = slurm.launcher("-m", "model=gpt_tiny", "gpus=2", "train.steps=100", "train.log_every=10",
+                         "train.checkpoint_every=10", "train.lr=1e-3,2e-3", root=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
     victim, other = sweep_records(tmp_path)
     run_dir = Path(victim["run_dir"])
@@ -92,3 +92,19 @@ def test_a_killed_rank_of_one_element_is_retried_as_a_plain_job_of_that_run(slur
     for rec in (victim, other):
         assert wait_status(slurm, tmp_path, rec["name"], {"COMPLETED", "FAILED"}, timeout=300)["status"] == "COMPLETED"
     assert [e["event"] for e in events(Path(other["run_dir"]))].count("attempt") == 1
+
+
+def test_a_preempted_element_is_requeued_as_itself_and_resumes(slurm, tmp_path):
+    """Slurm's USR2 to element 0: its ranks save, its batch shell requeues it (by its own job id, found in the
+    queue as the element it is), and it resumes under the same element name to completion."""
+    res = slurm.launcher("-m", *TINY, "train.steps=100", "train.log_every=10", "train.checkpoint_every=10",
+                         "train.lr=1e-3,2e-3", root=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr
+    preempted, other = sweep_records(tmp_path)
+    run_dir = Path(preempted["run_dir"])
+    preempt_after_a_checkpoint(slurm, (run_dir, preempted["job_id"]))
+    for rec in (preempted, other):
+        assert wait_status(slurm, tmp_path, rec["name"], {"COMPLETED", "FAILED"}, timeout=300)["status"] == "COMPLETED"
+    outcomes = [e["outcome"] for e in events(run_dir) if e["event"] == "attempt_ended"]
+    assert outcomes == ["REQUEUED", "COMPLETED"], outcomes
+    assert json.loads((run_dir / "run.json").read_text())["job_id"] == preempted["job_id"]  # the same element
