@@ -1,5 +1,5 @@
 """The launcher's benchmarks run in their quick modes and print their figures (scripts/bench_status.py,
-scripts/bench_launch.py). Nothing about speed is asserted: a shared machine's timings are no test's business;
+scripts/bench_launch.py, scripts/bench_sweep.py). Nothing about speed is asserted: a shared machine's timings are no test's business;
 that each benchmark still runs and says what it measured is."""
 from __future__ import annotations
 
@@ -45,3 +45,15 @@ def test_bench_launch_quick_on_a_cluster_times_both(slurm):
     lines = figures(bench("bench_launch.py", slurm.env))
     assert [line.split("  ")[0] for line in lines] == ["launcher dry_run=json", "launcher (real submission)"], lines
     assert all("import hydra, submitit" in line for line in lines), lines
+
+
+def test_bench_sweep_quick_without_a_cluster_says_it_skipped(tmp_path):
+    lines = bench("bench_sweep.py", {**os.environ, "SLURM_CONF": str(tmp_path / "no-such-slurm.conf")})
+    assert figures(lines) == [] and any(line.startswith("12-point grid submission") and "skipped" in line
+                                        for line in lines), lines
+
+
+@pytest.mark.slurm
+def test_bench_sweep_quick_on_a_cluster_times_a_grid_both_ways(slurm):
+    (line,) = figures(bench("bench_sweep.py", slurm.env))
+    assert "(12 sbatch)" in line and "(1 sbatch)" in line, line

@@ -26,7 +26,7 @@ TYPES = [
     (["force=1"], "force"), (["cluster.setup=abc"], "cluster.setup"), (["cluster.sbatch_flags=5"], "cluster.sbatch_flags"),
     (["train=5"], "train"), (["train.lr=null"], "train.lr"), (["model.name=null"], "model.name"),
     (["train.micro_batch=big"], "train.micro_batch"), (["train.micro_batch=1.5"], "train.micro_batch"),
-    (["dry_run=maybe"], "dry_run"), (["gpus=abc"], "gpus"),
+    (["dry_run=maybe"], "dry_run"), (["gpus=abc"], "gpus"), (["sweep.parallel=all"], "sweep.parallel"),
 ]  # fmt: skip
 RANGE = [
     (["train.lr=0"], "train.lr"), (["train.lr=-1"], "train.lr"), (["train.beta1=1"], "train.beta1"),
@@ -52,6 +52,7 @@ RANGE = [
     (["cluster.signal_delay_s=-1"], "cluster.signal_delay_s"), (["cluster.max_requeues=-1"], "cluster.max_requeues"),
     (["cluster.max_retries=-1"], "cluster.max_retries"), (["cluster.ssh_timeout_s=0"], "cluster.ssh_timeout_s"),
     (["cluster.time_limit_min=1", "cluster.signal_delay_s=60"], "cluster.signal_delay_s"),
+    (["sweep.parallel=0"], "sweep.parallel"), (["sweep.parallel=-1"], "sweep.parallel"),
 ]  # fmt: skip
 NON_FINITE = [
     (["train.lr=nan"], "train.lr"), (["train.lr=inf"], "train.lr"), (["train.lr=-inf"], "train.lr"),

@@ -10,8 +10,8 @@ import launcher
 
 from launcher.compose.runs import compose_runs
 from launcher.slurm.fit import explain_rejection, mem_mb, refusal
-from launcher.slurm.output import (Partition, SlurmError, field_rows, max_job_nodes, minutes, parse_nodes,
-                                   parse_sacct, parse_squeue, partitions_of, sbatch_reason)
+from launcher.slurm.output import (Partition, SlurmError, array_elements, field_rows, max_job_nodes, minutes,
+                                   parse_nodes, parse_sacct, parse_squeue, partitions_of, sbatch_reason)
 
 SINFO = """\
 a-node1|gpu*|gpu:h100:8(S:0-1)|gpu:h100:3(IDX:0-2)|mixed|64|512000|2-00:00:00|1-4|
@@ -51,11 +51,25 @@ def test_job_size_and_short_rows():
 
 
 def test_sacct_and_squeue_rows_by_name():
-    (row,) = parse_sacct("42|FAILED|None|1:0|2026-01-01T00:00:00|2026-01-01T00:01:00|00:01:00|n[1-2]\n")
+    (row,) = parse_sacct("42|42|FAILED|None|1:0|2026-01-01T00:00:00|2026-01-01T00:01:00|00:01:00|n[1-2]\n")
     assert (row.job_id, row.state, row.exit_code, row.nodes, row.elapsed, row.source) == \
         ("42", "FAILED", "1:0", "n[1-2]", "00:01:00", "sacct")
-    (row,) = parse_squeue("7|PENDING|JobHeldUser||N/A|0:00|\n")
+    (row,) = parse_squeue("7|7|PENDING|JobHeldUser||N/A|0:00|\n")
     assert (row.job_id, row.state, row.reason, row.start, row.source) == ("7", "PENDING", "JobHeldUser", "N/A", "squeue")
+
+
+def test_array_elements_are_rows_of_their_own_named_as_their_runs_records_name_them():
+    """A started element is ``123_4`` with a job id of its own; pending ones share a row, ``123_[5-7%2]``, which
+    stands for each of them (the record of element 6's run names ``123_6``)."""
+    rows = parse_squeue("123_4|127|RUNNING|None|n1|2026-01-01T00:00:00|0:05|\n"
+                        "123_[5-7%2]|123|PENDING|JobArrayTaskLimit||N/A|0:00|\n")
+    assert [(r.job_id, r.unique_id, r.state) for r in rows] == \
+        [("123_4", "127", "RUNNING"), ("123_5", "123", "PENDING"), ("123_6", "123", "PENDING"),
+         ("123_7", "123", "PENDING")]
+    rows = parse_sacct("123_0|124|COMPLETED|None|0:0|a|b|00:00:09|n1\n123_[1,3-4]|123|PENDING|None|0:0|||0:00|\n")
+    assert [(r.job_id, r.unique_id) for r in rows] == [("123_0", "124"), ("123_1", "123"), ("123_3", "123"),
+                                                        ("123_4", "123")]
+    assert array_elements("42") == ["42"] and array_elements("42_3") == ["42_3"]
 
 
 def test_sbatch_reason_is_slurms_words_alone():

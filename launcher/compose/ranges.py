@@ -86,4 +86,5 @@ RANGES: Dict[str, Range] = {
     "cluster.max_requeues": Range(0, zero="0: a preemption or time limit ends the run"),
     "cluster.max_retries": Range(0, zero="0: a failed attempt is not retried"),
     "cluster.ssh_timeout_s": POSITIVE,
+    "sweep.parallel": AT_LEAST_1,
 }

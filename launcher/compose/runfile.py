@@ -26,7 +26,7 @@ from launcher.compose.schema import check_option, field_type, gpu_count
 from launcher.errors import LaunchError
 
 # Keys a run file leaves out: they name or steer one submission, not the run.
-NOT_RECORDED = ("name", "dry_run", "force")
+NOT_RECORDED = ("name", "dry_run", "force", "sweep.parallel")
 
 _KEY = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_0-9][\w-]*)*")
 # A string Hydra reads back, unquoted, as the same string (not a number, bool, null, inf or nan).

@@ -217,6 +217,14 @@ class ClusterConfig:
 
 
 @dataclass
+class SweepConfig:
+    """How a grid sweep (``-m``) is submitted: its runs of one resource shape go as one Slurm job array
+    (launcher/submit/launch.py)."""
+
+    parallel: Optional[int] = None  # the most elements of one array running at once (sbatch --array=...%N); null: all
+
+
+@dataclass
 class RunConfig:
     """The root of every composed run."""
 
@@ -227,6 +235,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     name: Optional[str] = None
     run_root: str = f"${{oc.env:LAUNCHER_RUN_ROOT,'{DEFAULT_ROOT}'}}"
     # The run's files are its owner's alone unless this names a group to share them with (read-only):

@@ -95,8 +95,10 @@ def trained(since: List[dict], pulses: List[Pulse]) -> bool:
 
 
 def batch_log(run_dir: Path, job_id: str) -> Path:
-    """The batch script's stderr, where srun reports the tasks that ended badly (submitit's naming)."""
-    return Path(run_dir) / "submitit" / f"{job_id}_0_log.err"
+    """The batch script's stderr, where srun reports the tasks that ended badly (submitit's naming: a job array's
+    element ``123_4`` has ``123_4_0_log.err``, whatever its own job id; launcher/slurm/batch.py array_script)."""
+    element = [os.environ.get(name) for name in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID")]
+    return Path(run_dir) / "submitit" / f"{'_'.join(element) if all(element) else job_id}_0_log.err"
 
 
 def begin(run_dir: Path) -> dict:
@@ -318,11 +320,12 @@ def start_at_once(job_id: str, requeued: float, within_s: float = 4.0) -> None:
 
 
 def queue_state(job_id: str) -> str:
-    """Slurm's state of this job in its queue ("" where the queue cannot be asked)."""
+    """Slurm's state of this job (its own job id, an array element's too) in its queue ("" where the queue
+    cannot be asked)."""
     from launcher.slurm.client import Slurm, SlurmError
 
     try:
-        return next((row.state for row in Slurm(None, timeout=15).squeue() if row.job_id == job_id), "")
+        return next((row.state for row in Slurm(None, timeout=15).squeue() if row.unique_id == job_id), "")
     except SlurmError:
         return ""
 

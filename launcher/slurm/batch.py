@@ -23,7 +23,7 @@ from launcher.core.config import ClusterConfig, RunConfig
 from launcher.errors import LaunchError
 from launcher.core.plan import Plan
 from launcher.core.privacy import umask_line
-from launcher.core.rundir import code_dir
+from launcher.core.rundir import CODE, code_dir
 
 # Characters a Slurm option value needs (constraints use & | [ ] *, images : / #).
 _TOKEN = re.compile(r"[A-Za-z0-9._,:=@%/+#&|*\[\]-]+")
@@ -157,14 +157,10 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
     check_run_name(run_name)
     params = {**request_params(cfg, plan), "job_name": run_name, "comment": f"launcher:{run_name}"}
     if run_dir is not None:
-        recovery = f"{host_python(cfg.cluster)} -m launcher.job.recovery"
         where = shlex.quote(str(Path(run_dir).absolute()))
-        # The umask first: every file of the job (Slurm's output, logs, checkpoints) is the run's alike. The
-        # progress comment is set from here, the host, beside the ranks (launcher/job/progress.py).
-        params["setup"] = [umask_line(cfg.share_group), *params.get("setup", []), frozen_code_line(run_dir),
-                           f"{recovery} begin {where}",
-                           f"{host_python(cfg.cluster)} -m launcher.job.progress {where} &"]
-        params["teardown"] = [f"{recovery} end {where} $?"]
+        # The umask first: every file of the job (Slurm's output, logs, checkpoints) is the run's alike.
+        params["setup"] = [umask_line(cfg.share_group), *params.get("setup", []), *host_steps(cfg, where)]
+        params["teardown"] = [f"{host_python(cfg.cluster)} -m launcher.job.recovery end {where} $?"]
         inside = container_args(cfg, run_dir, mounts)
         outside = [arg for arg in params.get("srun_args", []) if not arg.startswith("--container-")]
         params["srun_args"] = ["--kill-on-bad-exit=1", *outside, *inside]
@@ -175,12 +171,58 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
     return params
 
 
+def host_steps(cfg: RunConfig, where: str) -> list:
+    """The setup lines, after the cluster's own, of the run whose directory the shell word ``where`` names: its
+    frozen code on PYTHONPATH, the attempt's record (launcher/job/recovery.py), and the progress comment, set
+    from here, the host, beside the ranks (launcher/job/progress.py)."""
+    python = host_python(cfg.cluster)
+    return [_frozen_code_export(where), f"{python} -m launcher.job.recovery begin {where}",
+            f"{python} -m launcher.job.progress {where} &"]
+
+
 def frozen_code_line(run_dir: Path) -> str:
     """The setup line that makes the job import the run's frozen code (launcher/submit/freeze.py): its copy first on
     PYTHONPATH, and PYTHONSAFEPATH so that ``python -m`` does not put the working directory (often the
     checkout the job was submitted from) before it."""
-    code = shlex.quote(str(code_dir(run_dir)))
-    return f"export PYTHONPATH={code}${{PYTHONPATH:+:$PYTHONPATH}} PYTHONSAFEPATH=1"
+    return _frozen_code_export(shlex.quote(str(code_dir(run_dir).parent)))
+
+
+def _frozen_code_export(where: str) -> str:
+    """:func:`frozen_code_line` for the run directory the shell word ``where`` names."""
+    return f"export PYTHONPATH={where}/{CODE}${{PYTHONPATH:+:$PYTHONPATH}} PYTHONSAFEPATH=1"
+
+
+# The shell word that holds an array element's run directory in the batch script of a job array.
+ELEMENT_DIR = '"$RUN_DIR"'
+
+
+def array_script(cfg: RunConfig, plan: Plan, job_name: str, run_dirs: Sequence[Path], folder: Path,
+                 mounts: Sequence[str] = ()) -> str:
+    """The sbatch script of one job array whose element ``i`` runs the run in ``run_dirs[i]``, at most
+    ``cfg.sweep.parallel`` at once; the runs share ``cfg``'s request (launcher/submit/launch.py groups them by
+    this script, given no run directory).
+
+    Slurm writes an array's ``--output`` by pattern, which cannot name a run directory: Slurm's own lines go to
+    ``folder`` (the sweep's), and the element's first line finds its run directory by ``SLURM_ARRAY_TASK_ID``
+    and sends the batch shell's output to that run's files, as submitit names an element's (``123_4_0_log.err``
+    in ``RUN/submitit``). From there it is a run's job as :func:`executor_params` writes one: the same steps
+    around srun, with ``$RUN_DIR`` for the directory, and the ranks' files and submitit's pickle in the run's own
+    submitit folder (launcher/job/submission.py writes the pickles)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    params = executor_params(cfg, plan, job_name)
+    elements = " ".join(shlex.quote(str(Path(run_dir).absolute())) for run_dir in run_dirs)
+    own = f'"$RUN_DIR/submitit/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}_0_log'
+    setup = [umask_line(cfg.share_group), f"RUN_DIRS=({elements}) && RUN_DIR=${{RUN_DIRS[$SLURM_ARRAY_TASK_ID]}}",
+             f'exec >>{own}.out" 2>>{own}.err"', *params.pop("setup"), *host_steps(cfg, ELEMENT_DIR)]
+    folders = [f'"$RUN_DIR/submitit/%A_%a_%t_log.{kind}"' for kind in ("out", "err")]
+    srun = " ".join(["srun --unbuffered --output", folders[0], "--error", folders[1], "--kill-on-bad-exit=1",
+                     *map(shlex.quote, params.pop("srun_args", []))])
+    command = f"{srun} {task_python(cfg.cluster)} -u -m submitit.core._submit \"$RUN_DIR/submitit\""
+    return _make_sbatch_string(command=command, folder=Path(folder).absolute(), use_srun=False, setup=setup,
+                               teardown=[f"{host_python(cfg.cluster)} -m launcher.job.recovery end {ELEMENT_DIR} $?"],
+                               map_count=max(1, len(run_dirs)), array_parallelism=cfg.sweep.parallel or len(run_dirs),
+                               **params)
 
 
 def render_sbatch(cfg: RunConfig, plan: Plan, run_name: str, folder: str | Path, mounts: Sequence[str] = ()) -> str:

@@ -51,7 +51,8 @@ class Slurm:
 
     @property
     def env(self) -> Dict[str, str]:
-        env = dict(os.environ)
+        # A row of pending array elements (``123_[5-11%2]``) in full, not cut at 64 characters.
+        env = {**os.environ, "SLURM_BITSTR_LEN": "0"}
         if self.conf:
             env["SLURM_CONF"] = self.conf
         return env
@@ -188,8 +189,15 @@ class Slurm:
 
     def slurmd_timeout_s(self) -> int:
         """The controller's SlurmdTimeout: how long a node may stay silent before Slurm marks it down."""
-        found = re.search(r"^SlurmdTimeout\s*=\s*(\d+)", self.run(["scontrol", "show", "config"]), re.M)
-        return int(found.group(1)) if found else 0
+        return self._config_number("SlurmdTimeout", 0)
+
+    def max_array_size(self) -> int:
+        """The controller's MaxArraySize: a job array's indices must be below it (0: no job arrays)."""
+        return self._config_number("MaxArraySize", 1001)  # Slurm's default
+
+    def _config_number(self, name: str, default: int) -> int:
+        found = re.search(rf"^{name}\s*=\s*(\d+)", self.run(["scontrol", "show", "config"]), re.M)
+        return int(found.group(1)) if found else default
 
     def start_now(self, job_id: str) -> None:
         """Make a pending job eligible now (the update also wakes the scheduler): Slurm gives a requeued job a

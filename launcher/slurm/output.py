@@ -128,7 +128,11 @@ def partitions_of(nodes: List[Node]) -> List[Partition]:
 
 @dataclass(frozen=True)
 class JobRow:
-    """A job as sacct or squeue reports it, in Slurm's words (launcher/status/job_state.py folds them)."""
+    """A job as sacct or squeue reports it, in Slurm's words (launcher/status/job_state.py folds them).
+
+    ``job_id`` is the job's name in Slurm's commands and in a run's record: ``123``, or ``123_4`` for element 4
+    of job array 123. ``unique_id`` is the number in the job's own ``SLURM_JOB_ID`` (an element has one of its
+    own once it starts; the same as ``job_id`` for a job that is no array's)."""
 
     job_id: str
     state: str
@@ -139,20 +143,37 @@ class JobRow:
     elapsed: str = ""
     exit_code: str = ""
     source: str = ""
+    unique_id: str = ""
 
 
-SACCT_FIELDS = ("JobID", "State", "Reason", "ExitCode", "Start", "End", "Elapsed", "NodeList")
-SQUEUE_FIELDS = ("JobID", "State", "Reason", "NodeList", "StartTime", "TimeUsed")
+SACCT_FIELDS = ("JobID", "JobIDRaw", "State", "Reason", "ExitCode", "Start", "End", "Elapsed", "NodeList")
+# squeue's JobArrayID is what sacct calls JobID (``123_4``), its JobID what sacct calls JobIDRaw.
+SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "Reason", "NodeList", "StartTime", "TimeUsed")
 
 
 def parse_sacct(out: str) -> List[JobRow]:
-    return [JobRow(r["JobID"], r["State"], r["Reason"], r["NodeList"], r["Start"], r["End"], r["Elapsed"],
-                   r["ExitCode"], "sacct") for r in field_rows(out, SACCT_FIELDS)]
+    return [JobRow(element, r["State"], r["Reason"], r["NodeList"], r["Start"], r["End"], r["Elapsed"],
+                   r["ExitCode"], "sacct", r["JobIDRaw"])
+            for r in field_rows(out, SACCT_FIELDS) for element in array_elements(r["JobID"])]
 
 
 def parse_squeue(out: str) -> List[JobRow]:
-    return [JobRow(r["JobID"], r["State"], r["Reason"], r["NodeList"], r["StartTime"], "", r["TimeUsed"], "",
-                   "squeue") for r in field_rows(out, SQUEUE_FIELDS)]
+    return [JobRow(element, r["State"], r["Reason"], r["NodeList"], r["StartTime"], "", r["TimeUsed"], "",
+                   "squeue", r["JobID"])
+            for r in field_rows(out, SQUEUE_FIELDS) for element in array_elements(r["JobArrayID"])]
+
+
+# A job array's elements that have not started, on one row: ``123_[5-11%2]``, ``123_[1,3,7-9]``.
+_PENDING_ELEMENTS = re.compile(r"(?P<array>\d+)_\[(?P<indices>[\d,-]+)(%\d+)?\]")
+
+
+def array_elements(job_id: str) -> List[str]:
+    """The jobs one row of sacct or squeue stands for: itself, or each element of a row of pending array
+    elements (``123_[5-7%2]`` is ``123_5``, ``123_6``, ``123_7``), as each element's record names it."""
+    match = _PENDING_ELEMENTS.fullmatch(job_id)
+    if not match:
+        return [job_id]
+    return [f"{match['array']}_{index}" for index in expand_ranks(match["indices"])]
 
 
 def sbatch_reason(stderr: str) -> str:

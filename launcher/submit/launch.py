@@ -26,7 +26,8 @@ from launcher.status.index import (RunRecord, base_name, create_run_dir, default
                                    save_record)
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
 from launcher.slurm.fit import explain_rejection, refusal
-from launcher.job.submission import submit_job
+from launcher.job.submission import submit_array, submit_job
+from launcher.slurm.batch import array_script
 from launcher.submit.freeze import dirty_note, freeze, source_state
 from launcher.slurm.client import Partition, SlurmError, for_cluster, slurm_conf_for
 
@@ -42,9 +43,11 @@ class Launched:
 
 
 def launch(runs: List[ComposedRun], sweep: bool) -> Launched:
-    """Submit every run (one Slurm job each) and return what was submitted."""
+    """Submit every run and return what was submitted: a sweep's runs of one resource shape as one job array
+    (:func:`arrays`), every other run as a Slurm job of its own."""
     for missing in filter(None, (tracker_missing(run.config.tracking.backend) for run in runs)):
         raise LaunchError(missing)
+    sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}" if sweep else None
     try:
         for run in runs:
             group_id(run.config.share_group)
@@ -53,11 +56,41 @@ def launch(runs: List[ComposedRun], sweep: bool) -> Launched:
         for root in set(roots) - {default_root()}:
             remember_root(root)  # so that `launcher runs` lists its runs without --root
         parts = check_cluster(runs)
+        batches = arrays(runs, roots, sweep_id) if sweep_id else [[index] for index in range(len(runs))]
     except (SlurmError, PermissionError, ValueError) as err:
         raise LaunchError(str(err)) from None
-    sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}" if sweep else None
-    records = [submit_one(run, root, sweep_id, part) for run, root, part in zip(runs, roots, parts)]
-    return Launched(records, sweep_id, dirty_note(source_state()))
+    records: Dict[int, RunRecord] = {}
+    for batch in batches:
+        first = batch[0]
+        if len(batch) == 1:
+            records[first] = submit_one(runs[first], roots[first], sweep_id, parts[first])
+        else:
+            records.update(zip(batch, submit_elements([runs[i] for i in batch], roots[first], sweep_id, parts[first])))
+    return Launched([records[index] for index in range(len(runs))], sweep_id, dirty_note(source_state()))
+
+
+# Under a run root, beside its runs: each sweep's own directory, with its job arrays' scripts and what Slurm
+# writes for an element before the element finds its run. Listings skip it, as every name with a dot.
+SWEEPS = ".sweeps"
+
+
+def arrays(runs: List[ComposedRun], roots: List[Path], sweep_id: str) -> List[List[int]]:
+    """The runs of a sweep (by index) that each job array holds: those on one cluster whose array script would be
+    the same but for the run directories (the same request, root, interpreter and ``sweep.parallel``), in pieces
+    of the cluster's MaxArraySize (0: no arrays). A run alone in its shape, or in a container (whose work
+    directory is its run's), is a job of its own (a batch of one)."""
+    shapes: Dict[tuple, List[int]] = {}
+    for index, (run, root) in enumerate(zip(runs, roots)):
+        cfg = run.config
+        shape = (index,) if cfg.cluster.container.image is not None else (
+            for_cluster(cfg.cluster).conf, cfg.sweep.parallel, cfg.cluster.max_requeues,
+            array_script(cfg, run.plan, sweep_id, [], root / SWEEPS / sweep_id))
+        shapes.setdefault(shape, []).append(index)
+    batches = []
+    for indices in shapes.values():
+        size = max(1, for_cluster(runs[indices[0]].config.cluster).max_array_size()) if len(indices) > 1 else 1
+        batches += [indices[start:start + size] for start in range(0, len(indices), size)]
+    return batches
 
 
 def check_cluster(runs: List[ComposedRun]) -> List[Partition]:
@@ -96,26 +129,68 @@ def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Opti
 
 def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition]) -> RunRecord:
     cfg, plan = run.config, run.plan
+    run_dir = new_run_dir(run, root)
     try:
-        run_dir = create_run_dir(root, cfg.name or base_name(plan.model, plan.gpus), explicit=cfg.name is not None)
-    except FileExistsError as err:
-        raise LaunchError(str(err)) from None
-    name = run_dir.name
-    try:
-        protect_dir(run_dir, cfg.share_group)
-        write_run_files(run, run_dir)
-        freeze(run_dir)  # what the job and its requeues import, whatever happens to the checkout meanwhile
+        prepare(run, run_dir)
         job_id = submit_job(cfg, plan, run_dir)
     except Exception as err:
         shutil.rmtree(run_dir, ignore_errors=True)
-        if isinstance(err, LaunchError):
-            raise
-        if isinstance(err, SlurmError):
-            raise LaunchError(explain_rejection(str(err), plan, cfg.cluster, part)) from None
-        raise LaunchError(f"submitting {name} failed: {last_line(err)}") from None
-    shutil.copyfile(run_dir / "submitit" / f"{job_id}_submission.sh", run_dir / "sbatch.sh")
+        raise refused(err, run, part, run_dir.name) from None
+    return recorded(run, run_dir, job_id, sweep_id, run_dir / "submitit" / f"{job_id}_submission.sh")
+
+
+def submit_elements(runs: List[ComposedRun], root: Path, sweep_id: str, part: Optional[Partition]) -> List[RunRecord]:
+    """Create the runs' directories and submit them as one job array (launcher/job/submission.py submit_array);
+    each run's record names its element (``123_4``). On failure every directory is removed."""
+    cfg, plan = runs[0].config, runs[0].plan
+    folder = root / SWEEPS / sweep_id
+    with run_umask(cfg.share_group):
+        share_root(root, cfg.share_group)
+        run_dirs: List[Path] = []
+        try:
+            for run in runs:
+                run_dirs.append(new_run_dir(run, root))
+                prepare(run, run_dirs[-1])
+            array_id = submit_array(cfg, plan, sweep_id, run_dirs, folder)
+        except Exception as err:
+            for run_dir in run_dirs:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise refused(err, runs[0], part, sweep_id) from None
+        return [recorded(run, run_dir, f"{array_id}_{index}", sweep_id, folder / f"{array_id}_submission.sh")
+                for index, (run, run_dir) in enumerate(zip(runs, run_dirs))]
+
+
+def new_run_dir(run: ComposedRun, root: Path) -> Path:
+    """The run's new directory in ``root``, named by ``name=`` or after its model and GPUs."""
+    cfg, plan = run.config, run.plan
+    try:
+        return create_run_dir(root, cfg.name or base_name(plan.model, plan.gpus), explicit=cfg.name is not None)
+    except FileExistsError as err:
+        raise LaunchError(str(err)) from None
+
+
+def prepare(run: ComposedRun, run_dir: Path) -> None:
+    """Everything of a run's directory its job reads: private to its owner (or group), its files, its code."""
+    protect_dir(run_dir, run.config.share_group)
+    write_run_files(run, run_dir)
+    freeze(run_dir)  # what the job and its requeues import, whatever happens to the checkout meanwhile
+
+
+def refused(err: Exception, run: ComposedRun, part: Optional[Partition], what: str) -> LaunchError:
+    """The one line a failed submission ends the launch with: Slurm's reason, explained where it can be."""
+    if isinstance(err, LaunchError):
+        return err
+    if isinstance(err, SlurmError):
+        return LaunchError(explain_rejection(str(err), run.plan, run.config.cluster, part))
+    return LaunchError(f"submitting {what} failed: {last_line(err)}")
+
+
+def recorded(run: ComposedRun, run_dir: Path, job_id: str, sweep_id: Optional[str], script: Path) -> RunRecord:
+    """Record the submitted run: its ``sbatch.sh`` (a copy of ``script``), ``run.json`` and its first event."""
+    cfg, plan = run.config, run.plan
+    shutil.copyfile(script, run_dir / "sbatch.sh")
     record = RunRecord(
-        name=name, run_dir=str(run_dir), model=plan.model, gpus=plan.gpus, nodes=plan.nodes,
+        name=run_dir.name, run_dir=str(run_dir), model=plan.model, gpus=plan.gpus, nodes=plan.nodes,
         gpus_per_node=plan.gpus_per_node, steps=cfg.train.steps, cluster=cfg.cluster.name,
         submitted_at=time.time(), job_id=job_id, sweep=sweep_id,
         slurm_conf=slurm_conf_for(cfg.cluster.name, cfg.cluster.slurm_conf), argv=list(sys.argv[1:]),
