@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import OmegaConf
 
@@ -43,6 +43,15 @@ class Launched:
 
 def launch(runs: List[ComposedRun], sweep: bool) -> Launched:
     """Submit every run (one Slurm job each) and return what was submitted."""
+    roots, parts = check_runs(runs)
+    sweep_id = new_sweep_id() if sweep else None
+    records = [submit_one(run, root, sweep_id, part) for run, root, part in zip(runs, roots, parts)]
+    return Launched(records, sweep_id, dirty_note(source_state()))
+
+
+def check_runs(runs: List[ComposedRun]) -> Tuple[List[Path], List[Partition]]:
+    """Every check that can refuse the runs' submission, for all of them before any is submitted (a LaunchError
+    in one line); returns each run's root, created if needed, and partition."""
     for missing in filter(None, (tracker_missing(run.config.tracking.backend) for run in runs)):
         raise LaunchError(missing)
     try:
@@ -52,12 +61,14 @@ def launch(runs: List[ComposedRun], sweep: bool) -> Launched:
         roots = [ensure_root(run.config.run_root, run.config.share_group) for run in runs]
         for root in set(roots) - {default_root()}:
             remember_root(root)  # so that `launcher runs` lists its runs without --root
-        parts = check_cluster(runs)
+        return roots, check_cluster(runs)
     except (SlurmError, PermissionError, ValueError) as err:
         raise LaunchError(str(err)) from None
-    sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}" if sweep else None
-    records = [submit_one(run, root, sweep_id, part) for run, root, part in zip(runs, roots, parts)]
-    return Launched(records, sweep_id, dirty_note(source_state()))
+
+
+def new_sweep_id() -> str:
+    """The id of a sweep (a grid's runs, or a search's trials), as run.json records it."""
+    return f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def check_cluster(runs: List[ComposedRun]) -> List[Partition]:
@@ -87,14 +98,17 @@ def check_fits(run: ComposedRun, part: Partition) -> None:
         raise SlurmError(message)
 
 
-def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition] = None) -> RunRecord:
-    """Create the run's directory, submit its job, and record it; on failure remove the directory."""
+def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition] = None,
+               files: Optional[Mapping[str, Any]] = None) -> RunRecord:
+    """Create the run's directory, submit its job, and record it; on failure remove the directory. ``files``:
+    more JSON files of the run's, written before its job can start (a search trial's trial.json)."""
     with run_umask(run.config.share_group):
         share_root(root, run.config.share_group)
-        return _submit_one(run, root, sweep_id, part)
+        return _submit_one(run, root, sweep_id, part, files or {})
 
 
-def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition]) -> RunRecord:
+def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition],
+                files: Mapping[str, Any]) -> RunRecord:
     cfg, plan = run.config, run.plan
     try:
         run_dir = create_run_dir(root, cfg.name or base_name(plan.model, plan.gpus), explicit=cfg.name is not None)
@@ -104,6 +118,8 @@ def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Opt
     try:
         protect_dir(run_dir, cfg.share_group)
         write_run_files(run, run_dir)
+        for file, data in files.items():
+            write_json_atomic(run_dir / file, data)
         freeze(run_dir)  # what the job and its requeues import, whatever happens to the checkout meanwhile
         job_id = submit_job(cfg, plan, run_dir)
     except Exception as err:
