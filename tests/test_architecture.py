@@ -30,6 +30,7 @@ LAYERS: List[Set[str]] = [
     {"launcher.compose", "launcher.status"},
     {"launcher.job", "launcher.forecast"},
     {"launcher.submit"},
+    {"launcher.search"},  # searches: compose and submit trials, at the launch and from a trial's last step
     {"launcher.remote"},  # clusters over SSH: ships the code and submits there through submit/
     {"launcher.commands"},
     {"launcher.cli", "launcher.__main__"},
