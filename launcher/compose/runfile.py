@@ -25,8 +25,9 @@ from launcher.compose.catalog import CUSTOM_GPUS, GROUPS
 from launcher.compose.schema import check_option, field_type, gpu_count
 from launcher.errors import LaunchError
 
-# Keys a run file leaves out: they name or steer one submission, not the run.
-NOT_RECORDED = ("name", "dry_run", "force")
+# Keys a run file leaves out: they name or steer one submission, not the run (a search's trial is a plain run,
+# whose run.yaml runs it again alone).
+NOT_RECORDED = ("name", "dry_run", "force", "search")
 
 _KEY = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_0-9][\w-]*)*")
 # A string Hydra reads back, unquoted, as the same string (not a number, bool, null, inf or nan).
