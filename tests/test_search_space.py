@@ -106,3 +106,14 @@ def test_a_run_file_holds_the_space_as_search_params(root, tmp_path, capsys):
     assert cli.main(["-m", "-f", str(path)]) == 2
     assert "search.params.train.lr must be an expression" in capsys.readouterr().err
     assert list(root.iterdir()) == []
+
+
+def test_what_a_job_could_resolve_otherwise_is_pinned_as_the_launch_composed_it(root, tmp_path, monkeypatch):
+    """A trial composed in a job's last step sees another environment and current directory, and the frozen code's
+    conf/: the run root, the slurm.conf and a relative data.path are fixed as the launch resolved them."""
+    from launcher.search.launch import check_search, pinned
+
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    checked = check_search(["search=optuna", LR, "train.steps=3", "run_root=elsewhere"], multirun=True)
+    assert pinned(checked.space, checked.corners, root).fixed == (
+        "train.steps=3", f"run_root={root}", f"cluster.slurm_conf={tmp_path / 'slurm.conf'}")

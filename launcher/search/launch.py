@@ -75,10 +75,30 @@ def compose_corner(space: Space, point: Dict[str, Any], with_settings: bool = Fa
         raise LaunchError(f"at the corner [{where}] of the search space: {err.message}") from None
 
 
+# Values a trial composed in a job could resolve otherwise than the launch did: from the environment or the current
+# directory there ($LAUNCHER_RUN_ROOT, $SLURM_CONF, a relative data.path), or relative to the frozen code's conf/.
+PINNED = ("run_root", "cluster.slurm_conf", "data.path")
+
+
+def pinned(space: Space, corners: List["ComposedRun"], root: Path) -> Space:
+    """The space with the PINNED settings every corner agrees on fixed at their values as composed at the launch
+    (the run root as created), so that every trial, wherever it is composed, is the run the launch checked."""
+    from operator import attrgetter
+
+    from launcher.compose.runfile import hydra_value, key_of
+
+    values = {"run_root": str(root)}
+    for key in PINNED[1:]:
+        found = {attrgetter(key)(run.config) for run in corners}
+        if len(found) == 1 and None not in found:
+            values[key] = found.pop()
+    fixed = [line for line in space.fixed if key_of(line) not in values]
+    return replace(space, fixed=(*fixed, *(f"{key}={hydra_value(value)}" for key, value in values.items())))
+
+
 def start_search(checked: Checked) -> Started:
     """Make the study in the corners' run root and submit the first trials; nothing is left of the study when
     the first cannot be submitted."""
-    from launcher.compose.runfile import hydra_value
     from launcher.search.study import Search, create
     from launcher.search.submission import submit_trial
     from launcher.search.trials import start
@@ -87,10 +107,8 @@ def start_search(checked: Checked) -> Started:
     roots, _ = check_runs(checked.corners)
     if len(set(roots)) > 1:
         raise LaunchError(f"a search keeps its trials in one run root; its corners go to {', '.join(map(str, roots))}")
-    space = checked.space
-    pinned = replace(space, fixed=(*(line for line in space.fixed if not line.startswith("run_root=")),
-                                   f"run_root={hydra_value(str(roots[0]))}"))  # the trials composed in jobs too
-    search = Search(new_sweep_id(), str(roots[0]), pinned, checked.settings, time.time())
+    space = pinned(checked.space, checked.corners, roots[0])
+    search = Search(new_sweep_id(), str(roots[0]), space, checked.settings, time.time())
     path = create(search)
     try:
         submitted = start(path, submit_trial)
