@@ -79,9 +79,11 @@ def load(path: Path) -> Search:
 
 def storage(path: Path) -> Any:
     """Optuna's journal file storage of the study in ``path``, locked without symlinks."""
+    import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the launch's output and the batch log are the run's
     journal = str(Path(path) / JOURNAL)
     return JournalStorage(JournalFileBackend(journal, lock_obj=JournalFileOpenLock(journal)))
 
@@ -91,7 +93,6 @@ def open_study(path: Path, search: Search) -> Any:
     while others run are not drawn at the same point."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the batch log is for the run, not Optuna's chatter
     sampler = optuna.samplers.TPESampler(constant_liar=True)
     return optuna.load_study(study_name=search.id, storage=storage(path), sampler=sampler)
 
