@@ -117,3 +117,18 @@ def test_what_a_job_could_resolve_otherwise_is_pinned_as_the_launch_composed_it(
     checked = check_search(["search=optuna", LR, "train.steps=3", "run_root=elsewhere"], multirun=True)
     assert pinned(checked.space, checked.corners, root).fixed == (
         "train.steps=3", f"run_root={root}", f"cluster.slurm_conf={tmp_path / 'slurm.conf'}")
+
+
+def test_a_launch_whose_first_trial_is_refused_leaves_no_study(root, monkeypatch):
+    from launcher.search import launch, submission
+    from launcher.submit import launch as submitting
+
+    def refused(search, number, values):
+        raise LaunchError("sbatch: error: Batch job submission failed: Requested node configuration is not available")
+
+    monkeypatch.setattr(submitting, "check_runs", lambda runs: ([root] * len(runs), [None] * len(runs)))
+    monkeypatch.setattr(submission, "submit_trial", refused)
+    checked = launch.check_search(["search=optuna", LR], multirun=True)
+    with pytest.raises(LaunchError, match="node configuration is not available"):
+        launch.start_search(checked)
+    assert list(root.iterdir()) == []

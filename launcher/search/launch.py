@@ -114,5 +114,9 @@ def start_search(checked: Checked) -> Started:
         submitted = start(path, submit_trial)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
+        try:
+            path.parent.rmdir()  # .sweeps, when this was its only search
+        except OSError:
+            pass
         raise
     return Started(search.id, path, submitted)
