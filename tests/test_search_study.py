@@ -79,7 +79,8 @@ def test_a_failed_trial_is_told_with_its_cause_and_too_many_end_the_search(tmp_p
     assert "invalid partition" in study.trials[2].user_attrs["cause"] and "ended" not in study.user_attrs
     # A third failure is more than search.max_failures=2: the search ends with that cause, asking for no more.
     assert report(path, 1, Result(None, "stopped: its job was cancelled"), submit) == []
-    assert open_study(path, load(path)).user_attrs["ended"] == "3 trials failed, more than search.max_failures=2"
+    assert open_study(path, load(path)).user_attrs["ended"] == ("3 trials failed, more than search.max_failures=2; "
+                                                                "the last: trial 1 stopped: its job was cancelled")
     assert report(path, 3, Result(0.5), submit) == [] and report(path, 3, Result(0.7), submit) == []  # told once
     assert open_study(path, load(path)).trials[3].value == 0.5 and submit.numbers == [0, 1, 3]
 

@@ -94,7 +94,7 @@ def report(path: Path, number: int, result: Result, submit: Submit) -> List[int]
 def ask_owed(study: Any, search: Search, submit: Submit, strict: bool = False) -> List[int]:
     """Ask for and submit the trials owed (the caller holds the lock). A trial that cannot be submitted is
     failed with why, and the next one asked for (``strict``: the first one's LaunchError is raised instead).
-    When the search has ended, the study records why, once."""
+    When the search has ended, the study records why, once (ended by failures: with the last one's cause)."""
     from optuna.trial import TrialState
 
     distributions = {param.key: param.distribution() for param in search.space.params}
@@ -113,6 +113,10 @@ def ask_owed(study: Any, search: Search, submit: Submit, strict: bool = False) -
         submitted.append(trial.number)
     end = ended_because(tally_of(study), search.settings)
     if end and "ended" not in study.user_attrs:
+        failed = sorted((t for t in study.get_trials(deepcopy=False) if t.state == TrialState.FAIL),
+                        key=lambda t: t.datetime_complete)
+        if failed and tally_of(study).failed > search.settings.failures_allowed():
+            end += f"; the last: trial {failed[-1].number} {failed[-1].user_attrs.get('cause', '')}"
         study.set_user_attr("ended", end)
     return submitted
 
