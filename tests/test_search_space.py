@@ -110,13 +110,20 @@ def test_a_run_file_holds_the_space_as_search_params(root, tmp_path, capsys):
 
 def test_what_a_job_could_resolve_otherwise_is_pinned_as_the_launch_composed_it(root, tmp_path, monkeypatch):
     """A trial composed in a job's last step sees another environment and current directory, and the frozen code's
-    conf/: the run root, the slurm.conf and a relative data.path are fixed as the launch resolved them."""
+    conf/: a relative data.path is made absolute (as run.yaml records it), and the run root and slurm.conf become
+    the environment trials are composed in, so that a trial's run.yaml is a plain run's."""
     from launcher.search.launch import check_search, pinned
 
+    from dataclasses import replace
+
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
-    checked = check_search(["search=optuna", LR, "train.steps=3", "run_root=elsewhere"], multirun=True)
-    assert pinned(checked.space, checked.corners, root).fixed == (
-        "train.steps=3", f"run_root={root}", f"cluster.slurm_conf={tmp_path / 'slurm.conf'}")
+    checked = check_search(["search=optuna", LR, "train.steps=3"], multirun=True)
+    for corner in checked.corners:  # as composed from data.path=tokens typed in tmp_path
+        corner.config.data.path = str(tmp_path / "tokens.bin")
+    typed = replace(checked.space, fixed=(*checked.space.fixed, "data.path=tokens.bin"))
+    space, environment = pinned(typed, checked.corners, root)
+    assert space.fixed == ("train.steps=3", f"data.path={tmp_path / 'tokens.bin'}")
+    assert environment == {"LAUNCHER_RUN_ROOT": str(root), "SLURM_CONF": str(tmp_path / "slurm.conf")}
 
 
 def test_a_launch_whose_first_trial_is_refused_leaves_no_study(root, monkeypatch):

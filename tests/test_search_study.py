@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 def make_search(root: Path, trials: int = 3, parallel: int = 2, max_failures=None) -> Path:
     space = read_space(["search=optuna", "train.lr=tag(log, interval(1e-4, 3e-3))", "train.steps=5"])
     settings = SearchConfig(backend="optuna", trials=trials, parallel=parallel, max_failures=max_failures)
-    return create(Search("sweep-20261201-000000-abcd", str(root), space, settings, time.time()))
+    return create(Search("sweep-20261201-000000-abcd", str(root), space, settings, time.time(),
+                         {"LAUNCHER_RUN_ROOT": str(root)}))
 
 
 class Submitted:

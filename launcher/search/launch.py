@@ -11,7 +11,7 @@ import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 from launcher.core.config import SearchConfig
 from launcher.errors import LaunchError
@@ -75,25 +75,23 @@ def compose_corner(space: Space, point: Dict[str, Any], with_settings: bool = Fa
         raise LaunchError(f"at the corner [{where}] of the search space: {err.message}") from None
 
 
-# Values a trial composed in a job could resolve otherwise than the launch did: from the environment or the current
-# directory there ($LAUNCHER_RUN_ROOT, $SLURM_CONF, a relative data.path), or relative to the frozen code's conf/.
-PINNED = ("run_root", "cluster.slurm_conf", "data.path")
-
-
-def pinned(space: Space, corners: List["ComposedRun"], root: Path) -> Space:
-    """The space with the PINNED settings every corner agrees on fixed at their values as composed at the launch
-    (the run root as created), so that every trial, wherever it is composed, is the run the launch checked."""
-    from operator import attrgetter
-
+def pinned(space: Space, corners: List["ComposedRun"], root: Path) -> Tuple[Space, Dict[str, str]]:
+    """What a trial composed in a job's last step could resolve otherwise than the launch did, fixed as the launch
+    resolved it: a relative ``data.path`` (against the job's directory there) as an absolute override, as a run's
+    run.yaml records it; the run root and the slurm.conf (from the environment, or the frozen code's .slurm/
+    there) as the environment the trial is composed in, so that its run.yaml stays a plain run's."""
     from launcher.compose.runfile import hydra_value, key_of
+    from launcher.slurm.client import slurm_conf_for
 
-    values = {"run_root": str(root)}
-    for key in PINNED[1:]:
-        found = {attrgetter(key)(run.config) for run in corners}
-        if len(found) == 1 and None not in found:
-            values[key] = found.pop()
-    fixed = [line for line in space.fixed if key_of(line) not in values]
-    return replace(space, fixed=(*fixed, *(f"{key}={hydra_value(value)}" for key, value in values.items())))
+    environment = {"LAUNCHER_RUN_ROOT": str(root)}
+    confs = {slurm_conf_for(run.config.cluster.name, run.config.cluster.slurm_conf) for run in corners}
+    if len(confs) == 1 and None not in confs:
+        environment["SLURM_CONF"] = str(confs.pop())
+    paths = {run.config.data.path for run in corners}
+    if len(paths) == 1 and None not in paths:
+        kept = (line for line in space.fixed if key_of(line) != "data.path")
+        space = replace(space, fixed=(*kept, f"data.path={hydra_value(paths.pop())}"))
+    return space, environment
 
 
 def start_search(checked: Checked) -> Started:
@@ -107,8 +105,8 @@ def start_search(checked: Checked) -> Started:
     roots, _ = check_runs(checked.corners)
     if len(set(roots)) > 1:
         raise LaunchError(f"a search keeps its trials in one run root; its corners go to {', '.join(map(str, roots))}")
-    space = pinned(checked.space, checked.corners, roots[0])
-    search = Search(new_sweep_id(), str(roots[0]), space, checked.settings, time.time())
+    space, environment = pinned(checked.space, checked.corners, roots[0])
+    search = Search(new_sweep_id(), str(roots[0]), space, checked.settings, time.time(), environment)
     path = create(search)
     try:
         submitted = start(path, submit_trial)

@@ -1,9 +1,10 @@
 """A search's directory, ``RUN_ROOT/.sweeps/ID/``: its definition and its Optuna study, on the shared file system.
 
-``search.json`` is written once at the launch: the search space, the overrides every trial shares, and the
-settings (:class:`Search`). ``journal.log`` is Optuna's journal file storage (no database server: any process
-that sees the run root can open the study). Optuna's ``JournalFileOpenLock`` guards each write of the journal
-with a lock file created ``O_EXCL``, which plants no symlink and follows none (the run root's rule,
+``search.json`` is written once at the launch: the search space, the overrides every trial shares, the
+settings and the environment trials are composed in (:class:`Search`). ``journal.log`` is Optuna's journal file
+storage (no database server: any process that sees the run root can open the study). Optuna's
+``JournalFileOpenLock`` guards each write of the journal with a lock file created ``O_EXCL``, which plants no
+symlink and follows none (the run root's rule,
 launcher/core/safepath.py); :func:`locked` takes a second lock of the same kind around a whole report (tell the
 study, count, ask the trials owed), which Optuna's per-write lock cannot make atomic. The directory starts with a
 dot, as ``.index`` does, so the run listing never takes it for a run.
@@ -39,15 +40,16 @@ class Search:
     space: Space
     settings: SearchConfig
     created_at: float
+    environment: Dict[str, str]  # what every trial is composed in, as the launch was (launcher/search/launch.py)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"id": self.id, "root": self.root, "space": to_dict(self.space), "settings": asdict(self.settings),
-                "created_at": self.created_at}
+                "created_at": self.created_at, "environment": self.environment}
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "Search":
         return cls(data["id"], data["root"], from_dict(data["space"]), SearchConfig(**data["settings"]),
-                   data["created_at"])
+                   data["created_at"], data["environment"])
 
 
 def study_dir(root: Path, search_id: str) -> Path:
