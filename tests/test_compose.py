@@ -121,7 +121,8 @@ def test_conf_dir_is_the_repository_conf():
     root = OmegaConf.load(CONF_DIR / "config.yaml")
     # The schema first, then gpus before model (a size may override its preset's sharding), then the app's own.
     assert OmegaConf.to_container(root) == {"defaults": [
-        "base", {"gpus": "8"}, {"model": "gpt_tiny"}, {"cluster": "local"}, {"tracking": "none"}, "_self_"]}
+        "base", {"gpus": "8"}, {"model": "gpt_tiny"}, {"cluster": "local"}, {"tracking": "none"}, {"search": "none"},
+        "_self_"]}
     # Each default is one of its group's files, and is what a run without overrides gets.
     for group, choice in {"gpus": "8", "model": "gpt_tiny", "cluster": "local", "tracking": "none"}.items():
         assert choice in options(group) and (CONF_DIR / group / f"{choice}.yaml").is_file(), group

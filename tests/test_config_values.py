@@ -53,6 +53,9 @@ RANGE = [
     (["cluster.max_retries=-1"], "cluster.max_retries"), (["cluster.ssh_timeout_s=0"], "cluster.ssh_timeout_s"),
     (["cluster.time_limit_min=1", "cluster.signal_delay_s=60"], "cluster.signal_delay_s"),
     (["sweep.parallel=0"], "sweep.parallel"), (["sweep.parallel=-1"], "sweep.parallel"),
+    (["-m", "search=optuna", "search.trials=0", "train.lr=interval(1e-4,1e-3)"], "search.trials"),
+    (["-m", "search=optuna", "search.parallel=0", "train.lr=interval(1e-4,1e-3)"], "search.parallel"),
+    (["-m", "search=optuna", "search.max_failures=-1", "train.lr=interval(1e-4,1e-3)"], "search.max_failures"),
 ]  # fmt: skip
 NON_FINITE = [
     (["train.lr=nan"], "train.lr"), (["train.lr=inf"], "train.lr"), (["train.lr=-inf"], "train.lr"),

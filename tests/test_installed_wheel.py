@@ -106,7 +106,8 @@ def test_the_wheel_requires_torch_only_under_the_train_extra(wheel):
     assert str(torch.specifier) == ">=2.9"
     assert [extra for extra in sorted(extras | {""}) if torch.marker.evaluate({"extra": extra})] == ["train"]
     base = {r.name for r in requires if r.marker is None}
-    assert base == {"submitit", "hydra-core", "omegaconf", "pyyaml", "tabulate", "numpy", "tokenizers", "pyarrow"}
+    assert base == {"submitit", "hydra-core", "omegaconf", "pyyaml", "tabulate", "numpy", "tokenizers", "pyarrow",
+                    "optuna"}
     (itself,) = [r for r in requires if r.name == metadata["Name"] and r.marker.evaluate({"extra": "dev"})]
     assert "train" in itself.extras
 

@@ -1,5 +1,6 @@
 """Hang detection: a rank that stops (SIGSTOP, as a hung process does) is named by the watchdog of the
 ranks left waiting for it, with its node, step and process state, and the attempt ends."""
+import contextlib
 import os
 import signal
 import threading
@@ -40,7 +41,8 @@ def kill_when_stalled(run_dir, rank):
         pass  # the test itself says what is missing
     for pulse in read_pulses(run_dir):
         if pulse.rank == rank:
-            os.kill(pulse.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # its node's watchdog may have killed it already
+                os.kill(pulse.pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("trial", range(10))

@@ -25,7 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = epilog()
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="Hydra overrides (see below)")
     parser.add_argument("-m", "--multirun", action="store_true",
-                        help="sweep: gpus=8,16,128 model=gpt_125m,gpt_1b launches 6 runs")
+                        help="sweep: gpus=8,16,128 model=gpt_125m,gpt_1b launches 6 runs; or a search (search=optuna)")
     parser.add_argument("-f", "--file", type=Path, metavar="RUN.yaml",
                         help="start from a run file (a run directory's run.yaml, say); overrides win over it")
 
@@ -37,6 +37,7 @@ def epilog() -> str:
     groups = "\n".join(f"  {group:<8} {', '.join(options(group))}" for group in GROUPS)
     return f"""launch (the default command: launcher key=value ... is launcher launch key=value ...):
   -m, --multirun       sweep: gpus=8,16,128 model=gpt_125m,gpt_1b launches 6 runs
+                       search: search=optuna search.trials=24 'train.lr=tag(log, interval(1e-4, 3e-3))'
   -f, --file RUN.yaml  start from a run file; every run directory keeps its own as run.yaml
 
 config groups (key=option):
@@ -72,8 +73,11 @@ def overrides_of(args: argparse.Namespace) -> List[str]:
 def main(args: argparse.Namespace) -> int:
     """Compose the runs the arguments describe; print them (dry run) or submit them."""
     from launcher.compose.runs import compose_runs
+    from launcher.search.space import asked
 
     overrides = overrides_of(args)
+    if asked(overrides):  # search=optuna: launcher/search/
+        return search(overrides, args.multirun)
     if not dry_run_asked(overrides):  # a submission: git and Slurm answer while Hydra composes
         from launcher.submit.prefetch import prefetch
 
@@ -89,13 +93,8 @@ def main(args: argparse.Namespace) -> int:
 
     for warning in check_launch(runs, dry_run=mode is not False):
         print(f"warning: {warning}", file=sys.stderr)
-    if mode == "json":
-        for run in runs:
-            print(json.dumps({**run.plan.to_dict(), "name": display_name(run), "overrides": run.overrides,
-                              "data": run.data.to_dict()}))
-        return 0
-    if mode is True:
-        print_dry_run(runs)
+    if mode is not False:
+        print_runs(runs, mode)
         return 0
     if any(run.config.cluster.ssh for run in runs):  # a cluster reached over SSH: submitted there
         from launcher.remote.clusters import launch_remote
@@ -106,6 +105,42 @@ def main(args: argparse.Namespace) -> int:
 
     print_submitted(launch(runs, sweep=args.multirun))
     return 0
+
+
+def search(overrides: List[str], multirun: bool) -> int:
+    """A search launch: its corners' dry run, or the study made and its first trials submitted."""
+    from launcher.search.launch import check_search, start_search
+
+    checked = check_search(overrides, multirun)
+    for warning in checked.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    mode = checked.corners[0].config.dry_run
+    if mode is not False:  # the plans at the space's corners: what the search may submit at its extremes
+        print_runs(checked.corners, mode)
+        return 0
+    started, settings = start_search(checked), checked.settings
+    from launcher.commands.common import invocation
+    from launcher.submit.freeze import dirty_note, source_state
+
+    note = dirty_note(source_state())
+    if note:
+        print(note)
+    toward = "lowest" if settings.direction == "minimize" else "highest"
+    print(f"Submitted search {started.search_id}: trials {', '.join(map(str, started.submitted))} of "
+          f"{settings.trials}, {settings.parallel} at a time, toward the {toward} {settings.metric}")
+    print(f"  study    {started.path}")
+    print(f"  status   {invocation()} runs --sweep {started.search_id}")
+    return 0
+
+
+def print_runs(runs: List[ComposedRun], mode: object) -> None:
+    """A dry run: the runs' plans as JSON (``dry_run=json``, one object per line) or as tables and scripts."""
+    if mode == "json":
+        for run in runs:
+            print(json.dumps({**run.plan.to_dict(), "name": display_name(run), "overrides": run.overrides,
+                              "data": run.data.to_dict()}))
+    else:
+        print_dry_run(runs)
 
 
 def dry_run_asked(overrides: List[str]) -> bool:

@@ -1,7 +1,7 @@
 """What the config groups offer, and where each option comes from.
 
-Each group (``cluster/``, ``model/``, ``gpus/``, ``tracking/``) is searched in four layers, later ones adding
-options and overriding an earlier file of the same name:
+Each group (``cluster/``, ``model/``, ``gpus/``, ``tracking/``, ``search/``) is searched in four layers, later ones
+adding options and overriding an earlier file of the same name:
 
 1. the package's ``conf/`` (the project's own choices);
 2. a site directory, ``$LAUNCHER_SITE_CONFIG`` (an administrator's, e.g. ``/etc/launcher``);
@@ -29,7 +29,7 @@ SITE_VARIABLE = "LAUNCHER_SITE_CONFIG"
 PROJECT_DIR = Path(".launcher") / "conf"
 
 # The config groups a user chooses from, in the order of conf/config.yaml.
-GROUPS = ("model", "gpus", "cluster", "tracking")
+GROUPS = ("model", "gpus", "cluster", "tracking", "search")
 
 # The gpus option that takes its count from ``layout.gpus``.
 CUSTOM_GPUS = "custom"

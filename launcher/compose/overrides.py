@@ -61,13 +61,13 @@ def expand(parsed: Sequence[Override], multirun: bool) -> List[List[str]]:
 
 
 def check(parsed: Sequence[Override]) -> None:
-    """Reject unknown keys (and keys ``+`` would add outside a free-form map) and unknown model/cluster/tracking
-    options, with a suggestion."""
+    """Reject unknown keys (and keys ``+`` would add outside a free-form map) and unknown options of the groups
+    other than gpus, with a suggestion."""
     for override in parsed:
         key = override.key_or_group
         if override.package is not None or override.is_delete():
             continue
-        if key in ("model", "cluster", "tracking"):  # gpus also takes counts: see normalise()
+        if key in ("model", "cluster", "tracking", "search"):  # gpus also takes counts: see normalise()
             check_option(key, override.value())
         elif key not in GROUPS:
             kind = _check_key(key, adding=override.is_add() or override.is_force_add())

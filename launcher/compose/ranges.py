@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from launcher.core.config import CHECKPOINTING, PRECISIONS, SHARDINGS, TRACKER_PACKAGES, WANDB_MODES
+from launcher.core.config import (CHECKPOINTING, DIRECTIONS, PRECISIONS, SEARCH_BACKENDS, SHARDINGS, TRACKER_PACKAGES,
+                                  WANDB_MODES)
 
 
 CHOICES = {
@@ -17,6 +18,8 @@ CHOICES = {
     "parallel.precision": PRECISIONS,
     "tracking.backend": tuple(TRACKER_PACKAGES),
     "tracking.mode": WANDB_MODES,
+    "search.backend": SEARCH_BACKENDS,
+    "search.direction": DIRECTIONS,
 }
 
 
@@ -87,4 +90,7 @@ RANGES: Dict[str, Range] = {
     "cluster.max_retries": Range(0, zero="0: a failed attempt is not retried"),
     "cluster.ssh_timeout_s": POSITIVE,
     "sweep.parallel": AT_LEAST_1,
+    "search.trials": Range(1, 10_000),
+    "search.parallel": AT_LEAST_1,
+    "search.max_failures": Range(0, zero="0: the first failed trial ends the search"),
 }

@@ -25,8 +25,9 @@ from launcher.compose.catalog import CUSTOM_GPUS, GROUPS
 from launcher.compose.schema import check_option, field_type, gpu_count
 from launcher.errors import LaunchError
 
-# Keys a run file leaves out: they name or steer one submission, not the run.
-NOT_RECORDED = ("name", "dry_run", "force", "sweep.parallel")
+# Keys a run file leaves out: they name or steer one submission, not the run (a search's trial is a plain run,
+# whose run.yaml runs it again alone).
+NOT_RECORDED = ("name", "dry_run", "force", "sweep.parallel", "search")
 
 _KEY = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_0-9][\w-]*)*")
 # A string Hydra reads back, unquoted, as the same string (not a number, bool, null, inf or nan).
@@ -77,11 +78,34 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=Loader)
 
 
+# A search's space in a run file, as Hydra's Optuna sweeper reads ``hydra.sweeper.params``: each setting and its
+# expression in the sweep grammar, ``train.lr: tag(log, interval(1e-4, 3e-3))`` (launcher/search/space.py).
+SEARCH_PARAMS = "search.params"
+
+
 def to_overrides(data: Any) -> List[str]:
     """A run file's mapping as Hydra override strings, checked key by key against RunConfig."""
     if not isinstance(data, dict):
         raise LaunchError(f"expected a mapping of key: value, got {type(data).__name__}")
-    return [override(key, value) for key, value in flatten(data)]
+    lines = []
+    for key, value in flatten(data):
+        lines += search_params(value) if key == SEARCH_PARAMS else [override(key, value)]
+    return lines
+
+
+def search_params(params: Any) -> List[str]:
+    """``search.params``' settings and expressions as the overrides typed on the command line would be."""
+    if not isinstance(params, dict):
+        raise LaunchError(f"{SEARCH_PARAMS} must map settings to expressions, e.g. "
+                          f"{{train.lr: 'tag(log, interval(1e-4, 3e-3))'}}; got {params!r}")
+    lines = []
+    for key, value in flatten(params):
+        field_type(key)  # an unknown key, with the closest name
+        if not isinstance(value, str) or not value.strip():
+            raise LaunchError(f"{SEARCH_PARAMS}.{key} must be an expression such as 'interval(1e-4, 3e-3)', "
+                              f"'range(0, 200, 50)' or 'choice(a, b)'; got {value!r}")
+        lines.append(f"{key}={value}")
+    return lines
 
 
 def flatten(data: Mapping, prefix: str = "") -> Iterator[Tuple[str, Any]]:
@@ -90,7 +114,7 @@ def flatten(data: Mapping, prefix: str = "") -> Iterator[Tuple[str, Any]]:
         if not isinstance(key, str):
             raise LaunchError(f"key {key!r} is not a name")
         full = prefix + key
-        if isinstance(value, dict) and not full.startswith(("~", "+")):
+        if isinstance(value, dict) and not full.startswith(("~", "+")) and full != SEARCH_PARAMS:
             yield from flatten(value, full + ".")
         else:
             yield full, value

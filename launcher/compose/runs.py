@@ -136,7 +136,8 @@ def anchor_slurm_conf(cfg: DictConfig, hydra_overrides: List[str]) -> None:
 def run_file_of(parsed: List[Override], resolved: DictConfig, plan: Plan) -> Dict[str, Any]:
     """The run as a run file: every group choice (explicit even when defaulted; gpus as the count,
     which also stands for ``layout.gpus``) and each overridden value as composed."""
-    choices: Dict[str, Any] = default_choices()
+    choices: Dict[str, Any] = {group: choice for group, choice in default_choices().items()
+                               if group not in NOT_RECORDED}
     values = []
     for override in parsed:
         key = override.key_or_group

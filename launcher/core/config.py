@@ -27,6 +27,9 @@ PRECISIONS = ("auto", "bf16", "fp32")
 # Where a run's curves go besides metrics.jsonl (launcher/train/tracking.py), and the package each tracker needs.
 TRACKER_PACKAGES = {"none": None, "tensorboard": "tensorboard", "wandb": "wandb"}
 WANDB_MODES = ("offline", "online")
+# What a search samples with (launcher/search/): none is a single run or a grid sweep; and which way it steers.
+SEARCH_BACKENDS = ("none", "optuna")
+DIRECTIONS = ("minimize", "maximize")
 
 
 def tracker_missing(backend: str) -> Optional[str]:
@@ -151,6 +154,24 @@ class TrackingConfig:
     mode: str = "offline"
 
 
+@dataclass
+class SearchConfig:
+    """A search over the values of a run's settings (conf/search/*.yaml; launcher/search/): with ``backend``
+    optuna, ``launcher -m search=optuna 'train.lr=interval(1e-4, 3e-3)'`` runs ``trials`` runs, ``parallel`` at a
+    time, each told the last ``metric`` of its own metrics.jsonl, toward its lowest (``direction`` minimize).
+    More than ``max_failures`` failed trials (null: a quarter of ``trials``) end the search."""
+
+    backend: str = "none"
+    trials: int = 24
+    parallel: int = 4
+    metric: str = "eval_loss"
+    direction: str = "minimize"
+    max_failures: Optional[int] = None
+
+    def failures_allowed(self) -> int:
+        return self.trials // 4 if self.max_failures is None else self.max_failures
+
+
 # The project's own Slurm cluster (slurm/, conf/cluster/local.yaml): every one of its nodes runs on this
 # machine, and its "GPUs" are CPU processes.
 LOCAL_CLUSTER = "local"
@@ -236,6 +257,7 @@ class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     name: Optional[str] = None
     run_root: str = f"${{oc.env:LAUNCHER_RUN_ROOT,'{DEFAULT_ROOT}'}}"
     # The run's files are its owner's alone unless this names a group to share them with (read-only):

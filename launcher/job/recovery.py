@@ -478,6 +478,11 @@ def main(argv: List[str]) -> int:
         append_event(run_dir, "failed", final=True, job_id=os.environ.get("SLURM_JOB_ID", ""), short="recovery failed",
                      error=f"the batch script's recovery step ({argv[0]}) failed: {type(err).__name__}: {first}",
                      reason="the recovery step failed")
+    finally:
+        if argv[0] == "end":  # a search's trial whose outcome is now final reports it (launcher/search/hook.py)
+            from launcher.search.hook import trial_ended
+
+            trial_ended(run_dir)
     return 0 if argv[0] == "begin" else exit_code
 
 if __name__ == "__main__":

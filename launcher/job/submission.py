@@ -54,7 +54,6 @@ def submit_array(cfg: RunConfig, plan: Plan, job_name: str, run_dirs: Sequence[P
     with run_umask(cfg.share_group):
         for run_dir in run_dirs:
             (run_dir / "submitit").mkdir(exist_ok=True)  # where the element's batch shell writes from its first line
-        folder.mkdir(parents=True, exist_ok=True)
         script = folder / f".submission_{secrets.token_hex(8)}.sh"
         script.write_text(array_script(cfg, plan, job_name, run_dirs, folder, mounts=[str(secrets_dir())]))
         slurm = for_cluster(cfg.cluster)

@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import OmegaConf
 
@@ -23,7 +23,7 @@ from launcher.core.config import tracker_missing
 from launcher.core.rundir import CONFIG, PLAN, append_event, launcher_home, write_atomic, write_json_atomic
 from launcher.core.safepath import check_home
 from launcher.status.index import (RunRecord, base_name, create_run_dir, default_root, ensure_root, remember_root,
-                                   save_record)
+                                   ensure_sweep_dir, save_record, sweep_dir)
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
 from launcher.slurm.fit import explain_rejection, refusal
 from launcher.job.submission import submit_array, submit_job
@@ -45,19 +45,11 @@ class Launched:
 def launch(runs: List[ComposedRun], sweep: bool) -> Launched:
     """Submit every run and return what was submitted: a sweep's runs of one resource shape as one job array
     (:func:`arrays`), every other run as a Slurm job of its own."""
-    for missing in filter(None, (tracker_missing(run.config.tracking.backend) for run in runs)):
-        raise LaunchError(missing)
-    sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}" if sweep else None
+    roots, parts = check_runs(runs)
+    sweep_id = new_sweep_id() if sweep else None
     try:
-        for run in runs:
-            group_id(run.config.share_group)
-        check_home(launcher_home())
-        roots = [ensure_root(run.config.run_root, run.config.share_group) for run in runs]
-        for root in set(roots) - {default_root()}:
-            remember_root(root)  # so that `launcher runs` lists its runs without --root
-        parts = check_cluster(runs)
         batches = arrays(runs, roots, sweep_id) if sweep_id else [[index] for index in range(len(runs))]
-    except (SlurmError, PermissionError, ValueError) as err:
+    except (SlurmError, ValueError) as err:
         raise LaunchError(str(err)) from None
     records: Dict[int, RunRecord] = {}
     for batch in batches:
@@ -69,9 +61,26 @@ def launch(runs: List[ComposedRun], sweep: bool) -> Launched:
     return Launched([records[index] for index in range(len(runs))], sweep_id, dirty_note(source_state()))
 
 
-# Under a run root, beside its runs: each sweep's own directory, with its job arrays' scripts and what Slurm
-# writes for an element before the element finds its run. Listings skip it, as every name with a dot.
-SWEEPS = ".sweeps"
+def check_runs(runs: List[ComposedRun]) -> Tuple[List[Path], List[Partition]]:
+    """Every check that can refuse the runs' submission, for all of them before any is submitted (a LaunchError
+    in one line); returns each run's root, created if needed, and partition."""
+    for missing in filter(None, (tracker_missing(run.config.tracking.backend) for run in runs)):
+        raise LaunchError(missing)
+    try:
+        for run in runs:
+            group_id(run.config.share_group)
+        check_home(launcher_home())
+        roots = [ensure_root(run.config.run_root, run.config.share_group) for run in runs]
+        for root in set(roots) - {default_root()}:
+            remember_root(root)  # so that `launcher runs` lists its runs without --root
+        return roots, check_cluster(runs)
+    except (SlurmError, PermissionError, ValueError) as err:
+        raise LaunchError(str(err)) from None
+
+
+def new_sweep_id() -> str:
+    """The id of a sweep (a grid's runs, or a search's trials), as run.json records it."""
+    return f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def arrays(runs: List[ComposedRun], roots: List[Path], sweep_id: str) -> List[List[int]]:
@@ -84,7 +93,7 @@ def arrays(runs: List[ComposedRun], roots: List[Path], sweep_id: str) -> List[Li
         cfg = run.config
         shape = (index,) if cfg.cluster.container.image is not None else (
             for_cluster(cfg.cluster).conf, cfg.sweep.parallel, cfg.cluster.max_requeues,
-            array_script(cfg, run.plan, sweep_id, [], root / SWEEPS / sweep_id))
+            array_script(cfg, run.plan, sweep_id, [], sweep_dir(root, sweep_id)))
         shapes.setdefault(shape, []).append(index)
     batches = []
     for indices in shapes.values():
@@ -120,18 +129,23 @@ def check_fits(run: ComposedRun, part: Partition) -> None:
         raise SlurmError(message)
 
 
-def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition] = None) -> RunRecord:
-    """Create the run's directory, submit its job, and record it; on failure remove the directory."""
+def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition] = None,
+               files: Optional[Mapping[str, Any]] = None) -> RunRecord:
+    """Create the run's directory, submit its job, and record it; on failure remove the directory. ``files``:
+    more JSON files of the run's, written before its job can start (a search trial's trial.json)."""
     with run_umask(run.config.share_group):
         share_root(root, run.config.share_group)
-        return _submit_one(run, root, sweep_id, part)
+        return _submit_one(run, root, sweep_id, part, files or {})
 
 
-def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition]) -> RunRecord:
+def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition],
+                files: Mapping[str, Any]) -> RunRecord:
     cfg, plan = run.config, run.plan
     run_dir = new_run_dir(run, root)
     try:
         prepare(run, run_dir)
+        for file, data in files.items():
+            write_json_atomic(run_dir / file, data)
         job_id = submit_job(cfg, plan, run_dir)
     except Exception as err:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -143,11 +157,12 @@ def submit_elements(runs: List[ComposedRun], root: Path, sweep_id: str, part: Op
     """Create the runs' directories and submit them as one job array (launcher/job/submission.py submit_array);
     each run's record names its element (``123_4``). On failure every directory is removed."""
     cfg, plan = runs[0].config, runs[0].plan
-    folder = root / SWEEPS / sweep_id
     with run_umask(cfg.share_group):
         share_root(root, cfg.share_group)
+        folder = sweep_dir(root, sweep_id)
         run_dirs: List[Path] = []
         try:
+            ensure_sweep_dir(root, sweep_id)
             for run in runs:
                 run_dirs.append(new_run_dir(run, root))
                 prepare(run, run_dirs[-1])

@@ -1,0 +1,43 @@
+"""Submitting one trial: composed from the search's definition at the values drawn, submitted as any run is.
+
+The launch submits the first trials; every later one is submitted from the last step of an earlier trial's job
+(launcher/search/hook.py): the one step inside a job that composes a run (Hydra, never torch).
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator
+
+from launcher.search.study import Search
+
+TRIAL = "trial.json"  # in a trial's run directory: the search it belongs to and its number
+
+
+def submit_trial(search: Search, number: int, values: Dict[str, Any]) -> str:
+    """Compose and submit trial ``number`` at ``values`` in the search's environment (sbatch, and so the job,
+    inherit it); its run's name, or a one-line LaunchError."""
+    from launcher.compose.runs import compose_runs
+    from launcher.submit.launch import check_runs, submit_one
+
+    with environment(search.environment):
+        runs = compose_runs(search.space.trial(values))
+        roots, parts = check_runs(runs)
+        record = submit_one(runs[0], roots[0], search.id, parts[0],
+                            files={TRIAL: {"search": search.id, "trial": number}})
+    return record.name
+
+
+@contextmanager
+def environment(values: Dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set, restored afterwards."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

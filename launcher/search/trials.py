@@ -1,0 +1,134 @@
+"""Telling the study how a trial ended and asking for the trials still owed: the whole of a search's progress.
+
+Nothing runs between trials. The launch asks for the first ``search.parallel`` trials; each trial's job, in its
+last step, tells the study its result and asks for the trials now owed (:func:`report`). Both happen under the
+study's report lock, and what is owed is counted from the study itself (:func:`owed`), never remembered, so two
+trials ending at the same moment submit exactly the trials still owed between them: one counts after the other
+has told and asked.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from launcher.core.config import SearchConfig
+from launcher.errors import LaunchError
+from launcher.search.study import Search, load, locked, open_study
+
+# Submits trial ``number`` of a search at the drawn values; returns its run's name, or raises LaunchError.
+Submit = Callable[[Search, int, Dict[str, Any]], str]
+
+
+@dataclass(frozen=True)
+class Tally:
+    """A study's trials: asked for (submitted or refused), ended (told, failed or not), failed."""
+
+    asked: int
+    ended: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class Result:
+    """How a trial ended: its metric, or None and why it failed."""
+
+    value: Optional[float]
+    cause: str = ""
+
+
+def owed(tally: Tally, settings: SearchConfig) -> int:
+    """How many trials to ask for now: enough to have ``parallel`` in flight, never beyond ``trials``, none
+    once the search has ended."""
+    if ended_because(tally, settings):
+        return 0
+    in_flight = tally.asked - tally.ended
+    return max(0, min(settings.parallel - in_flight, settings.trials - tally.asked))
+
+
+def ended_because(tally: Tally, settings: SearchConfig) -> Optional[str]:
+    """Why the search has ended, or None while it goes on."""
+    allowed = settings.failures_allowed()
+    if tally.failed > allowed:
+        return f"{tally.failed} trials failed, more than search.max_failures={allowed}"
+    if tally.ended >= settings.trials:
+        return f"all {settings.trials} trials ended"
+    return None
+
+
+def tally_of(study: Any) -> Tally:
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    return Tally(asked=len(trials), ended=sum(t.state.is_finished() for t in trials),
+                 failed=sum(t.state == TrialState.FAIL for t in trials))
+
+
+def start(path: Path, submit: Submit) -> List[int]:
+    """The launch: ask for the first trials. When the first cannot be submitted, the launch is refused
+    (LaunchError); a later one fails as in a trial's job, and the search goes on."""
+    with locked(path):
+        search = load(path)
+        return ask_owed(open_study(path, search), search, submit, strict=True)
+
+
+def report(path: Path, number: int, result: Result, submit: Submit) -> List[int]:
+    """A trial's last step: tell the study how trial ``number`` ended, then ask for the trials now owed.
+    Returns the numbers of the trials submitted. A trial told already (its step run twice) is not told again."""
+    from optuna.trial import Trial, TrialState
+
+    with locked(path):
+        search = load(path)
+        study = open_study(path, search)
+        frozen = study.get_trials(deepcopy=False)[number]
+        if not frozen.state.is_finished():
+            if result.value is None:
+                Trial(study, frozen._trial_id).set_user_attr("cause", result.cause)
+                study.tell(number, state=TrialState.FAIL)
+            else:
+                study.tell(number, result.value)
+        return ask_owed(study, search, submit)
+
+
+def ask_owed(study: Any, search: Search, submit: Submit, strict: bool = False) -> List[int]:
+    """Ask for and submit the trials owed (the caller holds the lock). A trial that cannot be submitted is
+    failed with why, and the next one asked for (``strict``: the first one's LaunchError is raised instead).
+    When the search has ended, the study records why, once (ended by failures: with the last one's cause)."""
+    from optuna.trial import TrialState
+
+    distributions = {param.key: param.distribution() for param in search.space.params}
+    submitted: List[int] = []
+    while owed(tally_of(study), search.settings):
+        trial = study.ask(distributions)
+        try:
+            run = submit(search, trial.number, trial.params)
+        except LaunchError as err:
+            trial.set_user_attr("cause", f"not submitted: {err.message}")
+            study.tell(trial, state=TrialState.FAIL)
+            if strict and not submitted:
+                raise
+            continue
+        trial.set_user_attr("run", run)
+        submitted.append(trial.number)
+    end = ended_because(tally_of(study), search.settings)
+    if end and "ended" not in study.user_attrs:
+        failed = sorted((t for t in study.get_trials(deepcopy=False) if t.state == TrialState.FAIL),
+                        key=lambda t: t.datetime_complete)
+        if failed and tally_of(study).failed > search.settings.failures_allowed():
+            end += f"; the last: trial {failed[-1].number} {failed[-1].user_attrs.get('cause', '')}"
+        study.set_user_attr("ended", end)
+    return submitted
+
+
+def result_of(metrics: List[dict], metric: str, outcome: str) -> Result:
+    """A trial's result from its final outcome (COMPLETED, or the cause of a failure or stop) and its own
+    metrics records: the last finite value of ``metric``."""
+    if outcome != "COMPLETED":
+        return Result(None, outcome)
+    values = [m[metric] for m in metrics if isinstance(m.get(metric), (int, float)) and not isinstance(m[metric], bool)]
+    if not values:
+        return Result(None, f"completed without {metric} in its metrics.jsonl")
+    if not math.isfinite(values[-1]):
+        return Result(None, f"completed with {metric}={values[-1]}")
+    return Result(float(values[-1]))

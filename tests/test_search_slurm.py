@@ -1,0 +1,85 @@
+"""A search on the local cluster (issue 20): 4 trials of gpt_tiny over train.lr, 2 in parallel. The launch submits
+2 and returns; each trial's job, in its last step, reports it and submits the next; no launcher process runs
+outside a job meanwhile; the best trial is the one with the lowest eval_loss in the trials' own metrics.jsonl."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from helpers import events, record, runs_json, wait_for
+
+TRIALS = 4
+
+
+def outside_jobs(root: Path) -> list:
+    """The processes whose command line names ``root`` and that no Slurm job runs (no slurmstepd above them)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(root) in cmdline and not under_slurmstepd(int(pid)):
+            found.append(f"{pid}: {cmdline}")
+    return found
+
+
+def under_slurmstepd(pid: int) -> bool:
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return True  # gone meanwhile: it was nothing's to judge
+        name, ppid = stat[stat.index("(") + 1:stat.rindex(")")], int(stat[stat.rindex(")") + 2:].split()[1])
+        if name == "slurmstepd":
+            return True
+        pid = ppid
+    return False
+
+
+def last_eval_loss(run_dir: Path) -> float:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["eval_loss"] for row in rows if row.get("eval_loss") is not None][-1]
+
+
+def test_a_search_runs_its_trials_from_their_own_jobs_and_finds_the_lowest_loss(slurm, tmp_path):
+    root = tmp_path / "runs"
+    res = slurm.launcher("-m", "search=optuna", f"search.trials={TRIALS}", "search.parallel=2",
+                         "search.metric=eval_loss", "train.lr=tag(log, interval(1e-4, 3e-2))", "model=gpt_tiny",
+                         "gpus=1", "train.steps=4", "train.eval_every=2", "train.log_every=1",
+                         f"run_root={root}", root=root, timeout=120)
+    assert res.returncode == 0, res.stderr
+    search_id = re.search(r"Submitted search (\S+): trials 0, 1 of 4", res.stdout).group(1)
+
+    def trials():
+        return [p.parent for p in root.glob("*/trial.json")]
+
+    def reported():
+        stray = outside_jobs(root)
+        assert not stray, f"launcher processes outside a job between trials: {stray}"
+        done = [run for run in trials() if any(e["event"] == "trial_reported" for e in events(run))]
+        return len(done) == TRIALS and done
+
+    try:
+        runs = wait_for(reported, 600, f"{TRIALS} trials reported", interval=0.5)
+    except AssertionError:
+        raise AssertionError("the search did not end; its trials' records:\n"
+                             + "\n".join(record(run) for run in trials())) from None
+    assert all(events(run)[-1]["event"] == "trial_reported" for run in runs)
+    assert {json.loads((run / "run.json").read_text())["sweep"] for run in runs} == {search_id}
+    assert {row["name"] for row in runs_json(slurm, root).values() if row.get("sweep") == search_id} \
+        == {run.name for run in runs}
+
+    from launcher.search.study import load, open_study
+    from launcher.status.index import sweep_dir
+
+    path = sweep_dir(root, search_id)
+    study = open_study(path, load(path))
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * TRIALS
+    assert study.user_attrs["ended"] == f"all {TRIALS} trials ended"
+    losses = {run.name: last_eval_loss(run) for run in runs}
+    best = min(losses, key=losses.get)
+    assert study.best_trial.user_attrs["run"] == best and study.best_value == losses[best]
+    assert not outside_jobs(root)
