@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from launcher.core.rundir import append_event, append_jsonl, read_events
+from launcher.core.rundir import TRIAL, append_event, append_jsonl, read_events
 from launcher.search import hook
 from launcher.search.study import load, open_study
 from launcher.search.trials import Tally, start, tally_of
@@ -39,7 +39,7 @@ def test_a_trials_last_step_reports_it_and_submits_the_next(tmp_path, monkeypatc
     monkeypatch.setattr(submission, "submit_trial", submit)
     run = tmp_path / "run-0"
     run.mkdir()
-    (run / submission.TRIAL).write_text(json.dumps({"search": path.name, "trial": 0}))
+    (run / TRIAL).write_text(json.dumps({"search": path.name, "trial": 0}))
     append_event(run, "attempt", attempt=1)
     append_event(run, "attempt_ended", outcome="FAILED")
     append_event(run, "retrying")

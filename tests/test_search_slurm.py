@@ -73,7 +73,7 @@ def test_a_search_runs_its_trials_from_their_own_jobs_and_finds_the_lowest_loss(
         == {run.name for run in runs}
 
     from launcher.search.study import load, open_study
-    from launcher.status.index import sweep_dir
+    from launcher.core.rundir import sweep_dir
 
     path = sweep_dir(root, search_id)
     study = open_study(path, load(path))

@@ -26,6 +26,14 @@ CODE = "code"  # the frozen copy of the code the run's tasks import (launcher/su
 CODE_SOURCE = "source.json"  # in CODE: the copy's checkout, git commit and dirty flag
 CODE_DIFF = "diff.patch"  # in CODE: the uncommitted changes of a dirty checkout
 DEFAULT_ROOT = "~/.launcher/runs"
+TRIAL = "trial.json"  # a search trial's: its search, its number, what it reports while it trains (launcher/search/)
+# Under a run root, beside its runs: each sweep's own directory (a grid's job array scripts and what Slurm writes
+# for an element before it finds its run; a search's study). Listings skip it, as every name with a dot.
+SWEEPS = ".sweeps"
+
+
+def sweep_dir(root: Path, sweep_id: str) -> Path:
+    return Path(root) / SWEEPS / sweep_id
 
 
 def launcher_home(environ: Optional[dict] = None) -> Path:

@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import List, Optional
 
-from launcher.search.submission import TRIAL
+from launcher.core.rundir import TRIAL
 
 
 def final_outcome(events: List[dict]) -> Optional[str]:
@@ -43,14 +43,13 @@ def trial_ended(run_dir: Path) -> None:
     run_dir = Path(run_dir)
     if not (run_dir / TRIAL).exists():
         return
-    from launcher.core.rundir import append_event, read_events, read_metrics
+    from launcher.core.rundir import append_event, read_events, read_metrics, sweep_dir
 
     try:
         outcome = final_outcome(read_events(run_dir))
         if outcome is None:
             return
         from launcher.search.study import load
-        from launcher.status.index import sweep_dir
         from launcher.search.submission import submit_trial
         from launcher.search.trials import report, result_of
 

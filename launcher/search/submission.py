@@ -9,9 +9,9 @@ import os
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator
 
+from launcher.core.rundir import TRIAL
 from launcher.search.study import Search
 
-TRIAL = "trial.json"  # in a trial's run directory: the search it belongs to and its number
 
 
 def submit_trial(search: Search, number: int, values: Dict[str, Any]) -> str:

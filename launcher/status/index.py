@@ -16,19 +16,10 @@ from typing import Iterable, Optional
 
 from launcher.core.damage import DamagedRun, read_json_object
 from launcher.core.privacy import file_mode
-from launcher.core.rundir import DEFAULT_ROOT, launcher_home, EVENTS, PLAN, RECORD, write_json_atomic
+from launcher.core.rundir import DEFAULT_ROOT, launcher_home, EVENTS, PLAN, RECORD, sweep_dir, write_json_atomic
 from launcher.core.safepath import RUN_ROOT, check_run_root, ensure_home, is_safe_root, open_nofollow, private_dir
 
 INDEX = ".index"
-# Under a run root, beside its runs: each sweep's own directory (a grid's job array scripts and what Slurm writes
-# for an element before it finds its run; a search's study). Listings skip it, as every name with a dot.
-SWEEPS = ".sweeps"
-
-
-def sweep_dir(root: Path, sweep_id: str) -> Path:
-    return Path(root) / SWEEPS / sweep_id
-
-
 def ensure_sweep_dir(root: Path, sweep_id: str) -> Path:
     """The sweep's directory, created 0700 if missing (and ``.sweeps`` with it), never through a symlink."""
     path = sweep_dir(root, sweep_id)

@@ -20,10 +20,11 @@ from launcher.compose.runs import ComposedRun
 from launcher.errors import LaunchError
 from launcher.compose.runfile import dump
 from launcher.core.config import tracker_missing
-from launcher.core.rundir import CONFIG, PLAN, append_event, launcher_home, write_atomic, write_json_atomic
+from launcher.core.rundir import (CONFIG, PLAN, append_event, launcher_home, sweep_dir, write_atomic,
+                                  write_json_atomic)
 from launcher.core.safepath import check_home
 from launcher.status.index import (RunRecord, base_name, create_run_dir, default_root, ensure_root, remember_root,
-                                   ensure_sweep_dir, save_record, sweep_dir)
+                                   ensure_sweep_dir, save_record)
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
 from launcher.slurm.fit import explain_rejection, refusal
 from launcher.job.submission import submit_array, submit_job
