@@ -56,6 +56,7 @@ RANGE = [
     (["-m", "search=optuna", "search.trials=0", "train.lr=interval(1e-4,1e-3)"], "search.trials"),
     (["-m", "search=optuna", "search.parallel=0", "train.lr=interval(1e-4,1e-3)"], "search.parallel"),
     (["-m", "search=optuna", "search.max_failures=-1", "train.lr=interval(1e-4,1e-3)"], "search.max_failures"),
+    (["-m", "search=optuna", "search.startup_trials=-1", "train.lr=interval(1e-4,1e-3)"], "search.startup_trials"),
 ]  # fmt: skip
 NON_FINITE = [
     (["train.lr=nan"], "train.lr"), (["train.lr=inf"], "train.lr"), (["train.lr=-inf"], "train.lr"),

@@ -22,6 +22,8 @@ from test_search_study import Submitted, make_search
     ([("attempt", {}), ("attempt_ended", {"outcome": "FAILED"}),
       ("failed", {"final": True, "error": "RuntimeError: boom"})], "failed: RuntimeError: boom"),
     ([("attempt", {}), ("attempt_ended", {"outcome": "CANCELLED"})], "stopped: its job was cancelled"),
+    ([("attempt", {}), ("finished", {"step": 2, "pruned": True}), ("attempt_ended", {"outcome": "COMPLETED"})],
+     "PRUNED at step 2"),
     ([("attempt", {}), ("attempt_ended", {"outcome": "FAILED"}), ("retrying", {}), ("attempt", {}),
       ("finished", {}), ("attempt_ended", {"outcome": "COMPLETED"})], "COMPLETED"),  # a retried trial is one trial
 ])  # fmt: skip

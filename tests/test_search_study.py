@@ -15,7 +15,8 @@ import pytest
 from launcher.core.config import SearchConfig
 from launcher.search.space import read_space
 from launcher.core.rundir import SWEEPS
-from launcher.search.study import DEFINITION, JOURNAL, Search, create, load, open_study
+from launcher.train.trial import JOURNAL
+from launcher.search.study import DEFINITION, Search, create, load, open_study
 from launcher.search.trials import Result, Tally, ask_owed, owed, report, result_of, start, tally_of
 from launcher.status.index import record_names
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from launcher import cli
+from launcher.commands import runs
 from launcher.commands.common import duration, parse_since, slurm_seconds
 from launcher.core.rundir import last_metrics
 from launcher.status.index import RunRecord, find_run, list_records, save_record
@@ -80,6 +81,20 @@ def test_last_metrics_skips_a_torn_line_and_run_dir_marks_the_end(tmp_path):
     assert from_run_dir(run_dir) is None
     (run_dir / "events.jsonl").write_text('{"event": "started"}\n{"event": "failed", "error": "boom"}\n')
     assert (from_run_dir(run_dir).state, from_run_dir(run_dir).reason) == ("FAILED", "boom")
+
+
+def test_a_pruned_trial_is_completed_and_says_where_it_was_pruned(tmp_path):
+    """A search trial its study pruned completed as asked, early: `runs` shows COMPLETED (pruned at step N),
+    whether the run directory or Slurm tells the state."""
+    run_dir = make_run(tmp_path, "r", 1.0)
+    events = [{"event": "attempt", "attempt": 1}, {"event": "finished", "step": 20, "pruned": True}]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert (from_run_dir(run_dir).state, from_run_dir(run_dir).reason) == ("COMPLETED", "pruned at step 20")
+    state = in_its_words(JobState("COMPLETED", "", "sacct"), run_dir)
+    assert (state.state, state.reason) == ("COMPLETED", "pruned at step 20")
+    row = runs.build_row(RunRecord(name="r", run_dir=str(run_dir), model="gpt_tiny", gpus=1, nodes=1,
+                                   gpus_per_node=1, steps=40, cluster="local", submitted_at=1.0), state)
+    assert runs.table_row(row)[5] == "COMPLETED (pruned at step 20)"
 
 
 @pytest.mark.parametrize("failure, shown", [
@@ -196,7 +211,6 @@ def test_watch_into_a_pipe_is_plain_text_and_ends_when_nothing_is_active(tmp_pat
 def test_watch_on_a_terminal_redraws_in_place_until_the_runs_end(tmp_path, monkeypatch):
     """The drawing only: Slurm's answer is stood in by the run's own events, which the pause between refreshes
     turns from started to finished (tests/test_status_slurm.py watches a real job)."""
-    from launcher.commands import runs
 
     run_dir = make_run(tmp_path, "r", 1000)
     (run_dir / "events.jsonl").write_text('{"event": "started"}\n')

@@ -121,7 +121,8 @@ HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "TRY", "PROGR
 def table_row(row: RunRow) -> list:
     status = row.status + (f" ({row.reason})" if row.reason and (row.status in ("PENDING", "RECOVERING", "FAILED",
                                                                                   "UNKNOWN", "REQUEUED", DAMAGED)
-                                                                  or row.reason.startswith("stalled")) else "")
+                                                                  or row.reason.startswith(("stalled", "pruned")))
+                                                                  else "")
     if row.status == DAMAGED:
         return [row.name, "", "", "", "", status, "", "", "", "", "", clock(row.submitted_at), ""]
     progress = f"{row.step}/{row.steps} ({100 * row.step // row.steps}%)" if row.step is not None else f"-/{row.steps}"

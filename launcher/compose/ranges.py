@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from launcher.core.config import (CHECKPOINTING, DIRECTIONS, PRECISIONS, SEARCH_BACKENDS, SHARDINGS, TRACKER_PACKAGES,
-                                  WANDB_MODES)
+from launcher.core.config import (CHECKPOINTING, DIRECTIONS, PRECISIONS, PRUNERS, SEARCH_BACKENDS, SHARDINGS,
+                                  TRACKER_PACKAGES, WANDB_MODES)
 
 
 CHOICES = {
@@ -20,6 +20,7 @@ CHOICES = {
     "tracking.mode": WANDB_MODES,
     "search.backend": SEARCH_BACKENDS,
     "search.direction": DIRECTIONS,
+    "search.pruner": PRUNERS,
 }
 
 
@@ -93,4 +94,5 @@ RANGES: Dict[str, Range] = {
     "search.trials": Range(1, 10_000),
     "search.parallel": AT_LEAST_1,
     "search.max_failures": Range(0, zero="0: the first failed trial ends the search"),
+    "search.startup_trials": Range(0, zero="0: any trial may be pruned"),
 }

@@ -30,6 +30,7 @@ WANDB_MODES = ("offline", "online")
 # What a search samples with (launcher/search/): none is a single run or a grid sweep; and which way it steers.
 SEARCH_BACKENDS = ("none", "optuna")
 DIRECTIONS = ("minimize", "maximize")
+PRUNERS = ("none", "median")
 
 
 def tracker_missing(backend: str) -> Optional[str]:
@@ -159,7 +160,10 @@ class SearchConfig:
     """A search over the values of a run's settings (conf/search/*.yaml; launcher/search/): with ``backend``
     optuna, ``launcher -m search=optuna 'train.lr=interval(1e-4, 3e-3)'`` runs ``trials`` runs, ``parallel`` at a
     time, each told the last ``metric`` of its own metrics.jsonl, toward its lowest (``direction`` minimize).
-    More than ``max_failures`` failed trials (null: a quarter of ``trials``) end the search."""
+    More than ``max_failures`` failed trials (null: a quarter of ``trials``) end the search. With ``pruner``
+    median, a trial whose ``metric`` at an evaluation is worse than the median of the ended trials' at that step
+    stops there, PRUNED; the first ``startup_trials`` never are. ``enqueue``: points of the space tried first, in
+    order (a baseline), each a mapping of parameters to values; parameters left out are drawn."""
 
     backend: str = "none"
     trials: int = 24
@@ -167,6 +171,9 @@ class SearchConfig:
     metric: str = "eval_loss"
     direction: str = "minimize"
     max_failures: Optional[int] = None
+    pruner: str = "none"
+    startup_trials: int = 4
+    enqueue: List[Dict[str, Any]] = field(default_factory=list)
 
     def failures_allowed(self) -> int:
         return self.trials // 4 if self.max_failures is None else self.max_failures

@@ -19,8 +19,9 @@ from launcher.core.rundir import TRIAL
 
 
 def final_outcome(events: List[dict]) -> Optional[str]:
-    """``COMPLETED``, or why the run failed or was stopped, when its current attempt ended it; None while it may
-    go on (a retry or requeue is on its way)."""
+    """``COMPLETED``, ``PRUNED at step N``, or why the run failed or was stopped, when its current attempt ended
+    it; None while it may go on (a retry or requeue is on its way)."""
+    from launcher.search.trials import PRUNED
     from launcher.status.attempt_log import AttemptLog
 
     _, since = AttemptLog(events).this_attempt()
@@ -28,7 +29,8 @@ def final_outcome(events: List[dict]) -> Optional[str]:
         if event.get("event") == "failed" and event.get("final"):
             return f"failed: {event.get('error') or event.get('short') or 'no cause recorded'}"
         if event.get("event") == "attempt_ended" and event.get("outcome") == "COMPLETED":
-            return "COMPLETED"
+            pruned = [e for e in since if e.get("event") == "finished" and e.get("pruned")]
+            return f"{PRUNED} at step {pruned[-1].get('step')}" if pruned else "COMPLETED"
         if event.get("event") == "attempt_ended" and event.get("outcome") == "CANCELLED":
             return "stopped: its job was cancelled"
     return None

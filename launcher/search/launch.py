@@ -43,13 +43,14 @@ class Started:
 def check_search(overrides: List[str], multirun: bool) -> Checked:
     """Read the space and compose and check the run at each corner; LaunchError for any refusal."""
     from launcher.forecast.gate import check_launch
-    from launcher.search.space import read_space
+    from launcher.search.space import checked_point, read_space
 
     if not multirun:
         raise LaunchError("search=optuna launches a sweep of trials; add -m (--multirun)")
     space = read_space(overrides)
     points = space.corners()
     settings = compose_corner(space, points[0], with_settings=True).config.search
+    points += [checked_point(space, point) for point in settings.enqueue]
     corners = [compose_corner(space, point) for point in points]  # as the trials compose: without the settings
     if settings.metric == "eval_loss" and any(run.config.train.eval_every == 0 for run in corners):
         raise LaunchError("search.metric=eval_loss needs an evaluation; train.eval_every=0 records none "

@@ -54,6 +54,23 @@ class Param:
             return IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
         return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
 
+    def domain(self) -> str:
+        """The values this parameter takes, as a reader says them."""
+        if self.kind == CHOICE:
+            return "one of " + ", ".join(map(str, self.choices))
+        grid = f" in steps of {self.step:g}" if self.step else ""
+        return f"{self.kind} from {self.low:g} to {self.high:g}{grid}" + (" (log scale)" if self.log else "")
+
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` is one this parameter can take (a number in the bounds, on the step grid)."""
+        if self.kind == CHOICE:
+            return value in self.choices
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not self.low <= value <= self.high:
+            return False
+        if self.kind == INT and value != int(value):
+            return False
+        return not self.step or abs((value - self.low) / self.step - round((value - self.low) / self.step)) < 1e-9
+
     def line(self, value: Any) -> str:
         """The override that sets this parameter to ``value``."""
         return f"{self.key}={hydra_value(value)}"
@@ -86,6 +103,22 @@ class Space:
             raise LaunchError(f"the search space has {count} corners to check before submitting (at most "
                               f"{MAX_CORNERS}); search fewer choices at once")
         return [dict(zip((p.key for p in self.params), point)) for point in itertools.product(*axes)]
+
+
+def checked_point(space: Space, point: Any) -> Dict[str, Any]:
+    """A point of ``search.enqueue`` as a trial's values: every key a parameter of the space and every value one
+    it can take (a one-line LaunchError otherwise); a parameter it leaves out, which Optuna will draw, at its
+    lower extreme, for the launch's check of the run there."""
+    params = {param.key: param for param in space.params}
+    if not isinstance(point, dict) or not point:
+        raise LaunchError(f"search.enqueue takes points such as {{{space.params[0].key}: VALUE}}, got {point!r}")
+    for key, value in point.items():
+        if key not in params:
+            raise LaunchError(f"search.enqueue: {key} is not a parameter of the search (its parameters: "
+                              f"{', '.join(params)})")
+        if not params[key].holds(value):
+            raise LaunchError(f"search.enqueue: {key}={value!r} is outside the space ({params[key].domain()})")
+    return {key: point.get(key, param.extremes()[0]) for key, param in params.items()}
 
 
 def asked(overrides: Sequence[str]) -> bool:

@@ -20,10 +20,10 @@ from typing import Any, Dict, Iterator
 from launcher.core.config import SearchConfig
 from launcher.core.rundir import write_json_atomic
 from launcher.status.index import ensure_sweep_dir
+from launcher.train.trial import storage
 from launcher.search.space import Space, from_dict, to_dict
 
 DEFINITION = "search.json"
-JOURNAL = "journal.log"
 TRIALS_LOCK = "trials"  # the lock file is trials.lock while a report holds it
 # A report holding the lock longer than this (composing and submitting the trials owed takes seconds) has died
 # with it; the next reporter then takes it, rather than every trial waiting forever.
@@ -52,13 +52,17 @@ class Search:
 
 
 def create(search: Search) -> Path:
-    """Make the search's directory with its definition and an empty study; nothing of it is left on a failure."""
+    """Make the search's directory with its definition and a study holding only the points to try first (waiting);
+    nothing of it is left on a failure."""
     path = ensure_sweep_dir(Path(search.root), search.id)
     try:
         write_json_atomic(path / DEFINITION, search.to_dict())
         import optuna
 
-        optuna.create_study(storage=storage(path), study_name=search.id, direction=search.settings.direction)
+        study = optuna.create_study(storage=storage(path), study_name=search.id,
+                                    direction=search.settings.direction)
+        for point in search.settings.enqueue:  # asked for first, in order; Optuna draws the parameters left out
+            study.enqueue_trial(dict(point))
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
@@ -69,17 +73,6 @@ def load(path: Path) -> Search:
     import json
 
     return Search.from_dict(json.loads((Path(path) / DEFINITION).read_text()))
-
-
-def storage(path: Path) -> Any:
-    """Optuna's journal file storage of the study in ``path``, locked without symlinks."""
-    import optuna
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the launch's output and the batch log are the run's
-    journal = str(Path(path) / JOURNAL)
-    return JournalStorage(JournalFileBackend(journal, lock_obj=JournalFileOpenLock(journal)))
 
 
 def open_study(path: Path, search: Search) -> Any:

@@ -24,8 +24,18 @@ def submit_trial(search: Search, number: int, values: Dict[str, Any]) -> str:
         runs = compose_runs(search.space.trial(values))
         roots, parts = check_runs(runs)
         record = submit_one(runs[0], roots[0], search.id, parts[0],
-                            files={TRIAL: {"search": search.id, "trial": number}})
+                            files={TRIAL: trial_file(search, number)})
     return record.name
+
+
+def trial_file(search: Search, number: int) -> Dict[str, Any]:
+    """What a trial's run directory says of it (trial.json): its search and number, and, with a pruner, what its
+    training tells the study at each evaluation (launcher/train/trial.py)."""
+    settings = search.settings
+    trial: Dict[str, Any] = {"search": search.id, "trial": number}
+    if settings.pruner != "none":
+        trial["prune"] = {"metric": settings.metric, "startup_trials": settings.startup_trials}
+    return trial
 
 
 @contextmanager

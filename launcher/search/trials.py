@@ -30,12 +30,16 @@ class Tally:
     failed: int
 
 
+PRUNED = "PRUNED"  # how a pruned trial's outcome begins (launcher/search/hook.py)
+
+
 @dataclass(frozen=True)
 class Result:
-    """How a trial ended: its metric, or None and why it failed."""
+    """How a trial ended: its metric, or None and why it failed, or ``pruned`` (the study holds its values)."""
 
     value: Optional[float]
     cause: str = ""
+    pruned: bool = False
 
 
 def owed(tally: Tally, settings: SearchConfig) -> int:
@@ -60,7 +64,7 @@ def ended_because(tally: Tally, settings: SearchConfig) -> Optional[str]:
 def tally_of(study: Any) -> Tally:
     from optuna.trial import TrialState
 
-    trials = study.get_trials(deepcopy=False)
+    trials = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]  # enqueued, not asked
     return Tally(asked=len(trials), ended=sum(t.state.is_finished() for t in trials),
                  failed=sum(t.state == TrialState.FAIL for t in trials))
 
@@ -83,7 +87,10 @@ def report(path: Path, number: int, result: Result, submit: Submit) -> List[int]
         study = open_study(path, search)
         frozen = study.get_trials(deepcopy=False)[number]
         if not frozen.state.is_finished():
-            if result.value is None:
+            if result.pruned:
+                Trial(study, frozen._trial_id).set_user_attr("cause", result.cause)
+                study.tell(number, state=TrialState.PRUNED)
+            elif result.value is None:
                 Trial(study, frozen._trial_id).set_user_attr("cause", result.cause)
                 study.tell(number, state=TrialState.FAIL)
             else:
@@ -123,7 +130,9 @@ def ask_owed(study: Any, search: Search, submit: Submit, strict: bool = False) -
 
 def result_of(metrics: List[dict], metric: str, outcome: str) -> Result:
     """A trial's result from its final outcome (COMPLETED, or the cause of a failure or stop) and its own
-    metrics records: the last finite value of ``metric``."""
+    metrics records: the last finite value of ``metric``. A pruned trial's values are the study's already."""
+    if outcome.startswith(PRUNED):
+        return Result(None, outcome.lower(), pruned=True)
     if outcome != "COMPLETED":
         return Result(None, outcome)
     values = [m[metric] for m in metrics if isinstance(m.get(metric), (int, float)) and not isinstance(m[metric], bool)]

@@ -121,7 +121,7 @@ def from_run_dir(run_dir: Path, files: Optional[RunFiles] = None) -> Optional[Jo
     for event in reversed(files.events):
         kind = event.get("event")
         if kind == "finished":
-            return JobState("COMPLETED", "", "run directory", files=files)
+            return JobState("COMPLETED", finished_early(event), "run directory", files=files)
         if kind == "failed" and (event.get("final") or not judged):
             return JobState("FAILED", in_a_word(event), "run directory", files=files)
         if kind == "cancelled":
@@ -129,6 +129,12 @@ def from_run_dir(run_dir: Path, files: Optional[RunFiles] = None) -> Optional[Jo
         if kind in ("submitted", "started", "requeued", "resumed", "retrying", "resubmitted", "attempt"):
             return None
     return None
+
+
+def finished_early(finished: dict) -> str:
+    """Why a run that finished ended before its last step, or "": a search trial its study pruned (it completed
+    as asked: launcher/train/trial.py)."""
+    return f"pruned at step {finished.get('step')}" if finished.get("pruned") else ""
 
 
 def in_a_word(failure: dict) -> str:
@@ -154,6 +160,8 @@ def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = Non
         return dataclasses.replace(state, state="RECOVERING", reason=", ".join(r for r in (why, state.reason) if r))
     if state.state == "FAILED" and last.get("event") == "failed":  # the verdict, or a rank's own if none came
         return dataclasses.replace(state, reason=in_a_word(last))
+    if state.state == "COMPLETED" and last.get("event") == "finished" and finished_early(last):
+        return dataclasses.replace(state, reason=finished_early(last))
     if state.state in ("RUNNING", "PENDING") and attempts.ended_complete():
         # The run recorded its end, but the controller lost track of it (a crash that cost it its latest state).
         return dataclasses.replace(state, state="COMPLETED", reason="the run ended; Slurm still lists its job")

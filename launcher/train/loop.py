@@ -36,6 +36,7 @@ from launcher.train.metrics import MetricsLog, peak_flops, peak_memory_gb, throu
 from launcher.train.interrupt import Interrupt, Requeue
 from launcher.train.model import GPT
 from launcher.train.tracking import open_tracker
+from launcher.train.trial import Pruning
 from launcher.train.optim import build_optimizer, optimizer_step
 from launcher.train.parallel import parallelize
 from launcher.train.resume import Starter
@@ -145,6 +146,7 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
     intervals: list[dict[str, Any]] = []
     record: dict[str, Any] = {}
     timer = _IntervalTimer(env.device)
+    pruning = Pruning.of(run_dir, env.is_main)  # a search trial whose study may stop it early
     try:
         step = start
         while step < tc.steps:
@@ -184,6 +186,9 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
                 watchdog.measured(record["step_time"])
                 intervals.append({"steps": steps, "seconds": seconds})
                 timer.reset()
+            if pruning and eval_loss is not None and pruning_said(pruning, done, record, env) and not last:
+                record = {**record, "pruned": True}
+                break
 
             interrupted = not last and interrupt.agreed()  # Slurm's time-limit or preemption signal
             if last or interrupted or (tc.checkpoint_every > 0 and done % tc.checkpoint_every == 0):
@@ -195,7 +200,8 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
             step = done
 
         final = {"final": True, **record, **_overall(intervals, tokens_per_step, env, fpt, peak),
-                 "steps_run": tc.steps - start, "resumed_from": start if begun.checkpoint is not None else None,
+                 "steps_run": record.get("step", tc.steps) - start,
+                 "resumed_from": start if begun.checkpoint is not None else None,
                  "micro_batch": batching.micro_batch, "grad_accum": batching.grad_accum}
         metrics.write(final)
         return final
@@ -204,6 +210,14 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
         raise
     finally:
         metrics.close()
+
+
+def pruning_said(pruning: Pruning, step: int, record: dict[str, Any], env: DistEnv) -> bool:
+    """Whether the main rank's study pruned the trial at this evaluation, the same answer on every rank (a
+    broadcast: every rank leaves the loop together, or none does)."""
+    said = torch.tensor([pruning.pruned(step, record)], dtype=torch.int32, device=env.device)
+    dist.broadcast(said, src=0)
+    return bool(said.item())
 
 
 def _build(cfg: RunConfig, env: DistEnv) -> tuple[nn.Module, torch.optim.Optimizer,

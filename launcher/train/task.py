@@ -60,7 +60,8 @@ def run(run_dir: str | Path) -> dict[str, Any]:
         finally:
             watchdog.stop()
         if env.is_main:
-            append_event(run_dir, "finished", step=final["step"], loss=final.get("loss"))
+            append_event(run_dir, "finished", step=final["step"], loss=final.get("loss"),
+                         **({"pruned": True} if final.get("pruned") else {}))
         return final
     except BaseException:
         log.exception("rank %d failed", rank)
