@@ -16,6 +16,10 @@ from launcher.slurm.client import Slurm
 from launcher.submit import launch as submit
 
 
+# The progress follower reaped before the shell ends.
+REAP = 'ENDED=$?; kill $LAUNCHER_PROGRESS 2>/dev/null; wait $LAUNCHER_PROGRESS 2>/dev/null; exit $ENDED'
+
+
 def grid(*overrides: str):
     return compose_runs(["train.steps=3", *overrides], multirun=True)
 
@@ -31,7 +35,7 @@ def test_the_array_script_runs_each_element_in_its_own_run_directory(tmp_path):
     lines = script.splitlines()
     assert "#SBATCH --array=0-2%2" in lines and "#SBATCH --job-name=sweep-x" in lines
     assert f"#SBATCH --error={tmp_path}/.sweeps/sweep-x/%A_%a_0_log.err" in lines
-    assert lines[-1].endswith('-m launcher.job.recovery end "$RUN_DIR" $?')
+    assert lines[-2].endswith('-m launcher.job.recovery end "$RUN_DIR" $?') and lines[-1] == REAP
     assert any(line.endswith('-m launcher.job.recovery begin "$RUN_DIR"') for line in lines)
     assert 'export PYTHONPATH="$RUN_DIR"/code${PYTHONPATH:+:$PYTHONPATH} PYTHONSAFEPATH=1' in lines
     srun = next(line for line in lines if line.startswith("srun "))

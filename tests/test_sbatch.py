@@ -53,7 +53,9 @@ def test_script_requests_the_plans_layout(runs, gpus, nodes, tmp_path):
     assert "--kill-on-bad-exit=1" in srun and srun.endswith(f"-m submitit.core._submit {tmp_path / 'submitit'}")
     # The attempt is recorded around the ranks, and its end judged with srun's exit status (launcher/job/recovery.py).
     assert lines.index(next(line for line in lines if line.endswith(f"-m launcher.job.recovery begin {tmp_path}"))) \
-        < lines.index(srun) < lines.index(lines[-1]) and lines[-1].endswith(f"-m launcher.job.recovery end {tmp_path} $?")
+        < lines.index(srun) < lines.index(lines[-2]) and lines[-2].endswith(f"-m launcher.job.recovery end {tmp_path} $?")
+    # The progress follower is the shell's to reap, after the end step, whose status the script ends with.
+    assert lines[-1] == "ENDED=$?; kill $LAUNCHER_PROGRESS 2>/dev/null; wait $LAUNCHER_PROGRESS 2>/dev/null; exit $ENDED"
 
 
 def test_the_job_imports_the_runs_frozen_code_from_its_first_line_of_python(runs, tmp_path):

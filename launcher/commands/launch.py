@@ -126,7 +126,8 @@ def search(overrides: List[str], multirun: bool) -> int:
     if note:
         print(note)
     toward = "lowest" if settings.direction == "minimize" else "highest"
-    print(f"Submitted search {started.search_id}: trials {', '.join(map(str, started.submitted))} of "
+    numbers = ", ".join(map(str, started.submitted))
+    print(f"Submitted search {started.search_id}: trial{'s' if len(started.submitted) > 1 else ''} {numbers} of "
           f"{settings.trials}, {settings.parallel} at a time, toward the {toward} {settings.metric}")
     print(f"  study    {started.path}")
     print(f"  status   {invocation()} runs --sweep {started.search_id}")

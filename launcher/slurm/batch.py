@@ -160,7 +160,7 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
         where = shlex.quote(str(Path(run_dir).absolute()))
         # The umask first: every file of the job (Slurm's output, logs, checkpoints) is the run's alike.
         params["setup"] = [umask_line(cfg.share_group), *params.get("setup", []), *host_steps(cfg, where)]
-        params["teardown"] = [f"{host_python(cfg.cluster)} -m launcher.job.recovery end {where} $?"]
+        params["teardown"] = host_end(cfg, where)
         inside = container_args(cfg, run_dir, mounts)
         outside = [arg for arg in params.get("srun_args", []) if not arg.startswith("--container-")]
         params["srun_args"] = ["--kill-on-bad-exit=1", *outside, *inside]
@@ -177,7 +177,19 @@ def host_steps(cfg: RunConfig, where: str) -> list:
     from here, the host, beside the ranks (launcher/job/progress.py)."""
     python = host_python(cfg.cluster)
     return [_frozen_code_export(where), f"{python} -m launcher.job.recovery begin {where}",
-            f"{python} -m launcher.job.progress {where} &"]
+            f"{python} -m launcher.job.progress {where} & {PROGRESS}=$!"]
+
+
+# The batch shell's variable holding the progress follower's pid, so that the shell reaps it before it ends: an
+# orphan left to notice its shell gone would outlive its job (a search's "nothing runs between trials").
+PROGRESS = "LAUNCHER_PROGRESS"
+
+
+def host_end(cfg: RunConfig, where: str) -> list:
+    """The teardown lines after srun: the attempt's end with srun's exit status (launcher/job/recovery.py), then
+    the progress follower stopped and reaped, the script ending with the end step's status."""
+    return [f"{host_python(cfg.cluster)} -m launcher.job.recovery end {where} $?",
+            f"ENDED=$?; kill ${PROGRESS} 2>/dev/null; wait ${PROGRESS} 2>/dev/null; exit $ENDED"]
 
 
 def frozen_code_line(run_dir: Path) -> str:
@@ -220,7 +232,7 @@ def array_script(cfg: RunConfig, plan: Plan, job_name: str, run_dirs: Sequence[P
                      *map(shlex.quote, params.pop("srun_args", []))])
     command = f"{srun} {task_python(cfg.cluster)} -u -m submitit.core._submit \"$RUN_DIR/submitit\""
     return _make_sbatch_string(command=command, folder=Path(folder).absolute(), use_srun=False, setup=setup,
-                               teardown=[f"{host_python(cfg.cluster)} -m launcher.job.recovery end {ELEMENT_DIR} $?"],
+                               teardown=host_end(cfg, ELEMENT_DIR),
                                map_count=max(1, len(run_dirs)), array_parallelism=cfg.sweep.parallel or len(run_dirs),
                                **params)
 
