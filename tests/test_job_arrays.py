@@ -128,3 +128,22 @@ def test_a_refused_array_leaves_no_run_directory(tmp_path, monkeypatch, max_arra
         submit.launch(grid("train.lr=1e-3,2e-3"), sweep=True)
     assert [p.name for p in (tmp_path / "runs").iterdir() if p.name != ".index"] == [".sweeps"]
     assert list((tmp_path / "runs" / ".sweeps").iterdir()) == []
+
+
+def test_a_sweeps_dry_run_shows_each_shape_as_the_one_array_script_it_submits(capsys, tmp_path, monkeypatch):
+    """What the dry run prints is what the launch submits: one array script per resource shape, after the plans
+    of its runs, with their directories in order; a container run is a job of its own, as it is submitted."""
+    from launcher import cli
+
+    monkeypatch.setenv("LAUNCHER_RUN_ROOT", str(tmp_path))
+    assert cli.main(["-m", "gpus=1,2", "model=gpt_tiny", "train.lr=1e-3,2e-3", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("#!/bin/bash") == 2 and out.count("\n#SBATCH --array=0-1") == 2 and out.count("# run ") == 4
+    array_lines = [line for line in out.splitlines() if line.startswith("RUN_DIRS=(")]
+    assert array_lines == [f"RUN_DIRS=({tmp_path}/gpt-tiny-{g}g {tmp_path}/gpt-tiny-{g}g) "
+                           "&& RUN_DIR=${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}" for g in (1, 2)]
+    assert out.index("# run gpt-tiny-1g") < out.index("# sbatch script of one job array for gpt-tiny-1g, gpt-tiny-1g")
+    assert cli.main(["-m", "gpus=1", "model=gpt_tiny", "train.lr=1e-3,2e-3", "cluster.container.image=/x.sqsh",
+                     "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("#!/bin/bash") == 2 and "#SBATCH --array" not in out

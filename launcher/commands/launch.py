@@ -94,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
     for warning in check_launch(runs, dry_run=mode is not False):
         print(f"warning: {warning}", file=sys.stderr)
     if mode is not False:
-        print_runs(runs, mode)
+        print_runs(runs, mode, sweep=args.multirun)
         return 0
     if any(run.config.cluster.ssh for run in runs):  # a cluster reached over SSH: submitted there
         from launcher.remote.clusters import launch_remote
@@ -134,14 +134,15 @@ def search(overrides: List[str], multirun: bool) -> int:
     return 0
 
 
-def print_runs(runs: List[ComposedRun], mode: object) -> None:
-    """A dry run: the runs' plans as JSON (``dry_run=json``, one object per line) or as tables and scripts."""
+def print_runs(runs: List[ComposedRun], mode: object, sweep: bool = False) -> None:
+    """A dry run: the runs' plans as JSON (``dry_run=json``, one object per line) or as tables and scripts (a
+    sweep's as the job arrays it would be submitted as)."""
     if mode == "json":
         for run in runs:
             print(json.dumps({**run.plan.to_dict(), "name": display_name(run), "overrides": run.overrides,
                               "data": run.data.to_dict()}))
     else:
-        print_dry_run(runs)
+        print_dry_run(runs, sweep)
 
 
 def dry_run_asked(overrides: List[str]) -> bool:
@@ -158,29 +159,54 @@ def display_name(run: ComposedRun) -> str:
     return run.config.name or base_name(run.plan.model, run.plan.gpus)
 
 
-def print_dry_run(runs: List[ComposedRun]) -> None:
-    from tabulate import tabulate
-
+def print_dry_run(runs: List[ComposedRun], sweep: bool = False) -> None:
+    """Each run's plan, and the sbatch script it would be submitted with: for a sweep's runs that would share a
+    job array (launcher/submit/launch.py shapes), the array's one script after their plans."""
+    from launcher.core.rundir import sweep_dir
     from launcher.job.secret_store import secrets_dir
-    from launcher.slurm.batch import render_sbatch
+    from launcher.slurm.batch import array_script, render_sbatch
 
     remote = remote_scripts(runs)
-    for index, run in enumerate(runs):
-        name = display_name(run)
-        if remote:  # rendered by the cluster's side, with its paths
-            folder, data, script = remote[index]["folder"], remote[index]["data"], remote[index]["script"]
-        else:
-            folder = str(Path(run.config.run_root).expanduser() / name / "submitit")
-            data, script = run.data.line(), render_sbatch(run.config, run.plan, name, folder,
-                                                          mounts=[str(secrets_dir())])
-        if index:
+    roots = [Path(run.config.run_root).expanduser() for run in runs]
+    groups = [[index] for index in range(len(runs))]
+    if sweep and not remote:
+        from launcher.submit.launch import new_sweep_id, shapes
+
+        sweep_id = new_sweep_id()
+        groups = shapes(runs, roots, sweep_id)
+    for number, group in enumerate(groups):
+        if number:
             print()
-        print(f"# run {name}: {' '.join(run.overrides) or '(defaults)'}")
-        print(tabulate(run.plan.to_dict().items(), headers=["plan", ""], intfmt=","))
-        print(data)
-        where = f" on cluster {run.config.cluster.name}" if remote else ""
-        print(f"\n# sbatch script (submitit folder {folder}{where})")
-        print(script)
+        for index in group:
+            print_plan(runs[index], remote[index]["data"] if remote else runs[index].data.line(), index == group[0])
+        run, name = runs[group[0]], display_name(runs[group[0]])
+        mounts = [str(secrets_dir())]
+        if len(group) > 1:
+            folder = sweep_dir(roots[group[0]], sweep_id)
+            names = ", ".join(display_name(runs[index]) for index in group)
+            print(f"\n# sbatch script of one job array for {names} (element i runs the i-th, its directory named with "
+                  f"a suffix when submitted; Slurm's own lines in {folder}; split at the cluster's MaxArraySize)")
+            print(array_script(run.config, run.plan, sweep_id, [roots[i] / display_name(runs[i]) for i in group],
+                               folder, mounts=mounts))
+        elif remote:  # rendered by the cluster's side, with its paths
+            where = f"{remote[group[0]]['folder']} on cluster {run.config.cluster.name}"
+            print(f"\n# sbatch script (submitit folder {where})")
+            print(remote[group[0]]["script"])
+        else:
+            folder = str(roots[group[0]] / name / "submitit")
+            print(f"\n# sbatch script (submitit folder {folder})")
+            print(render_sbatch(run.config, run.plan, name, folder, mounts=mounts))
+
+
+def print_plan(run: ComposedRun, data: str, first: bool = True) -> None:
+    """A run's heading, plan table and data line."""
+    from tabulate import tabulate
+
+    if not first:
+        print()
+    print(f"# run {display_name(run)}: {' '.join(run.overrides) or '(defaults)'}")
+    print(tabulate(run.plan.to_dict().items(), headers=["plan", ""], intfmt=","))
+    print(data)
 
 
 def remote_scripts(runs: List[ComposedRun]) -> list:

@@ -85,22 +85,28 @@ def new_sweep_id() -> str:
 
 
 def arrays(runs: List[ComposedRun], roots: List[Path], sweep_id: str) -> List[List[int]]:
-    """The runs of a sweep (by index) that each job array holds: those on one cluster whose array script would be
-    the same but for the run directories (the same request, root, interpreter and ``sweep.parallel``), in pieces
-    of the cluster's MaxArraySize (0: no arrays). A run alone in its shape, or in a container (whose work
-    directory is its run's), is a job of its own (a batch of one)."""
-    shapes: Dict[tuple, List[int]] = {}
+    """The runs of a sweep (by index) that each job array holds: each of :func:`shapes`, in pieces of the
+    cluster's MaxArraySize (0: no arrays)."""
+    batches = []
+    for indices in shapes(runs, roots, sweep_id):
+        size = max(1, for_cluster(runs[indices[0]].config.cluster).max_array_size()) if len(indices) > 1 else 1
+        batches += [indices[start:start + size] for start in range(0, len(indices), size)]
+    return batches
+
+
+def shapes(runs: List[ComposedRun], roots: List[Path], sweep_id: str) -> List[List[int]]:
+    """The runs of a sweep (by index) whose array script would be the same but for the run directories (the same
+    cluster, request, root, interpreter and ``sweep.parallel``), in order. A run alone in its shape, or in a
+    container (whose work directory is its run's), is a job of its own (a group of one). Asks nothing of Slurm:
+    a dry run shows the arrays with it."""
+    groups: Dict[tuple, List[int]] = {}
     for index, (run, root) in enumerate(zip(runs, roots)):
         cfg = run.config
         shape = (index,) if cfg.cluster.container.image is not None else (
             for_cluster(cfg.cluster).conf, cfg.sweep.parallel, cfg.cluster.max_requeues,
             array_script(cfg, run.plan, sweep_id, [], sweep_dir(root, sweep_id)))
-        shapes.setdefault(shape, []).append(index)
-    batches = []
-    for indices in shapes.values():
-        size = max(1, for_cluster(runs[indices[0]].config.cluster).max_array_size()) if len(indices) > 1 else 1
-        batches += [indices[start:start + size] for start in range(0, len(indices), size)]
-    return batches
+        groups.setdefault(shape, []).append(index)
+    return list(groups.values())
 
 
 def check_cluster(runs: List[ComposedRun]) -> List[Partition]:
