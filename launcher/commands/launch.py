@@ -160,42 +160,38 @@ def display_name(run: ComposedRun) -> str:
 
 
 def print_dry_run(runs: List[ComposedRun], sweep: bool = False) -> None:
-    """Each run's plan, and the sbatch script it would be submitted with: for a sweep's runs that would share a
-    job array (launcher/submit/launch.py shapes), the array's one script after their plans."""
-    from launcher.core.rundir import sweep_dir
-    from launcher.job.secret_store import secrets_dir
-    from launcher.slurm.batch import array_script, render_sbatch
+    """Each run's plan, and the sbatch script it would be submitted with (launcher/submit/launch.py scripts): for
+    a sweep's runs that would share a job array, the array's one script after their plans. For a cluster reached
+    over SSH, the scripts are that cluster's, with its paths."""
+    names = [display_name(run) for run in runs]
+    if any(run.config.cluster.ssh for run in runs):
+        from launcher.remote.agent import request
+        from launcher.remote.clusters import remote_of, same_remote
+        from launcher.remote.ship import call
 
-    remote = remote_scripts(runs)
-    roots = [Path(run.config.run_root).expanduser() for run in runs]
-    groups = [[index] for index in range(len(runs))]
-    if sweep and not remote:
-        from launcher.submit.launch import new_sweep_id, shapes
+        same_remote(runs)
+        answer = call(remote_of(runs[0].config.cluster), "scripts",
+                      {**request(runs, sweep, sys.argv[1:]), "names": names})
+        shown, data, where = answer["scripts"], answer["data"], f" on cluster {runs[0].config.cluster.name}"
+    else:
+        from dataclasses import asdict
 
-        sweep_id = new_sweep_id()
-        groups = shapes(runs, roots, sweep_id)
-    for number, group in enumerate(groups):
+        from launcher.submit.launch import scripts
+
+        shown, data, where = [asdict(script) for script in scripts(runs, names, sweep)], None, ""
+    for number, script in enumerate(shown):
         if number:
             print()
+        group = script["runs"]
         for index in group:
-            print_plan(runs[index], remote[index]["data"] if remote else runs[index].data.line(), index == group[0])
-        run, name = runs[group[0]], display_name(runs[group[0]])
-        mounts = [str(secrets_dir())]
+            print_plan(runs[index], data[index] if data else runs[index].data.line(), index == group[0])
         if len(group) > 1:
-            folder = sweep_dir(roots[group[0]], sweep_id)
-            names = ", ".join(display_name(runs[index]) for index in group)
-            print(f"\n# sbatch script of one job array for {names} (element i runs the i-th, its directory named with "
-                  f"a suffix when submitted; Slurm's own lines in {folder}; split at the cluster's MaxArraySize)")
-            print(array_script(run.config, run.plan, sweep_id, [roots[i] / display_name(runs[i]) for i in group],
-                               folder, mounts=mounts))
-        elif remote:  # rendered by the cluster's side, with its paths
-            where = f"{remote[group[0]]['folder']} on cluster {run.config.cluster.name}"
-            print(f"\n# sbatch script (submitit folder {where})")
-            print(remote[group[0]]["script"])
+            print(f"\n# sbatch script of one job array for {', '.join(names[i] for i in group)} (element i runs the "
+                  f"i-th, its directory named with a suffix when submitted; Slurm's own lines in "
+                  f"{script['folder']}{where}; split at the cluster's MaxArraySize)")
         else:
-            folder = str(roots[group[0]] / name / "submitit")
-            print(f"\n# sbatch script (submitit folder {folder})")
-            print(render_sbatch(run.config, run.plan, name, folder, mounts=mounts))
+            print(f"\n# sbatch script (submitit folder {script['folder']}{where})")
+        print(script["text"])
 
 
 def print_plan(run: ComposedRun, data: str, first: bool = True) -> None:
@@ -207,19 +203,6 @@ def print_plan(run: ComposedRun, data: str, first: bool = True) -> None:
     print(f"# run {display_name(run)}: {' '.join(run.overrides) or '(defaults)'}")
     print(tabulate(run.plan.to_dict().items(), headers=["plan", ""], intfmt=","))
     print(data)
-
-
-def remote_scripts(runs: List[ComposedRun]) -> list:
-    """For runs on a cluster reached over SSH, each one's dry run as that cluster renders it; else []."""
-    if not any(run.config.cluster.ssh for run in runs):
-        return []
-    from launcher.remote.agent import request
-    from launcher.remote.clusters import remote_of, same_remote
-    from launcher.remote.ship import call
-
-    same_remote(runs)
-    payload = {**request(runs, False, sys.argv[1:]), "names": [display_name(run) for run in runs]}
-    return call(remote_of(runs[0].config.cluster), "scripts", payload)["scripts"]
 
 
 def print_submitted(launched: Launched) -> None:

@@ -77,20 +77,13 @@ def partitions(payload: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def scripts(payload: Dict[str, Any]) -> Dict[str, Any]:
-    """The sbatch script of each run of the request as it would be submitted here (a dry run: nothing is
-    written), with this cluster's paths: run root, interpreter, secrets store."""
-    from pathlib import Path
+    """The sbatch scripts of the request's runs as they would be submitted here (a dry run: nothing is written),
+    with this cluster's paths (run root, interpreter, secrets store), and each run's data line."""
+    from launcher.submit.launch import scripts as render
 
-    from launcher.job.secret_store import secrets_dir
-    from launcher.slurm.batch import render_sbatch
-
-    out = []
-    for item, name in zip(payload["runs"], payload["names"]):
-        run = composed(item)
-        folder = Path(run.config.run_root).expanduser() / name / "submitit"
-        out.append({"folder": str(folder), "data": run.data.line(),
-                    "script": render_sbatch(run.config, run.plan, name, folder, mounts=[str(secrets_dir())])})
-    return {"scripts": out}
+    runs = [composed(item) for item in payload["runs"]]
+    return {"scripts": [asdict(script) for script in render(runs, payload["names"], payload["sweep"])],
+            "data": [run.data.line() for run in runs]}
 
 
 ACTIONS = {"launch": launch, "partitions": partitions, "scripts": scripts}

@@ -28,7 +28,7 @@ from launcher.status.index import (RunRecord, base_name, create_run_dir, default
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
 from launcher.slurm.fit import explain_rejection, refusal
 from launcher.job.submission import submit_array, submit_job
-from launcher.slurm.batch import array_script
+from launcher.slurm.batch import array_script, render_sbatch
 from launcher.submit.freeze import dirty_note, freeze, source_state
 from launcher.slurm.client import Partition, SlurmError, for_cluster, slurm_conf_for
 
@@ -107,6 +107,40 @@ def shapes(runs: List[ComposedRun], roots: List[Path], sweep_id: str) -> List[Li
             array_script(cfg, run.plan, sweep_id, [], sweep_dir(root, sweep_id)))
         groups.setdefault(shape, []).append(index)
     return list(groups.values())
+
+
+@dataclass(frozen=True)
+class Script:
+    """One sbatch script a launch would submit, for a dry run: the runs it holds (their indices), the folder its
+    submitit or Slurm output goes to, and its text."""
+
+    runs: List[int]
+    folder: str
+    text: str
+
+
+def scripts(runs: List[ComposedRun], names: List[str], sweep: bool) -> List[Script]:
+    """The scripts a launch of ``runs`` would submit, nothing written and Slurm not asked: one per run, or for a
+    sweep one per job array (:func:`shapes`; not split at MaxArraySize, which only Slurm knows). ``names``: the
+    runs' directory names as a dry run shows them."""
+    from launcher.job.secret_store import secrets_dir
+
+    roots = [Path(run.config.run_root).expanduser() for run in runs]
+    mounts = [str(secrets_dir())]
+    sweep_id = new_sweep_id()
+    out = []
+    for group in shapes(runs, roots, sweep_id) if sweep else [[index] for index in range(len(runs))]:
+        run, root = runs[group[0]], roots[group[0]]
+        if len(group) == 1:
+            folder = root / names[group[0]] / "submitit"
+            out.append(Script(group, str(folder), render_sbatch(run.config, run.plan, names[group[0]], folder,
+                                                                mounts=mounts)))
+        else:
+            folder = sweep_dir(root, sweep_id)
+            out.append(Script(group, str(folder), array_script(run.config, run.plan, sweep_id,
+                                                               [roots[i] / names[i] for i in group], folder,
+                                                               mounts=mounts)))
+    return out
 
 
 def check_cluster(runs: List[ComposedRun]) -> List[Partition]:
