@@ -51,6 +51,9 @@ COMMANDS: Dict[str, Command] = {
     "data": Command("launcher.commands.data", "prepare a dataset: text, JSON-lines or Parquet to tokenizer + shards"),
     "sample": Command("launcher.commands.sample", "generate text from a run's newest checkpoint with its tokenizer",
                       True),
+    "export": Command("launcher.commands.export",
+                      "write a run's checkpoint as a Hugging Face model directory (safetensors, config, tokenizer)",
+                      True),
     "login": Command("launcher.commands.login", "open a remote cluster's SSH connection once (a password or 2FA)"),
     "logout": Command("launcher.commands.login", "close a remote cluster's SSH connection"),
 }

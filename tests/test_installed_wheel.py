@@ -101,7 +101,9 @@ def test_the_wheel_requires_torch_only_under_the_train_extra(wheel):
         metadata = email.parser.Parser().parsestr(archive.read(name).decode())
     requires = [Requirement(line) for line in metadata.get_all("Requires-Dist")]
     extras = set(metadata.get_all("Provides-Extra"))
-    assert {"train", "dev"} <= extras
+    assert {"train", "dev", "hf"} <= extras
+    (hf,) = [r for r in requires if r.name == "transformers"]  # loading an export, never making one
+    assert [extra for extra in sorted(extras | {""}) if hf.marker.evaluate({"extra": extra})] == ["hf"]
     (torch,) = [r for r in requires if r.name == "torch"]
     assert str(torch.specifier) == ">=2.9"
     assert [extra for extra in sorted(extras | {""}) if torch.marker.evaluate({"extra": extra})] == ["train"]

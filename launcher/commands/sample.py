@@ -8,15 +8,12 @@ command (launcher/train/generate.py), so the rest of the launcher stays torch-fr
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import sys
-from pathlib import Path
 
 from launcher.commands.common import lookup, roots_of
-from launcher.core.checkpoints import latest_checkpoint, step_of
-from launcher.core.config import DataConfig, load_run_config
-from launcher.core.dataset import DatasetError, read_metadata
+from launcher.commands.trained import chosen_checkpoint, need_torch, run_config, run_tokenizer
+from launcher.core.checkpoints import step_of
 from launcher.errors import LaunchError
 
 
@@ -27,6 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature > 0 (default 0.8)")
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0: all")
     parser.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same text")
+    parser.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest good one)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto (default): cuda if available, else cpu")
 
@@ -38,19 +36,10 @@ def main(args: argparse.Namespace) -> int:
         raise LaunchError(f"--temperature must be a positive number, got {args.temperature}")
     if args.top_k < 0:
         raise LaunchError(f"--top-k must be 0 (all tokens) or more, got {args.top_k}")
-    if importlib.util.find_spec("torch") is None:  # a laptop's install: the launcher without its [train] extra
-        raise LaunchError(f"launcher sample needs torch, missing from {sys.executable}: "
-                          "pip install 'slurm-gpt-launcher[train]'")
+    need_torch("sample")
     rec = lookup(roots_of(args), args.name)
-    run_dir = Path(rec.run_dir)
-    try:
-        cfg = load_run_config(run_dir / "config.yaml")
-    except Exception as err:  # missing or damaged: OSError, YAML and OmegaConf errors
-        raise LaunchError(f"{rec.name}: cannot read {run_dir / 'config.yaml'} ({type(err).__name__})") from None
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        raise LaunchError(f"{rec.name} has no complete checkpoint yet (train.checkpoint_every="
-                          f"{cfg.train.checkpoint_every}); sample once one is saved")
+    cfg = run_config(rec)
+    checkpoint = chosen_checkpoint(rec, cfg, args.step, "sample")
     codec = run_tokenizer(cfg.data)
     prompt = codec.encode(args.prompt) if args.prompt else [codec.eot if codec.eot is not None else
                                                              codec.encode("\n")[0]]
@@ -69,17 +58,3 @@ def main(args: argparse.Namespace) -> int:
     out = generate(model, prompt, args.tokens, args.temperature, args.top_k, args.seed, stop=codec.eot)
     print(args.prompt + codec.decode(out))
     return 0
-
-
-def run_tokenizer(data: DataConfig):
-    """The tokenizer of the run's data: its dataset's, or byte-level (the default corpus; a single token
-    file, which records no tokenizer)."""
-    from launcher.dataset import tokenizer
-
-    if data.path is None or not Path(data.path).expanduser().is_dir():
-        return tokenizer.BYTE
-    directory = Path(data.path).expanduser()
-    try:
-        return tokenizer.load(read_metadata(directory)["tokenizer"], directory)
-    except DatasetError as err:
-        raise LaunchError(f"the run's data.path: {err}") from None

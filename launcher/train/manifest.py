@@ -12,6 +12,8 @@ import json
 import zlib
 from pathlib import Path
 
+from launcher.core.checkpoints import META
+
 MANIFEST = "manifest_rank_{rank:05d}.json"
 CHUNK = 8 << 20
 
@@ -88,3 +90,13 @@ def damage(directory: Path, world_size: int, share: int = 0, shares: int = 1) ->
 def has_manifests(directory: Path) -> bool:
     """Checkpoints written before manifests existed cannot be verified (they are trusted as before)."""
     return any(directory.glob("manifest_rank_*.json"))
+
+
+def checkpoint_problems(directory: Path) -> list[str]:
+    """What is wrong with a complete checkpoint's files, checked whole in one process ([] when its manifests
+    vouch for it, or it predates them): what ``launcher export`` and ``eval`` refuse a checkpoint for."""
+    try:
+        world = int(json.loads((directory / META).read_text())["world_size"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return [f"{directory / META} is unreadable ({type(err).__name__})"]
+    return damage(directory, world) if has_manifests(directory) else []

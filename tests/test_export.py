@@ -1,0 +1,122 @@
+"""``launcher export``: a 2-rank run's sharded checkpoint becomes a Hugging Face model directory that transformers
+loads as GPT2LMHeadModel and that computes what our model computes: the same logits (fp32, within 1e-4) and the
+same greedy continuation; its tokenizer loads with AutoTokenizer and encodes as the run's did. Sharded above a
+size, in bf16 on request; every refusal is one line and leaves nothing behind."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from launcher import cli
+from launcher.core.checkpoints import step_dir
+from launcher.core.config import load_run_config
+from launcher.dataset.tokenizer import BYTE
+from launcher.train.export import numel
+from launcher.train.generate import generate, load_model
+from launcher.train.hf import gpt2_tensors
+from test_sample import as_run
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT = "import os\ndef "
+
+
+@pytest.fixture(scope="module")
+def exported(reference_run, tmp_path_factory):
+    """The reference run recorded as ``ref`` and exported in fp32 to OUT: (root, run directory, OUT)."""
+    root = tmp_path_factory.mktemp("runs")
+    run_dir = as_run(root, "ref", reference_run)
+    out = root.parent / "ref-hf"
+    assert cli.main(["export", "ref", str(out), "--root", str(root)]) == 0
+    return root, run_dir, out
+
+
+def ours(run_dir, step=6):
+    cfg = load_run_config(run_dir / "config.yaml")
+    return cfg, load_model(cfg.model, step_dir(run_dir, step), torch.device("cpu"))
+
+
+def test_the_export_loads_in_transformers_and_computes_the_same_logits(exported):
+    _, run_dir, out = exported
+    cfg, model = ours(run_dir)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == "GPT2LMHeadModel"
+    config = json.loads((out / "config.json").read_text())
+    assert config["activation_function"] == "gelu" and config["n_positions"] == cfg.model.seq_len
+    ids = torch.randint(0, cfg.model.vocab_size, (2, cfg.model.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        difference = (hf(ids).logits - model(ids)).abs().max().item()
+    assert difference <= 1e-4
+
+
+def test_greedy_generation_and_the_tokenizer_agree_with_the_runs(exported):
+    _, run_dir, out = exported
+    _, model = ours(run_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    prompt = tokenizer(PROMPT, return_tensors="pt").input_ids
+    assert prompt[0].tolist() == BYTE.encode(PROMPT)  # byte-level: id = byte value
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    greedy = hf.generate(prompt, max_new_tokens=15, do_sample=False, attention_mask=torch.ones_like(prompt))
+    mine = generate(model, BYTE.encode(PROMPT), 15, 1.0, 1, 0)  # within seq_len 32: no window
+    assert greedy[0, prompt.shape[1]:].tolist() == mine
+    assert tokenizer.decode(greedy[0]) == PROMPT + BYTE.decode(mine)
+
+
+def test_the_model_card_says_what_the_model_is(exported):
+    _, _, out = exported
+    card = (out / "README.md").read_text()
+    assert card.startswith("# ref\n") and "| steps | 6 of 6 |" in card and "| tokenizer | byte |" in card
+    assert "| tokens seen | 1,536 (256 per step) |" in card and "| final eval loss | " in card
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+         "special_tokens_map.json", "README.md"])
+    assert oct(out.stat().st_mode & 0o777) == "0o755"
+
+
+def test_sharded_and_bf16_exports_load_and_agree(exported, tmp_path):
+    root, run_dir, _ = exported
+    _, model = ours(run_dir, step=3)
+    out = tmp_path / "sharded"
+    assert cli.main(["export", "ref", str(out), "--root", str(root), "--step", "3", "--max-shard-size", "20KB"]) == 0
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and files == sorted(p.name for p in out.glob("model-*-of-*.safetensors"))
+    tensors = gpt2_tensors(load_run_config(run_dir / "config.yaml").model)
+    assert index["metadata"]["total_size"] == 4 * sum(numel(t) for t in tensors) == sum(
+        os.path.getsize(out / f) - 8 - int.from_bytes((out / f).read_bytes()[:8], "little") for f in files)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.arange(16).unsqueeze(0)
+    with torch.no_grad():
+        assert (hf(ids).logits - model(ids)).abs().max().item() <= 1e-4
+    half = tmp_path / "bf16"
+    assert cli.main(["export", "ref", str(half), "--root", str(root), "--dtype", "bf16"]) == 0
+    assert transformers.AutoModelForCausalLM.from_pretrained(half).dtype == torch.bfloat16
+
+
+def test_refusals_are_one_line_and_leave_nothing(exported, tmp_path, capsys):
+    root, run_dir, out = exported
+    capsys.readouterr()
+
+    def refused(*args):
+        assert cli.main(["export", "ref", *args, "--root", str(root)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+        return err
+
+    assert f"{out} exists and is not empty; choose another OUT, or --force" in refused(str(out))
+    assert "no complete checkpoint at step 4 (its checkpoints: 3, 6)" in refused(str(tmp_path / "a"), "--step", "4")
+    assert "--max-shard-size 'big'" in refused(str(tmp_path / "b"), "--max-shard-size", "big")
+    assert "holds the run ref itself" in refused(str(run_dir.parent), "--force")
+    shard = sorted((run_dir / "checkpoints" / "step_00000003").glob("__0_*.distcp"))[0]
+    saved = shard.read_bytes()
+    shard.write_bytes(saved[:-1] + bytes([saved[-1] ^ 0xFF]))
+    try:
+        assert f"checkpoint at step 3 is damaged: {shard.name}" in refused(str(tmp_path / "c"), "--step", "3")
+    finally:
+        shard.write_bytes(saved)
+    assert not [p for p in tmp_path.iterdir()]  # nothing written, not even a hidden work directory
+    assert cli.main(["export", "ref", str(out), "--root", str(root), "--force"]) == 0  # replaced whole
+    assert transformers.AutoModelForCausalLM.from_pretrained(out) is not None
