@@ -39,3 +39,12 @@ def test_gpu_check_quick_prints_its_table_on_cpu(tmp_path):
     assert (ROOT / "docs" / "performance.md").read_text() == performance  # quick figures are not GPU figures
     run_dir = tmp_path / "gpt_tiny_compile_false"
     assert {"config.yaml", "plan.json", "run.yaml"} <= {p.name for p in run_dir.iterdir()}  # as a launch writes
+
+
+def test_bench_export_quick_prints_its_memory_ratios():
+    out = subprocess.run([sys.executable, "scripts/bench_export.py", "--quick"], cwd=ROOT, env=env(),
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = re.findall(rf"^export gpt_small \({NUMBER} MB fp32, (\d+) file\(s\), .*--max-shard-size (\d+)MB\): "
+                       rf"peak {NUMBER} MB, .* = {NUMBER}$", out.stdout, re.M)
+    assert [shard for _, shard in lines] == ["2000", "500"], out.stdout
