@@ -111,6 +111,10 @@ def run_command(args: List[str]) -> int:
         remote = target(parsed)
         if remote is not None and parsed.command == "compare" and parsed.plot:
             parsed.remote = remote  # the figures come from there; the plot is drawn here (commands/compare.py)
+        elif remote is not None and parsed.command == "export" and parsed.to_local:
+            from launcher.commands.export import export_remote  # exported there, then copied here
+
+            return export_remote(remote, args, parsed)
         elif remote is not None:  # the run lives on a cluster reached over SSH: the command runs there
             return forward(remote, args)
     module = importlib.import_module(COMMANDS[parsed.command].module)

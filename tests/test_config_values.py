@@ -50,6 +50,7 @@ RANGE = [
     (["cluster.gpus_per_node=0"], "cluster.gpus_per_node"), (["cluster.gpu_memory_gb=0"], "cluster.gpu_memory_gb"),
     (["cluster.cpus_per_gpu=0"], "cluster.cpus_per_gpu"), (["cluster.time_limit_min=0"], "cluster.time_limit_min"),
     (["cluster.signal_delay_s=-1"], "cluster.signal_delay_s"), (["cluster.max_requeues=-1"], "cluster.max_requeues"),
+    (["train.export_every=-1"], "train.export_every"), (["train.export_every=30"], "train.export_every"),
     (["cluster.max_retries=-1"], "cluster.max_retries"), (["cluster.ssh_timeout_s=0"], "cluster.ssh_timeout_s"),
     (["cluster.time_limit_min=1", "cluster.signal_delay_s=60"], "cluster.signal_delay_s"),
     (["sweep.parallel=0"], "sweep.parallel"), (["sweep.parallel=-1"], "sweep.parallel"),

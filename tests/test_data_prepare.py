@@ -14,7 +14,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from launcher import cli
-from launcher.dataset.tokenizer import END_OF_TEXT, sha256
+from launcher.core.dataset import END_OF_TEXT
+from launcher.dataset.tokenizer import sha256
 from launcher.train.data import TokenData
 
 STDLIB_JSON = Path(sysconfig.get_paths()["stdlib"]) / "json"

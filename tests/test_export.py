@@ -110,6 +110,8 @@ def test_refusals_are_one_line_and_leave_nothing(exported, tmp_path, capsys):
     assert "no complete checkpoint at step 4 (its checkpoints: 3, 6)" in refused(str(tmp_path / "a"), "--step", "4")
     assert "--max-shard-size 'big'" in refused(str(tmp_path / "b"), "--max-shard-size", "big")
     assert "holds the run ref itself" in refused(str(run_dir.parent), "--force")
+    assert "--to-local copies an export from a remote cluster; ref is a run on this machine" in refused(
+        str(tmp_path / "d"), "--to-local", str(tmp_path / "e"))
     shard = sorted((run_dir / "checkpoints" / "step_00000003").glob("__0_*.distcp"))[0]
     saved = shard.read_bytes()
     shard.write_bytes(saved[:-1] + bytes([saved[-1] ^ 0xFF]))
@@ -120,3 +122,32 @@ def test_refusals_are_one_line_and_leave_nothing(exported, tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir()]  # nothing written, not even a hidden work directory
     assert cli.main(["export", "ref", str(out), "--root", str(root), "--force"]) == 0  # replaced whole
     assert transformers.AutoModelForCausalLM.from_pretrained(out) is not None
+
+
+def test_exports_while_training_are_written_beside_the_run_and_a_failed_one_is_an_event(reference_config, tmp_path):
+    """train.export_every=3 with keep_checkpoints=1: the step-3 checkpoint is pruned by the step-6 save, yet its
+    export (reading files linked aside) completes; both load. With RUN/hf a file, the exports fail and the run
+    still finishes, each failure an event."""
+    import train_workers
+    from helpers import events
+    from train_harness import launch_forked, make_run_dir
+
+    config = {**reference_config, "train": {**reference_config["train"], "export_every": 3, "keep_checkpoints": 1}}
+    run_dir = make_run_dir(tmp_path / "run", config, world_size=2, micro_batch=2)
+    launch_forked(train_workers.train_run, (run_dir,), world_size=2)
+    exported = [e for e in events(run_dir) if e["event"] == "exported"]
+    assert sorted(e["step"] for e in exported) == [3, 6] and not (run_dir / "hf" / ".held").exists() or \
+        not list((run_dir / "hf" / ".held").iterdir())
+    assert not (run_dir / "checkpoints" / "step_00000003").exists()  # pruned while its export read it
+    _, model = ours(run_dir)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(run_dir / "hf" / "step_00000006").eval()
+    ids = torch.arange(20).unsqueeze(0)
+    with torch.no_grad():
+        assert (hf(ids).logits - model(ids)).abs().max().item() <= 1e-4
+    assert transformers.AutoModelForCausalLM.from_pretrained(run_dir / "hf" / "step_00000003") is not None
+
+    broken = make_run_dir(tmp_path / "broken", config, world_size=2, micro_batch=2)
+    (broken / "hf").write_text("not a directory")
+    launch_forked(train_workers.train_run, (broken,), world_size=2)
+    kinds = [e["event"] for e in events(broken)]
+    assert kinds.count("export_failed") == 2 and "finished" in kinds and "exported" not in kinds

@@ -83,6 +83,16 @@ def test_a_remote_run_is_launched_listed_described_followed_and_deleted_from_her
     assert described.returncode == 0 and f"Run far: Slurm job {job} on cluster {CLUSTER}" in described.stdout
     logs = laptop.launcher("logs", "far", "--tail", "5")
     assert "final 60" in logs.stdout, logs.stdout + logs.stderr
+    # Exported there, with the cluster's Python (OUT a path there), and copied here.
+    exported = laptop.launcher("export", "far", f"{laptop.remote_root}/far-hf", "--to-local", str(laptop.root.parent))
+    assert exported.returncode == 0, exported.stderr
+    here = laptop.root.parent / "far-hf"
+    assert sorted(p.name for p in here.iterdir()) == ["README.md", "config.json", "generation_config.json",
+                                                      "model.safetensors", "special_tokens_map.json",
+                                                      "tokenizer.json", "tokenizer_config.json"]
+    assert json.loads((here / "config.json").read_text())["n_layer"] == 2 and "| steps | 60 of 60 |" in (
+        here / "README.md").read_text()
+    assert laptop.site.ssh("test", "-f", f"{laptop.remote_root}/far-hf/model.safetensors").returncode == 0
 
     again = laptop.launcher(f"cluster={CLUSTER}", *TINY, "train.steps=10", "name=far-again")
     assert again.returncode == 0, again.stderr

@@ -15,7 +15,7 @@ from launcher.core.plan import read_plan
 from launcher.core.config import load_run_config
 from launcher.core.rundir import CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, WANDB, read_events, read_metrics
 from launcher.status.index import RunRecord
-from launcher.submit.freeze import code_source
+from launcher.core.rundir import code_source
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.status.attempt_log import history
 from launcher.status.goodput import goodput

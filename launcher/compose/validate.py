@@ -49,6 +49,10 @@ def validate(cfg: RunConfig) -> None:
                           f"Slurm sends the checkpoint signal up to cluster.signal_delay_s={delay_s} s + "
                           f"{preemption.TICK_S} s before the limit, and an attempt needs at least {MIN_ATTEMPT_S} s; "
                           "raise the time limit or lower the delay")
+    every, saved = cfg.train.export_every, cfg.train.checkpoint_every
+    if every and (saved == 0 or every % saved):
+        raise LaunchError(f"train.export_every={every} must be a multiple of train.checkpoint_every={saved}: an export "
+                          "converts a checkpoint just saved")
     if cfg.data.val_fraction == 0 and cfg.train.eval_every > 0:
         raise LaunchError(f"data.val_fraction=0 leaves no validation data for train.eval_every={cfg.train.eval_every}; "
                           "set train.eval_every=0 (no evaluation) or a fraction in (0, 1)")

@@ -123,6 +123,11 @@ class TrainConfig:
     eval_batches: int = 2
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
+    # Every export_every steps (a multiple of checkpoint_every; 0: never), and at the end with export_final, the
+    # checkpoint just saved is also written as a Hugging Face model in RUN/hf/step_N, by a process of its own on
+    # the main rank's node while training goes on (launcher/train/export.py).
+    export_every: int = 0
+    export_final: bool = False
     # A step (or a save/eval phase) that has not ended after this long is a hang: the attempt ends with the
     # frozen ranks named (launcher/train/watchdog.py). Null: derived from the measured step time, at least 300 s.
     stall_timeout_s: Optional[float] = None

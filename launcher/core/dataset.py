@@ -42,6 +42,7 @@ METADATA = "metadata.json"
 TOKENIZER_FILE = "tokenizer.json"
 FORMAT = "slurm-gpt-launcher tokens v1"
 BYTE_VOCAB = 256  # the byte-level tokenizer: one token per byte
+END_OF_TEXT = "<|endoftext|>"  # bpe:N's one special token, between documents (launcher/dataset/tokenizer.py)
 BYTE_TOKENIZER = {"kind": "byte", "spec": "byte", "vocab_size": BYTE_VOCAB, "file": None, "sha256": None,
                   "end_of_text": None}
 PREPARE_HINT = "make one with 'launcher data prepare OUT INPUT...'"

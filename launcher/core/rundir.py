@@ -48,6 +48,14 @@ def code_dir(run_dir: Path) -> Path:
     return Path(run_dir).absolute() / CODE
 
 
+def code_source(run_dir: Path) -> Optional[dict]:
+    """Where the run's frozen code came from (commit, dirty, ...), or None for a run without a copy."""
+    try:
+        return json.loads((code_dir(run_dir) / CODE_SOURCE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so that readers see the old file or the new one, never half of one."""
     write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -12,10 +12,9 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
-from launcher.core.dataset import BYTE_VOCAB, TOKENIZER_FILE
+from launcher.core.dataset import BYTE_VOCAB, END_OF_TEXT, TOKENIZER_FILE
 from launcher.errors import LaunchError
 
-END_OF_TEXT = "<|endoftext|>"  # bpe:N's one special token, between documents
 BPE_SIZES = (BYTE_VOCAB + 1, 1 << 20)  # 256 bytes + end-of-text at least; ids stay far inside uint32
 _BPE = re.compile(r"bpe:(-?\d+)")
 CHOICES = "byte, bpe:N (a BPE of N tokens trained on the inputs) or a tokenizer.json file"
@@ -56,45 +55,6 @@ class Codec:
 
 BYTE = Codec("byte", "byte", BYTE_VOCAB)
 
-
-def save_for_transformers(codec: Codec, directory: Path, max_length: int) -> List[str]:
-    """Write the tokenizer as ``transformers.AutoTokenizer.from_pretrained(directory)`` loads it: its
-    tokenizer.json (for a byte-level run, which has none, one made here: 256 tokens, id = byte value) with
-    tokenizer_config.json and special_tokens_map.json. Returns the files' names."""
-    import json
-
-    hf = codec.hf if codec.hf is not None else byte_tokenizer()
-    hf.save(str(directory / TOKENIZER_FILE))
-    special = {"eos_token": END_OF_TEXT, "bos_token": END_OF_TEXT} \
-        if codec.eot is not None and hf.id_to_token(codec.eot) == END_OF_TEXT else {}
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length, "clean_up_tokenization_spaces":
-         False, **special}, indent=2))
-    (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2))
-    return [TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json"]
-
-
-def byte_tokenizer() -> Any:
-    """Byte-level text as a tokenizers Tokenizer: every byte its own token, id = the byte's value (GPT-2's
-    printable stand-in characters for bytes name them), no merges."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    hf = Tokenizer(models.BPE(vocab={char: byte for byte, char in byte_chars().items()}, merges=[]))
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    hf.decoder = decoders.ByteLevel()
-    return hf
-
-
-def byte_chars() -> Dict[int, str]:
-    """GPT-2's map of each byte to a printable character, as the ByteLevel pre-tokenizer and decoder use it:
-    printable Latin-1 bytes stand for themselves, the others for characters from U+0100 on."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {byte: chr(byte) for byte in kept}, 0
-    for byte in range(BYTE_VOCAB):
-        if byte not in chars:
-            chars[byte] = chr(BYTE_VOCAB + extra)
-            extra += 1
-    return chars
 
 # Text files are decoded with "surrogateescape", so that byte-level tokens are exactly the file's bytes
 # even where it is not UTF-8; the tokenizers package takes only valid Unicode.

@@ -137,3 +137,32 @@ def remote_error(remote: Remote, stderr: str) -> str:
 def last_line(text: Optional[str]) -> str:
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
+
+
+# Run there with cluster.python: a directory (its path as a command there would take it, ~ expanded) as a tar
+# stream on standard output.
+_PACK = ("import os, sys, tarfile; path = os.path.abspath(os.path.expanduser(sys.argv[1])); "
+         "archive = tarfile.open(fileobj=sys.stdout.buffer, mode='w|'); "
+         "archive.add(path, arcname=os.path.basename(path)); archive.close()")
+
+
+def fetch_dir(remote: Remote, path: str, into: Path) -> Path:
+    """Copy the directory ``path`` on the cluster into the local directory ``into`` over the same connection, as
+    a stream (never held whole); returns the copy. Its files are extracted as plain data (no links out, no device
+    files, no absolute paths)."""
+    into.mkdir(parents=True, exist_ok=True)
+    proc = stream(remote, [remote.python or "python3", "-c", _PACK, path], text=False)
+    assert proc.stdout is not None
+    top = None
+    try:
+        with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
+            for member in archive:
+                top = top or member.name.split("/")[0]
+                archive.extract(member, into, filter="data")
+    except tarfile.TarError:
+        pass  # what went wrong there is its exit status, and its words on standard error
+    finally:
+        status = proc.wait()
+    if status or top is None:
+        raise LaunchError(f"cluster {remote.cluster}: could not copy {path} from there (exit status {status})")
+    return into / top

@@ -115,10 +115,12 @@ def run(remote: Remote, argv: Sequence[str], env: Optional[Dict[str, str]] = Non
 Stream = subprocess.Popen  # a command running on the cluster, its output read as it comes
 
 
-def stream(remote: Remote, argv: Sequence[str], env: Optional[Dict[str, str]] = None) -> Stream:
-    """Start ``argv`` on the cluster with its standard output a pipe read as text (its standard error this
-    process's own): for output that is followed as it comes."""
+def stream(remote: Remote, argv: Sequence[str], env: Optional[Dict[str, str]] = None, text: bool = True) -> Stream:
+    """Start ``argv`` on the cluster with its standard output a pipe read as text (``text`` false: bytes) as it
+    comes (its standard error this process's own): for output that is followed, or too large to hold."""
     cmd = ["ssh", *options(remote), *destination(remote), remote_command(remote, argv, env)]
+    if not text:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace")
 
 

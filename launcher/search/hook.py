@@ -74,8 +74,8 @@ def trial_ended(run_dir: Path) -> None:
 def adopt_frozen_source(run_dir: Path) -> None:
     """Freeze the next trials' code as coming from where this run's frozen code came (its commit, changes and
     diff), not from the copy they are frozen from, which is outside git."""
-    from launcher.core.rundir import CODE_DIFF, code_dir
-    from launcher.submit.freeze import REPO, adopt_source, code_source
+    from launcher.core.rundir import CODE_DIFF, code_dir, code_source
+    from launcher.submit.freeze import REPO, adopt_source
     from launcher.submit.git import TreeState
 
     source = code_source(run_dir)

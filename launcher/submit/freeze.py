@@ -18,7 +18,6 @@ is kept in ``RUN/code/diff.patch`` (launcher/submit/git.py runs git).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import threading
@@ -99,10 +98,3 @@ def dirty_note(state: TreeState) -> str | None:
     return (f"note: the code has uncommitted changes since {state.commit[:12]} ({shown}); each run keeps them "
             f"in RUN/{code_dir(Path()).name}/{CODE_DIFF}")
 
-
-def code_source(run_dir: Path) -> Optional[dict]:
-    """Where the run's frozen code came from (commit, dirty, ...), or None for a run without a copy."""
-    try:
-        return json.loads((code_dir(run_dir) / CODE_SOURCE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None

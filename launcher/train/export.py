@@ -1,4 +1,5 @@
-"""A run's checkpoint as a Hugging Face model directory (``launcher export``; launcher/train/hf.py maps the names).
+"""A run's checkpoint as a Hugging Face model directory (``launcher export``, and ``train.export_every`` from a
+run's job; launcher/train/hf.py maps the names).
 
 The sharded DCP checkpoint is read one tensor at a time (DCP loads any subset of a state dict, from whichever
 ranks' files hold its pieces), converted, and gathered into safetensors shards of at most ``max_shard_bytes``
@@ -10,18 +11,32 @@ process group and no cluster: one process on a CPU.
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed.checkpoint as dcp
 
-from launcher.core.config import ModelConfig
-from launcher.train.hf import Tensor, generation_config, gpt2_config, gpt2_tensors
+from launcher.core.checkpoints import step_dir, step_of
+from launcher.core.config import DataConfig, ModelConfig, RunConfig, load_run_config
+from launcher.core.dataset import read_metadata
+from launcher.core.plan import read_plan
+from launcher.core.rundir import append_event, code_source, read_metrics
+from launcher.train.hf import Tensor, generation_config, gpt2_config, gpt2_tensors, save_tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DEFAULT_SHARD_BYTES = 2 * 10 ** 9
+EXPORTS = "hf"  # in a run directory: what train.export_every writes, RUN/hf/step_<NNNNNNNN>
 CONFIG_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -33,6 +48,44 @@ class Written:
 
     files: List[str]
     total_bytes: int
+
+
+@dataclass(frozen=True)
+class Exported:
+    """An export done: the checkpoint's step, the weights' bytes and how many safetensors files hold them."""
+
+    step: int
+    total_bytes: int
+    shards: int
+
+
+def export_run(run_dir: Path, checkpoint: Path, out: Path, dtype: str, max_shard_bytes: int) -> Exported:
+    """Export ``checkpoint`` of the run in ``run_dir`` to the directory ``out`` (replaced whole if it exists):
+    weights, configs, tokenizer and model card, written beside it and renamed into place once complete."""
+    cfg = load_run_config(run_dir / "config.yaml")
+    source, eot, spec = tokenizer_of(cfg.data)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        written = write_model(cfg.model, checkpoint, work, dtype, max_shard_bytes, eot)
+        save_tokenizer(work, source, eot, cfg.model.seq_len)
+        (work / "README.md").write_text(model_card(run_dir, cfg, step_of(checkpoint), dtype, spec))
+        replace(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return Exported(step_of(checkpoint), written.total_bytes, sum(f.endswith(".safetensors") for f in written.files))
+
+
+def tokenizer_of(data: DataConfig) -> Tuple[Optional[Path], Optional[int], str]:
+    """The run's tokenizer as its dataset's metadata records it: its file (None: byte-level, the default corpus or
+    a single token file), its end-of-text id, and its name."""
+    if data.path is None or not Path(data.path).expanduser().is_dir():
+        return None, None, "byte"
+    directory = Path(data.path).expanduser()
+    record = read_metadata(directory)["tokenizer"]
+    source = directory / record["file"] if record.get("file") else None
+    return source, record.get("end_of_text"), str(record.get("spec") or record.get("kind") or "byte")
 
 
 def write_model(cfg: ModelConfig, checkpoint: Path, out: Path, dtype: str, max_shard_bytes: int,
@@ -94,3 +147,111 @@ def read(checkpoint: Path, tensor: Tensor, dtype: torch.dtype) -> torch.Tensor:
     if tensor.transposed:
         value = value.t()
     return value.to(dtype).contiguous()
+
+
+def replace(work: Path, out: Path) -> None:
+    """Put the finished export ``work`` at ``out``, whatever was there before going only once it is."""
+    old: Optional[Path] = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
+        out.rename(old)
+    work.chmod(0o755)  # mkdtemp's 0700 was for the export in progress; a model directory is read by others
+    work.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def model_card(run_dir: Path, cfg: RunConfig, step: int, dtype: str, tokenizer: str) -> str:
+    """README.md of the export: what the model is and how it was trained, from the run's own records."""
+    plan = read_plan(run_dir)
+    seen = [m for m in read_metrics(run_dir) if not m.get("final") and m["step"] <= step]
+    last = seen[-1] if seen else {}
+    evals = [m["eval_loss"] for m in seen if isinstance(m.get("eval_loss"), (int, float))]
+    source = code_source(run_dir) or {}
+    lines = [
+        f"# {run_dir.name}", "",
+        f"A GPT ({cfg.model.name}: {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} "
+        f"heads, context {cfg.model.seq_len}, vocabulary {cfg.model.vocab_size}) trained with slurm-gpt-launcher "
+        f"and exported as transformers' GPT2LMHeadModel ({dtype}; zero biases, exact GELU).", "",
+        "| | |", "|---|---|",
+        f"| steps | {step} of {cfg.train.steps} |",
+        f"| tokens seen | {step * plan.tokens_per_step:,} ({plan.tokens_per_step:,} per step) |",
+        f"| GPUs | {plan.gpus} ({plan.nodes} x {plan.gpus_per_node}) |",
+        f"| final train loss | {_loss(last.get('loss'))} (step {last.get('step', '-')}) |",
+        f"| final eval loss | {_loss(evals[-1] if evals else None)} |",
+        f"| tokenizer | {tokenizer} |",
+        f"| data | {cfg.data.path or 'the standard-library corpus'} |",
+        f"| commit | {source.get('commit') or 'unknown'}{' (with uncommitted changes)' * bool(source.get('dirty'))} |",
+        "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "model = AutoModelForCausalLM.from_pretrained(PATH)", "tokenizer = AutoTokenizer.from_pretrained(PATH)", "```",
+        "", f"The run's own config: `launcher -f {run_dir / 'run.yaml'}` trains it again.", ""]
+    return "\n".join(lines)
+
+
+def _loss(value) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) else "-"
+
+
+class Exports:
+    """The exports the main rank starts while it trains (``train.export_every``, ``export_final``): each a process
+    of its own on this node, converting a checkpoint just saved, so that no rank waits for it and the watchdog sees
+    steps as usual. Its checkpoint's files are first hard-linked aside (milliseconds), so that a later save's
+    pruning cannot take them away mid-read. Each writes RUN/hf/step_N and records ``exported`` or
+    ``export_failed`` in the run's events: a failed export is the run's news, not its failure. The task waits for
+    them once training ends and the watchdog is stopped (Slurm would end them with the job step)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.running = Path(run_dir), []
+
+    def start(self, step: int) -> None:
+        """Start the export of the checkpoint of ``step``; a failure to start it is recorded, never raised."""
+        try:
+            self.running.append(self._spawn(step))
+        except OSError as err:
+            append_event(self.run_dir, "export_failed", step=step, error=f"{type(err).__name__}: {err}")
+
+    def _spawn(self, step: int) -> subprocess.Popen:
+        exports = self.run_dir / EXPORTS
+        held = exports / ".held" / step_dir(self.run_dir, step).name
+        held.mkdir(parents=True, exist_ok=True)
+        try:
+            for file in step_dir(self.run_dir, step).iterdir():
+                os.link(file, held / file.name)
+        except OSError:  # a file system without hard links: read in place
+            shutil.rmtree(held, ignore_errors=True)
+            held = step_dir(self.run_dir, step)
+        with open(exports / f"{held.name}.log", "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "launcher.train.export", str(self.run_dir), str(held)],
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def wait(self) -> None:
+        for proc in self.running:
+            proc.wait()
+
+
+def main(argv: List[str]) -> int:
+    """``python -m launcher.train.export RUN_DIR CHECKPOINT``: one background export (:class:`Exports`)."""
+    run_dir, checkpoint = Path(argv[0]), Path(argv[1])
+    step, started = step_of(checkpoint), time.monotonic()
+    out = run_dir / EXPORTS / step_dir(run_dir, step).name
+    try:
+        from launcher.train.manifest import checkpoint_problems
+
+        found = checkpoint_problems(checkpoint)
+        if found:
+            raise ValueError(f"the checkpoint is damaged: {found[0]}")
+        done = export_run(run_dir, checkpoint, out, "fp32", DEFAULT_SHARD_BYTES)
+        append_event(run_dir, "exported", step=step, path=str(out), bytes=done.total_bytes,
+                     seconds=round(time.monotonic() - started, 1))
+    except Exception as err:  # noqa: BLE001 (the run goes on: its record says what failed)
+        traceback.print_exc()
+        append_event(run_dir, "export_failed", step=step, error=f"{type(err).__name__}: {err}".splitlines()[0])
+        return 1
+    finally:
+        if checkpoint.parent.name == ".held":
+            shutil.rmtree(checkpoint, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,4 +1,5 @@
-"""Our GPT as Hugging Face transformers' ``GPT2LMHeadModel``: the one place that knows both.
+"""Our GPT and its tokenizer as Hugging Face transformers loads them (``GPT2LMHeadModel``, ``AutoTokenizer``):
+the one place that knows both sides.
 
 The architectures are the same (learned positions, pre-norm blocks, LayerNorm, GELU MLP, the output projection
 tied to the token embedding) but for biases, which ours has none of: the GPT-2 form gets zero biases, which make
@@ -8,10 +9,13 @@ it compute exactly what ours does. GPT-2's linear layers are ``Conv1D``, whose w
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.core.config import ModelConfig
+from launcher.core.dataset import BYTE_VOCAB, END_OF_TEXT, TOKENIZER_FILE
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which launcher/train/model.py keeps
 
@@ -62,3 +66,43 @@ def gpt2_config(cfg: ModelConfig, dtype: str, eot: Optional[int]) -> Dict[str, A
 def generation_config(eot: Optional[int]) -> Dict[str, Any]:
     """generation_config.json: stop at end-of-text, where the run's tokenizer has one."""
     return {"bos_token_id": eot, "eos_token_id": eot}
+
+
+def save_tokenizer(directory: Path, source: Optional[Path], eot: Optional[int], max_length: int) -> List[str]:
+    """Write the run's tokenizer as ``transformers.AutoTokenizer.from_pretrained(directory)`` loads it: its
+    dataset's tokenizer.json (``source``; for byte-level data, which has none, one made here: 256 tokens, id =
+    byte value) with tokenizer_config.json and special_tokens_map.json. Returns the files' names."""
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(str(source)) if source is not None else byte_tokenizer()
+    hf.save(str(directory / TOKENIZER_FILE))
+    special = {"eos_token": END_OF_TEXT, "bos_token": END_OF_TEXT} \
+        if eot is not None and hf.id_to_token(eot) == END_OF_TEXT else {}
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length,
+         "clean_up_tokenization_spaces": False, **special}, indent=2))
+    (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2))
+    return [TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json"]
+
+
+def byte_tokenizer() -> Any:
+    """Byte-level text as a tokenizers Tokenizer: every byte its own token, id = the byte's value (GPT-2's
+    printable stand-in characters for bytes name them), no merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    hf = Tokenizer(models.BPE(vocab={char: byte for byte, char in byte_chars().items()}, merges=[]))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    hf.decoder = decoders.ByteLevel()
+    return hf
+
+
+def byte_chars() -> Dict[int, str]:
+    """GPT-2's map of each byte to a printable character, as the ByteLevel pre-tokenizer and decoder use it:
+    printable Latin-1 bytes stand for themselves, the others for characters from U+0100 on."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {byte: chr(byte) for byte in kept}, 0
+    for byte in range(BYTE_VOCAB):
+        if byte not in chars:
+            chars[byte] = chr(BYTE_VOCAB + extra)
+            extra += 1
+    return chars

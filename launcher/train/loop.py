@@ -29,6 +29,7 @@ from launcher.core.heartbeats import SLOW_PHASE_S
 from launcher.core.plan import Plan, flops_per_token, halved_micro_batch
 from launcher.train import faults
 from launcher.train.checkpoint import save_checkpoint
+from launcher.train.export import Exports
 from launcher.train.data import StepSampler, TokenData, token_file, val_indices
 from launcher.train.dist import DistEnv, global_mean
 from launcher.train.guard import check_finite
@@ -117,9 +118,10 @@ def build_model(cfg: RunConfig, env: DistEnv) -> nn.Module:
 
 
 def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Watchdog,
-          interrupt: Interrupt) -> dict[str, Any]:
+          interrupt: Interrupt, exports: Exports | None = None) -> dict[str, Any]:
     """Train to ``cfg.train.steps``, resuming from the newest good checkpoint; returns the final record.
 
+    ``exports`` (the main rank's) starts the Hugging Face exports asked for after their checkpoints' saves.
     ``watchdog`` hears of every step; an exception leaves the loop with the step it happened at
     (``train_step``), for the failure's record. When ``interrupt`` says Slurm's signal came, every rank saves
     the step just done and :class:`Requeue` ends the loop. A first step after a resume that does not fit the
@@ -195,6 +197,9 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
                 with timer.paused(), watchdog.phase(SLOW_PHASE_S):
                     save_checkpoint(run_dir, done, model, optimizer, scheduler, env, tc.keep_checkpoints,
                                     record={"loss": global_mean(loss, env), "grad_norm": grad_norm.item()})
+                if exports and not interrupted and ((tc.export_every and done % tc.export_every == 0)
+                                                    or (last and tc.export_final)):
+                    exports.start(done)
             if interrupted:
                 raise Requeue(done)
             step = done

@@ -22,6 +22,7 @@ from launcher.core.plan import read_plan
 from launcher.core.rundir import append_event
 from launcher.train.dist import check_allreduce, global_rank_from_environ, init_distributed
 from launcher.train.interrupt import Interrupt, Requeue
+from launcher.train.export import Exports
 from launcher.train.loop import train
 from launcher.train.preflight import preflight, verify_data
 from launcher.train.watchdog import Watchdog
@@ -51,8 +52,9 @@ def run(run_dir: str | Path) -> dict[str, Any]:
         watchdog = Watchdog(run_dir, env.rank, env.node, cfg.train.stall_timeout_s,
                             on_stall=functools.partial(_record_stall, run_dir),
                             neighbours=range(first, first + env.world_size // env.nodes)).start(0)
+        exports = Exports(run_dir) if env.is_main else None
         try:
-            final = train(cfg, plan, run_dir, env, watchdog, Interrupt(env))
+            final = train(cfg, plan, run_dir, env, watchdog, Interrupt(env), exports)
         except Requeue as stop:
             if env.is_main:  # before the ranks end: the batch script's last step reads it and requeues the job
                 append_event(run_dir, "requeued", job_id=os.environ.get("SLURM_JOB_ID"), step=stop.step, by="signal")
@@ -62,6 +64,7 @@ def run(run_dir: str | Path) -> dict[str, Any]:
         if env.is_main:
             append_event(run_dir, "finished", step=final["step"], loss=final.get("loss"),
                          **({"pruned": True} if final.get("pruned") else {}))
+            exports.wait()  # the job step would end them: after training, with the watchdog stopped
         return final
     except BaseException:
         log.exception("rank %d failed", rank)
