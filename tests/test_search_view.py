@@ -318,3 +318,25 @@ def test_stopping_one_trial_fails_it_and_submits_the_trial_owed_in_its_place(sea
     # The trial's own last step, reaching the study after this, changes nothing and submits nothing.
     assert report(path, 4, Result(None, "stopped: its job was cancelled"), submit) == []
     assert open_study(path, load(path)).trials[4].user_attrs["cause"] == "stopped"
+
+
+def test_a_grid_sweeps_commands_load_neither_optuna_nor_the_searchs_modules(tmp_path):
+    """Whether a sweep is a search is asked of its directory: a grid sweep's runs --sweep, compare and describe of
+    a run pay nothing for searches."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "grid-0"
+    run_dir.mkdir()
+    save_record(RunRecord(name="grid-0", run_dir=str(run_dir), model="gpt_tiny", gpus=1, nodes=1, gpus_per_node=1,
+                          steps=40, cluster="local", submitted_at=2000.0, sweep="sweep-grid"))
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 3.0, "step_time": 0.1}) + "\n")
+    code = ("import sys; from launcher import cli; "
+            f"assert cli.main(['runs', '--sweep', 'sweep-gr', '--root', {str(tmp_path)!r}]) == 0; "
+            f"assert cli.main(['compare', '--sweep', 'sweep-gr', '--root', {str(tmp_path)!r}]) == 0; "
+            "loaded = [m for m in sys.modules if m.startswith(('optuna', 'launcher.search'))]; "
+            "assert not loaded, loaded")
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "grid-0" in result.stdout and "Search" not in result.stdout and "TRIAL" not in result.stdout

@@ -18,6 +18,7 @@ from launcher.commands.search_view import best_line, metric_text, param_names, p
 from launcher.errors import LaunchError
 from launcher.status.index import RunRecord, load_or_damage, record_names, unique_prefix
 from launcher.core.damage import DamagedRun
+from launcher.core.rundir import search_ids
 from launcher.status.job_state import ACTIVE, DAMAGED, STATES, JobState, job_states
 from launcher.status.run_files import RunFiles
 
@@ -301,8 +302,6 @@ def listing(roots: List[Path], args) -> Tuple[List[RunRow], Optional["SearchView
 def listed_sweep(roots: List[Path], text: str, rows: List[RunRow]) -> Optional[str]:
     """The sweep id --sweep named: its rows' (found by its id or a unique prefix), or, when the filters left no
     row, the search it names (a grid sweep without rows then has nothing to add)."""
-    from launcher.search.study import search_ids
-
     if rows:
         return rows[0].sweep
     try:

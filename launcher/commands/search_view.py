@@ -3,14 +3,18 @@ far the study has gone, and ``describe``'s summary of the whole study. The study
 launcher/search/view.py; ``runs --sweep``, ``describe`` and ``compare`` print from here, so they say the same
 thing the same way.
 
-Optuna and the search's modules are imported only when a search is shown: a grid sweep's listing or a plain
-run's never loads them.
+Optuna and the search's modules are imported only when a search is shown: whether a sweep is a search is asked of
+its directory (launcher/core/rundir.py), so a grid sweep's listing or a plain run's never loads them.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
+
+from launcher.core.rundir import search_ids, search_path
+from launcher.errors import LaunchError
+from launcher.status.index import unique_prefix
 
 if TYPE_CHECKING:
     from launcher.search.space import Param
@@ -19,11 +23,7 @@ if TYPE_CHECKING:
 
 def search_of(roots: Sequence[Path], sweep_id: Optional[str]) -> Optional["SearchView"]:
     """The search whose sweep id is ``sweep_id``, read now; None for a grid sweep (or no sweep)."""
-    if not sweep_id:
-        return None
-    from launcher.search.study import search_path
-
-    path = search_path(roots, sweep_id)
+    path = search_path(roots, sweep_id) if sweep_id else None
     if path is None:
         return None
     from launcher.search.view import view
@@ -34,10 +34,6 @@ def search_of(roots: Sequence[Path], sweep_id: Optional[str]) -> Optional["Searc
 def named_search(roots: Sequence[Path], text: str) -> Optional[Path]:
     """The directory of the search whose sweep id is ``text`` or the only one starting with it; None when none
     does, a one-line LaunchError naming the candidates when several do."""
-    from launcher.errors import LaunchError
-    from launcher.search.study import search_ids, search_path
-    from launcher.status.index import unique_prefix
-
     ids = [sweep for root in roots for sweep in search_ids(root)]
     if not any(sweep.startswith(text) for sweep in ids):
         return None

@@ -15,7 +15,7 @@ from typing import List, Optional
 
 from launcher.commands.common import changeable, chosen_runs, roots_of
 from launcher.errors import LaunchError
-from launcher.core.rundir import TRIAL, append_event
+from launcher.core.rundir import TRIAL, append_event, search_path
 from launcher.status.index import RunRecord
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.status.job_state import job_states
@@ -72,8 +72,6 @@ def main(args: argparse.Namespace) -> int:
 def stop_search(roots: List[Path], sweep_id: Optional[str]) -> Optional[Path]:
     """Mark search ``sweep_id`` stopped, so that it submits no more trials; its directory, or None for a grid
     sweep (nothing to mark)."""
-    from launcher.search.study import search_path
-
     path = search_path(roots, sweep_id) if sweep_id else None
     if path is None:
         return None

@@ -15,14 +15,14 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, Optional
 
 from launcher.core.config import SearchConfig
-from launcher.core.rundir import SWEEPS, TRIAL, sweep_dir, write_json_atomic
+from launcher.core.rundir import SEARCH, TRIAL, sweep_dir, write_json_atomic
 from launcher.status.index import ensure_sweep_dir
 from launcher.search.space import Space, from_dict, to_dict
 
-DEFINITION = "search.json"
+DEFINITION = SEARCH
 JOURNAL = "journal.log"
 TRIALS_LOCK = "trials"  # the lock file is trials.lock while a report holds it
 # A report holding the lock longer than this (composing and submitting the trials owed takes seconds) has died
@@ -69,24 +69,6 @@ def load(path: Path) -> Search:
     import json
 
     return Search.from_dict(json.loads((Path(path) / DEFINITION).read_text()))
-
-
-def is_search(path: Path) -> bool:
-    """Whether a sweep's directory is a search's (a grid sweep's holds only its job arrays' scripts and logs)."""
-    return (Path(path) / DEFINITION).is_file()
-
-
-def search_ids(root: Path) -> List[str]:
-    """The ids of the searches whose studies are in run root ``root``."""
-    try:
-        return sorted(entry.name for entry in (Path(root) / SWEEPS).iterdir() if is_search(entry))
-    except OSError:
-        return []
-
-
-def search_path(roots: Sequence[Path], sweep_id: str) -> Optional[Path]:
-    """The directory of search ``sweep_id`` in the first of ``roots`` that has it; None for a grid sweep."""
-    return next((sweep_dir(root, sweep_id) for root in roots if is_search(sweep_dir(root, sweep_id))), None)
 
 
 @dataclass(frozen=True)
