@@ -212,6 +212,10 @@ def test_describe_of_a_trial_run_names_its_search_and_number(searched):
                                 f"launcher describe {SEARCH_ID})")
     (root / "plain").mkdir()
     assert trial_info(root / "plain") is None
+    (root / "orphan").mkdir()  # a trial whose search's directory was removed
+    (root / "orphan" / TRIAL).write_text(json.dumps({"search": "sweep-gone", "trial": 3}))
+    assert trial_info(root / "orphan") == {"search": "sweep-gone", "trial": 3, "state": None, "value": None}
+    assert trial_line(trial_info(root / "orphan")).startswith("Trial 3 of search sweep-gone: not in the study")
 
 
 def test_the_plot_draws_the_value_against_each_parameter_and_marks_the_best(searched):

@@ -16,8 +16,8 @@ from launcher.commands.search_view import describe_lines, metric_text, named_sea
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
 from launcher.core.config import load_run_config
-from launcher.core.rundir import (CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, TRIAL, WANDB, read_events,
-                                  read_metrics)
+from launcher.core.rundir import (CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, TRIAL, WANDB, is_search,
+                                  read_events, read_metrics)
 from launcher.errors import LaunchError
 from launcher.status.index import RunRecord
 from launcher.submit.freeze import code_source
@@ -84,15 +84,16 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
 
 
 def trial_info(run_dir: Path) -> Optional[Dict[str, Any]]:
-    """Which trial of which search the run trains, with its state and value in the study; None for a run that is
-    no trial (one stat: the search's modules and Optuna are loaded only for a trial)."""
+    """Which trial of which search the run trains, with its state and value in the study (None when the study is
+    gone or lacks it); None for a run that is no trial (one stat: the search's modules and Optuna are loaded only
+    for a trial)."""
     if not (run_dir / TRIAL).exists():
         return None
     from launcher.search.study import trial_of
     from launcher.search.view import view
 
     trial = trial_of(run_dir)
-    found = [t for t in view(trial.path).trials if t.number == trial.number]
+    found = [t for t in view(trial.path).trials if t.number == trial.number] if is_search(trial.path) else []
     return {"search": trial.path.name, "trial": trial.number, "state": found[0].state if found else None,
             "value": found[0].value if found else None}
 

@@ -15,7 +15,7 @@ from typing import List, Optional
 
 from launcher.commands.common import changeable, chosen_runs, roots_of
 from launcher.errors import LaunchError
-from launcher.core.rundir import TRIAL, append_event, search_path
+from launcher.core.rundir import TRIAL, append_event, is_search, search_path
 from launcher.status.index import RunRecord
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.status.job_state import job_states
@@ -49,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     records = changeable(chosen_runs(roots, args.names, args.sweep))
     search = stop_search(roots, records[0].sweep) if args.sweep and records else None
     if search is not None:  # the trials a last step submitted before the stop took the lock are among these
-        records = changeable(chosen_runs(roots, [], args.sweep))
+        records = changeable(chosen_runs(roots, [], records[0].sweep))
     stopped = cancel(records)
     for rec in records:
         if rec in stopped:
@@ -94,6 +94,10 @@ def report_stopped_trials(stopped: List[RunRecord]) -> None:
     for rec in stopped:
         trial = trial_of(Path(rec.run_dir))
         if trial is None:
+            continue
+        if not is_search(trial.path):
+            print(f"{rec.name} was trial {trial.number} of search {trial.path.name}, whose study is gone; "
+                  "nothing to tell it.")
             continue
         submitted = report(trial.path, trial.number, Result(None, CAUSE), submit_trial)
         then = f"submitted trial{'s' if len(submitted) > 1 else ''} {', '.join(map(str, submitted))} in its place" \
