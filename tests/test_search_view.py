@@ -87,6 +87,7 @@ def test_values_are_short_and_columns_are_named_by_the_keys_last_part():
 
     assert [short(v) for v in (3.2e-4, 1e-4, 0.25, 50, "gpt_small", 12345.0, 2.0)] == [
         "3.2e-04", "1e-04", "0.25", "50", "gpt_small", "1.2e+04", "2"]
+    assert (short(0.0224), short(0.0224, log=True), short(8.9e-3, log=True)) == ("0.0224", "2.2e-02", "8.9e-03")
     assert [metric_text(v) for v in (2.1, None, 1.5e-5)] == ["2.1000", "", "1.5e-05"]
     assert param_names(["train.lr", "optim.lr", "train.warmup_steps", "model"]) == {
         "train.lr": "train.lr", "optim.lr": "optim.lr", "train.warmup_steps": "warmup_steps", "model": "model"}
@@ -239,7 +240,9 @@ def test_the_plot_draws_the_value_against_each_parameter_and_marks_the_best(sear
     completed, pruned, best = lr.collections
     assert sorted(map(tuple, completed.get_offsets().tolist())) == [(3.2e-4, 2.1), (1e-3, 2.5)]
     assert pruned.get_offsets().tolist() == [[2e-3, 1.9]] and best.get_offsets().tolist() == [[3.2e-4, 2.1]]
-    assert [t.get_text() for t in lr.texts] == ["trial 2"]
+    assert sorted(t.get_text() for t in lr.texts) == ["trial 0", "trial 2", "trial 3"]  # each point labelled
+    assert lr.get_xlim() == pytest.approx((1e-4 / 1.25, 3e-3 * 1.25))  # the whole space searched
+    assert warmup.get_xlim() == pytest.approx((-7.5, 157.5))
 
 
 def test_compare_of_a_search_writes_its_plot_and_says_what_it_left_out(searched, capsys):

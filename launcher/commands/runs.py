@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, TextIO, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, Tuple, Union
 
 from launcher.commands.common import clock, duration, parse_since, roots_of, slurm_seconds, sweep_runs
 from launcher.commands.search_view import best_line, metric_text, param_names, progress_line, search_of, short
@@ -23,6 +23,7 @@ from launcher.status.job_state import ACTIVE, DAMAGED, STATES, JobState, job_sta
 from launcher.status.run_files import RunFiles
 
 if TYPE_CHECKING:
+    from launcher.search.space import Param
     from launcher.search.view import SearchView
 
 
@@ -273,18 +274,18 @@ def render(rows: List[RunRow], as_json: bool, search: Optional["SearchView"] = N
 
     if search is None:
         return tabulate([table_row(row) for row in rows], headers=HEADERS, disable_numparse=True)
-    keys = [param.key for param in search.search.space.params]
-    table = [table_row(row) + trial_cells(row, keys) for row in rows]
-    headers = [*HEADERS, "TRIAL", "TRIAL STATE", *param_names(keys).values(), search.metric]
+    params = search.search.space.params
+    table = [table_row(row) + trial_cells(row, params) for row in rows]
+    headers = [*HEADERS, "TRIAL", "TRIAL STATE", *param_names(p.key for p in params).values(), search.metric]
     return "\n".join([tabulate(table, headers=headers, disable_numparse=True), *lines])
 
 
-def trial_cells(row: RunRow, keys: List[str]) -> list:
+def trial_cells(row: RunRow, params: Sequence["Param"]) -> list:
     """A trial's columns: its number, state in the study, each parameter's value (short) and its value."""
     if row.trial_state is None:  # a run of the sweep the study does not name (yet)
-        return [""] * (len(keys) + 3)
-    params = row.params or {}
-    return [row.trial, row.trial_state, *(short(params[key]) if key in params else "" for key in keys),
+        return [""] * (len(params) + 3)
+    drawn = row.params or {}
+    return [row.trial, row.trial_state, *(short(drawn[p.key], p.log) if p.key in drawn else "" for p in params),
             metric_text(row.value)]
 
 

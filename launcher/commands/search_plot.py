@@ -69,8 +69,8 @@ def figure(search: "SearchView", drawn: Plotted):
 
 
 def panel(ax, param: "Param", search: "SearchView", shown: List["TrialView"]) -> None:
-    """The value of every shown trial against one parameter, the completed ones filled, the pruned ones hollow, the
-    best one a star labelled with its trial number and value."""
+    """The value of every shown trial against one parameter, each labelled with its number: the completed ones
+    filled, the pruned ones hollow, the best one a star; the x-axis spans the parameter's whole range."""
     metric = search.metric
 
     def x(trial: "TrialView") -> Any:
@@ -89,13 +89,20 @@ def panel(ax, param: "Param", search: "SearchView", shown: List["TrialView"]) ->
     if best is not None and param.key in best.params:
         ax.scatter([x(best)], [best.value], marker="*", s=220, color="tab:red", zorder=3,
                    label=f"best: trial {best.number}, {metric} {metric_text(best.value)}")
-        ax.annotate(f"trial {best.number}", (x(best), best.value), textcoords="offset points", xytext=(0, 9),
-                    ha="center", fontsize=8, color="tab:red")
+    for trial in shown:
+        ax.annotate(f"trial {trial.number}", (x(trial), trial.value), textcoords="offset points", xytext=(0, 8),
+                    ha="center", fontsize=7, color="tab:red" if trial is best else "tab:gray")
     if param.kind == "choice":
         ax.set_xticks(range(len(param.choices)), labels=[short(c) for c in param.choices])
         ax.set_xlim(-0.5, len(param.choices) - 0.5)
-    elif param.log:
-        ax.set_xscale("log")
+    else:  # the whole space searched, so where the trials fell in it shows
+        if param.log:
+            ax.set_xscale("log")
+            ax.set_xlim(param.low / 1.25, param.high * 1.25)
+        else:
+            pad = 0.05 * (param.high - param.low)
+            ax.set_xlim(param.low - pad, param.high + pad)
+    ax.margins(y=0.15)  # room for the labels above the highest point
     ax.set(xlabel=param.key + (" (log scale)" if param.log else ""), ylabel=metric, title=f"{metric} vs {param.key}")
     ax.grid(alpha=0.3)
     if shown:

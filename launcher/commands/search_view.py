@@ -43,13 +43,15 @@ def named_search(roots: Sequence[Path], text: str) -> Optional[Path]:
         raise LaunchError(str(err)) from None
 
 
-def short(value: Any) -> str:
-    """A parameter's value, short and readable: ``3.2e-04``, ``1e-04``, ``0.25``, ``50``, ``gpt_small``."""
+def short(value: Any, log: bool = False) -> str:
+    """A parameter's value, short and readable: ``3.2e-04``, ``1e-04``, ``0.25``, ``50``, ``gpt_small``; a float of
+    a parameter drawn on a log scale (``log``) always with its exponent, so its column reads as orders of
+    magnitude (``2.2e-02`` beside ``8.9e-03``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     if isinstance(value, int) or value == 0 or not math.isfinite(value):
         return str(value)
-    if 1e-2 <= abs(value) < 1e4:
+    if 1e-2 <= abs(value) < 1e4 and not log:
         return f"{value:.3g}"
     mantissa, exponent = f"{value:.1e}".split("e")
     return f"{mantissa.removesuffix('.0')}e{exponent}"
@@ -80,7 +82,8 @@ def param_names(keys: Iterable[str]) -> Dict[str, str]:
 def params_text(search: "SearchView", params: Dict[str, Any]) -> str:
     """A trial's parameters in one phrase: ``lr 3.2e-04 warmup_steps 50``."""
     names = param_names(p.key for p in search.search.space.params)
-    return " ".join(f"{names[key]} {short(params[key])}" for key in names if key in params)
+    return " ".join(f"{names[p.key]} {short(params[p.key], p.log)}" for p in search.search.space.params
+                    if p.key in params)
 
 
 def best_line(search: "SearchView") -> str:
@@ -111,7 +114,7 @@ def param_line(param: "Param") -> str:
     if param.kind == "choice":
         return f"{param.key}  one of {', '.join(short(c) for c in param.choices)}"
     step = f" step {short(param.step)}" if param.step else ""
-    return (f"{param.key}  {param.kind} in [{short(param.low)}, {short(param.high)}]{step}"
+    return (f"{param.key}  {param.kind} in [{short(param.low, param.log)}, {short(param.high, param.log)}]{step}"
             + (", log scale" if param.log else ""))
 
 
