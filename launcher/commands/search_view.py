@@ -31,6 +31,11 @@ def search_of(roots: Sequence[Path], sweep_id: Optional[str]) -> Optional["Searc
     return view(path)
 
 
+def trials_text(numbers: Sequence[int]) -> str:
+    """``trial 4``, ``trials 4, 5, 6``."""
+    return f"trial{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
+
+
 def named_search(roots: Sequence[Path], text: str) -> Optional[Path]:
     """The directory of the search whose sweep id is ``text`` or the only one starting with it; None when none
     does, a one-line LaunchError naming the candidates when several do."""

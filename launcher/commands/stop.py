@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from launcher.commands.common import changeable, chosen_runs, roots_of
+from launcher.commands.search_view import trials_text
 from launcher.errors import LaunchError
 from launcher.core.rundir import TRIAL, append_event, is_search, search_path
 from launcher.status.index import RunRecord
@@ -62,8 +63,7 @@ def main(args: argparse.Namespace) -> int:
 
         failed = fail_running(search, CAUSE)
         if failed:
-            print(f"Told the study that trial{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} "
-                  f"failed ({CAUSE}).")
+            print(f"Told the study that {trials_text(failed)} failed ({CAUSE}).")
     else:
         report_stopped_trials(stopped)
     return 0
@@ -100,6 +100,5 @@ def report_stopped_trials(stopped: List[RunRecord]) -> None:
                   "nothing to tell it.")
             continue
         submitted = report(trial.path, trial.number, Result(None, CAUSE), submit_trial)
-        then = f"submitted trial{'s' if len(submitted) > 1 else ''} {', '.join(map(str, submitted))} in its place" \
-            if submitted else "no trial is owed in its place"
+        then = f"submitted {trials_text(submitted)} in its place" if submitted else "no trial is owed in its place"
         print(f"Told search {trial.path.name} that trial {trial.number} failed ({CAUSE}); {then}.")
