@@ -256,6 +256,10 @@ def test_compare_of_a_search_writes_its_plot_and_says_what_it_left_out(searched,
     assert cli.main(["compare", "--sweep", SEARCH_ID, "--plot", str(png), "--json", "--root", str(root)]) == 0
     captured = capsys.readouterr()
     assert len(json.loads(captured.out)) == 7 and captured.err.startswith("left out of the plot")
+    bad = root / "no-such-dir" / "search.png"
+    assert cli.main(["compare", "--sweep", SEARCH_ID, "--plot", str(bad), "--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--plot {bad}: cannot write it" in err
 
 
 def test_a_stopped_search_owes_nothing_and_its_running_trials_are_told_failed(searched):
