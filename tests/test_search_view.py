@@ -111,12 +111,16 @@ def test_the_view_counts_every_state_and_the_best_is_a_completed_trial(searched)
 def test_the_best_follows_the_direction(tmp_path):
     from launcher.search.view import view
 
+    from launcher.commands.search_view import best_line
+
     path = make_search(tmp_path, trials=2, parallel=2, direction="maximize")
     submit = Submitted(tmp_path)
     start(path, submit)
+    assert best_line(view(path)) == "Best so far: none yet; no trial has completed with its eval_loss"
     report(path, 0, Result(0.5), submit)
     report(path, 1, Result(0.7), submit)
     assert view(path).best().number == 1
+    assert best_line(view(path)) == "Best: trial 1 (run-1), eval_loss 0.7000 at lr 5e-04 warmup_steps 100"
 
 
 def test_runs_of_a_search_show_each_trials_parameters_state_and_value_then_the_best_and_progress(searched, capsys):
@@ -227,7 +231,7 @@ def test_the_plot_draws_the_value_against_each_parameter_and_marks_the_best(sear
     seen = view(path)
     drawn = plotted(seen)
     assert [t.number for t in drawn.shown] == [0, 2, 3]
-    assert drawn.note("eval_loss") == ("left out of the plot, without a eval_loss: trial 1 (FAIL), trial 4 "
+    assert drawn.note("eval_loss") == ("left out of the plot, without eval_loss: trial 1 (FAIL), trial 4 "
                                        "(RUNNING), trial 5 (RUNNING), trial 6 (RUNNING), trial 7 (WAITING), "
                                        "trial 8 (WAITING)")
     fig = figure(seen, drawn)
@@ -251,7 +255,7 @@ def test_compare_of_a_search_writes_its_plot_and_says_what_it_left_out(searched,
     assert cli.main(["compare", "--sweep", SEARCH_ID, "--plot", str(png), "--root", str(root)]) == 0
     out = capsys.readouterr().out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert f"plot written to {png}; left out of the plot, without a eval_loss: trial 1 (FAIL), trial 4" in out
+    assert f"plot written to {png}; left out of the plot, without eval_loss: trial 1 (FAIL), trial 4" in out
     assert "Best so far: trial 2 (run-2)" in out
     assert cli.main(["compare", "--sweep", SEARCH_ID, "--plot", str(png), "--json", "--root", str(root)]) == 0
     captured = capsys.readouterr()

@@ -33,7 +33,7 @@ class Plotted:
         if not self.left_out:
             return ""
         which = ", ".join(f"trial {t.number} ({t.state})" for t in self.left_out)
-        return f"left out of the plot, without a {metric}: {which}"
+        return f"left out of the plot, without {metric}: {which}"
 
 
 def plotted(search: "SearchView") -> Plotted:

@@ -96,7 +96,7 @@ def best_line(search: "SearchView") -> str:
     best = search.best()
     label = "Best" if search.ended else "Best so far"
     if best is None:
-        return f"{label}: none; no trial has completed with {search.metric}"
+        return f"{label}: none{'' if search.ended else ' yet'}; no trial has completed with its {search.metric}"
     return (f"{label}: trial {best.number} ({best.run}), {search.metric} {metric_text(best.value)} at "
             f"{params_text(search, best.params)}")
 
