@@ -4,13 +4,15 @@
 submits the next; no launcher process runs outside a job meanwhile. Trial 0's rank is SIGKILLed with no retry
 left: it is reported failed and the search still ends with 6 trials; the best trial is the one with the lowest
 eval_loss in the completed trials' own metrics.jsonl. A second search, one trial at a time with a pruner, tries a
-good rate then a rate too small to learn: the second trial stops at its first evaluation, PRUNED."""
+good rate then a rate too small to learn: the second trial stops at its first evaluation, PRUNED.
+And ``stop --sweep`` of a search: it stops the search, and no trial is submitted after it."""
 from __future__ import annotations
 
 import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 from helpers import events, rank_pids, record, runs_json, wait_for
@@ -138,3 +140,45 @@ def test_a_trial_worse_than_the_median_is_pruned_before_its_last_step(slurm, tmp
     assert study.trials[1].user_attrs["cause"] == "pruned at step 2"
     row = runs_json(slurm, root)[runs[1].name]
     assert (row["status"], row["reason"]) == ("COMPLETED", "pruned at step 2")
+
+
+def test_stop_sweep_stops_the_search_and_no_trial_is_submitted_after_it(slurm, tmp_path):
+    """3 trials, one at a time, each ~20 s of paced steps: ``stop --sweep`` while trial 0 trains marks the study
+    stopped, cancels the job and tells trial 0 failed; no trial is submitted afterwards, though the cancelled job's
+    batch script may still reach its last step."""
+    root = tmp_path / "runs"
+    # search.max_failures=2: trial 0's failure alone does not end the search; only the stop does.
+    res = slurm.launcher("-m", "search=optuna", "search.trials=3", "search.parallel=1", "search.metric=loss",
+                         "search.max_failures=2", "train.lr=tag(log, interval(1e-4, 3e-2))", "model=gpt_tiny",
+                         "gpus=1", "train.steps=40", "train.log_every=1", f"run_root={root}", root=root, timeout=120,
+                         env={"LAUNCHER_FAULT": "pace@0.5"})
+    assert res.returncode == 0, res.stderr
+    search_id = re.search(r"Submitted search (\S+): trials? 0 of 3", res.stdout).group(1)
+    (first,) = [p.parent for p in root.glob("*/trial.json")]
+    wait_for(lambda: (first / "metrics.jsonl").exists() and (first / "metrics.jsonl").read_text().strip(), 180,
+             "trial 0 training", interval=0.5)
+
+    stopped = slurm.launcher("stop", "--sweep", search_id, root=root, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    lines = stopped.stdout.splitlines()
+    assert lines[0] == f"Stopped search {search_id}: it submits no more trials."
+    assert re.fullmatch(rf"Stopped {first.name} \(job \d+\)\.", lines[1]), stopped.stdout
+    time.sleep(15)  # what the cancelled job's last step could still do, it has done by now
+
+    assert [p.parent for p in root.glob("*/trial.json")] == [first], "a trial was submitted after the stop"
+    from launcher.core.rundir import sweep_dir
+    from launcher.search.study import load, open_study
+    from launcher.search.trials import STOPPED_BY
+
+    path = sweep_dir(root, search_id)
+    study = open_study(path, load(path))
+    assert len(study.trials) == 1 and study.trials[0].state.name == "FAIL"
+    assert study.trials[0].user_attrs["cause"].startswith("stopped"), study.trials[0].user_attrs
+    assert "stopped" in study.user_attrs and study.user_attrs["ended"] == STOPPED_BY
+    listed = slurm.launcher("runs", "--sweep", search_id, "--json", root=root)
+    assert listed.returncode == 0, listed.stderr
+    (row,) = json.loads(listed.stdout)
+    assert (row["name"], row["trial"], row["trial_state"], row["value"]) == (first.name, 0, "FAIL", None)
+    assert row["status"] == "CANCELLED" and set(row["params"]) == {"train.lr"}
+    described = slurm.launcher("describe", search_id, root=root)
+    assert f"ended: {STOPPED_BY}" in described.stdout, described.stdout + described.stderr

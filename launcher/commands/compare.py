@@ -3,7 +3,9 @@
 Everything comes from the runs' own ``metrics.jsonl``, ``run.json`` and ``config.yaml``:
 The figures (launcher/status/scaling.py) as a table, CSV, JSON or a plot (launcher/commands/compare_plot.py);
 MFU reads "n/a" with the reason where training measured none. Runs still going are compared on their steps
-so far and marked as such.
+so far and marked as such. A search's sweep is compared the same way, and its plot is its trials' value against
+each parameter (launcher/commands/search_plot.py) rather than the scaling plot, which trials of one shape do not
+make.
 """
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import argparse
 import csv
 import io
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from launcher.commands.common import chosen_runs, duration, roots_of
+from launcher.commands.search_view import best_line, progress_line, search_of
 from launcher.errors import LaunchError
 from launcher.status.scaling import RunStats, compare
 
@@ -76,8 +80,9 @@ def to_csv(stats: List[RunStats]) -> str:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("names", nargs="*", metavar="RUN", help="runs to compare (names or unique prefixes)")
     parser.add_argument("--sweep", help="compare every run of this sweep (its id or a unique prefix)")
-    parser.add_argument("--plot", type=Path, metavar="FILE.png", 
-                        help="also draw throughput against GPUs (with the ideal linear line) and the loss curves")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png",
+                        help="also draw throughput against GPUs (with the ideal linear line) and the loss curves; "
+                             "of a search: each trial's value against each parameter")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON")
     out.add_argument("--csv", action="store_true", help="print CSV")
@@ -96,8 +101,18 @@ def remote_stats(remote, args: argparse.Namespace) -> List[RunStats]:
 
 def main(args: argparse.Namespace) -> int:
     remote = getattr(args, "remote", None)  # runs on a cluster reached over SSH, their plot drawn here
-    stats = remote_stats(remote, args) if remote else compare(chosen_runs(roots_of(args), args.names, args.sweep))
-    if args.plot:
+    if remote:
+        stats, search = remote_stats(remote, args), None
+    else:
+        roots = roots_of(args)
+        records = chosen_runs(roots, args.names, args.sweep)
+        stats, search = compare(records), search_of(roots, records[0].sweep if args.sweep and records else None)
+    said = []  # what the plot leaves out of a search: said beside the table, or on stderr beside JSON or CSV
+    if args.plot and search is not None:
+        from launcher.commands.search_plot import plot as plot_search
+
+        said = [note for note in [plot_search(search, args.plot).note(search.metric)] if note]
+    elif args.plot:
         from launcher.commands.compare_plot import plot
 
         plot(stats, args.plot)
@@ -105,11 +120,18 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(s) for s in stats], indent=1))
     elif args.csv:
         print(to_csv(stats), end="")
-    else:
-        from tabulate import tabulate
+    if args.json or args.csv:
+        for line in said:
+            print(line, file=sys.stderr)
+        return 0
+    from tabulate import tabulate
 
-        print(tabulate(table_rows(stats), headers=HEADERS, disable_numparse=True))
-        print("\n".join(notes(stats)))
-        if args.plot:
-            print(f"plot written to {args.plot}")
+    print(tabulate(table_rows(stats), headers=HEADERS, disable_numparse=True))
+    print("\n".join(notes(stats)))
+    if search is not None:
+        print(f"Search {search.search.id}: {progress_line(search)}\n{best_line(search)}")
+    if args.plot:
+        print(f"plot written to {args.plot}" + "".join(f"; {line}" for line in said))
+    elif search is not None:
+        print(f"--plot FILE.png draws {search.metric} against each parameter")
     return 0

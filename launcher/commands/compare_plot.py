@@ -27,7 +27,12 @@ def title(stats: List[RunStats]) -> str:
 
 def plot(stats: List[RunStats], path: Path) -> None:
     """Draw the comparison into ``path`` (PNG, or any format matplotlib knows by the suffix)."""
-    fig = figure(stats)
+    save(figure(stats), path)
+
+
+def save(fig, path: Path) -> None:
+    """Write ``fig`` to ``path`` (its format from the suffix), and free it; a one-line LaunchError when it cannot be
+    written."""
     import matplotlib.pyplot as plt
 
     try:
@@ -38,16 +43,24 @@ def plot(stats: List[RunStats], path: Path) -> None:
         plt.close(fig)
 
 
-def figure(stats: List[RunStats]):
-    """The figure: a title, throughput against GPUs, the loss curves."""
+def pyplot():
+    """matplotlib's pyplot, drawing off screen (no display on a login node); a one-line LaunchError naming the
+    extra to install when matplotlib is missing."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import StrMethodFormatter
     except ImportError:
         raise LaunchError("--plot needs matplotlib: pip install 'slurm-gpt-launcher[plot]'") from None
+    return plt
+
+
+def figure(stats: List[RunStats]):
+    """The figure: a title, throughput against GPUs, the loss curves."""
+    plt = pyplot()
+    from matplotlib.ticker import StrMethodFormatter
+
     fig, (speed, loss) = plt.subplots(1, 2, figsize=(12, 5))
     fig.suptitle(title(stats), fontsize=11)
     throughput_panel(speed, stats)

@@ -1,4 +1,6 @@
-"""``launcher describe RUN``: everything about one run, from its directory and from Slurm."""
+"""``launcher describe RUN``: everything about one run, from its directory and from Slurm; of a search's trial, also
+which trial of which search it is. ``launcher describe SWEEP_ID`` of a search: its study, summarised
+(launcher/commands/search_view.py)."""
 from __future__ import annotations
 
 import argparse
@@ -10,10 +12,13 @@ from typing import Any, Dict, List, Optional
 import yaml
 
 from launcher.commands.common import lookup, roots_of
+from launcher.commands.search_view import describe_lines, metric_text, named_search
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
 from launcher.core.config import load_run_config
-from launcher.core.rundir import CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, WANDB, read_events, read_metrics
+from launcher.core.rundir import (CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, TRIAL, WANDB, is_search,
+                                  read_events, read_metrics)
+from launcher.errors import LaunchError
 from launcher.status.index import RunRecord
 from launcher.core.rundir import code_source
 from launcher.slurm.client import Slurm, SlurmError
@@ -74,7 +79,23 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
         "config": config,
         "code": code_source(run_dir),
         "curves": curves(run_dir, config),
+        "trial": trial_info(run_dir),
     }
+
+
+def trial_info(run_dir: Path) -> Optional[Dict[str, Any]]:
+    """Which trial of which search the run trains, with its state and value in the study (None when the study is
+    gone or lacks it); None for a run that is no trial (one stat: the search's modules and Optuna are loaded only
+    for a trial)."""
+    if not (run_dir / TRIAL).exists():
+        return None
+    from launcher.search.study import trial_of
+    from launcher.search.view import view
+
+    trial = trial_of(run_dir)
+    found = [t for t in view(trial.path).trials if t.number == trial.number] if is_search(trial.path) else []
+    return {"search": trial.path.name, "trial": trial.number, "state": found[0].state if found else None,
+            "value": found[0].value if found else None}
 
 
 def curves(run_dir: Path, config_text: str) -> Optional[Dict[str, str]]:
@@ -133,6 +154,7 @@ def render(info: Dict[str, Any]) -> str:
     out = [
         f"Run {info['name']}: Slurm job {info['job_id']} on cluster {info['cluster']}"
         + (f", sweep {info['sweep']}" if info["sweep"] else ""),
+        *([trial_line(info["trial"])] if info.get("trial") else []),
         f"Status: {state}  [from {info['state_source']}]"
         + "".join(f"  {k} {info[k]}" for k in ("start", "end", "elapsed", "exit_code") if info[k]),
         "",
@@ -167,13 +189,35 @@ def render(info: Dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def trial_line(trial: Dict[str, Any]) -> str:
+    """Where a trial's run stands in its search."""
+    value = f", value {metric_text(trial['value'])}" if trial["value"] is not None else ""
+    return (f"Trial {trial['trial']} of search {trial['search']}: {trial['state'] or 'not in the study'}{value} "
+            f"(the whole search: launcher describe {trial['search']})")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
+    parser.add_argument("name", metavar="RUN", help="run name (or unique prefix), or a search's sweep id (or prefix)")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
 def main(args: argparse.Namespace) -> int:
-    rec = lookup(roots_of(args), args.name)
+    roots = roots_of(args)
+    try:
+        rec = lookup(roots, args.name)
+    except LaunchError as err:
+        path = named_search(roots, args.name)
+        if path is None:
+            raise LaunchError(f"{err.message} (and no search's sweep id starts with '{args.name}')") from None
+        return describe_search(path, args.json)
     info = gather(rec, job_states([rec])[rec.name])
     print(json.dumps(info, indent=1) if args.json else render(info))
+    return 0
+
+
+def describe_search(path: Path, as_json: bool) -> int:
+    from launcher.search.view import view
+
+    search = view(path)
+    print(json.dumps(search.to_dict(), indent=1) if as_json else "\n".join(describe_lines(search)))
     return 0

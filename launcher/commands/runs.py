@@ -1,4 +1,7 @@
-"""``launcher runs``: one row per run, newest first, with its true Slurm state and its progress."""
+"""``launcher runs``: one row per run, newest first, with its true Slurm state and its progress.
+
+``--sweep ID`` of a search adds, for each trial, its parameters, its state in the study and its value, then the
+best trial so far and the study's progress (launcher/commands/search_view.py); a grid sweep lists as any runs."""
 from __future__ import annotations
 
 import argparse
@@ -6,16 +9,22 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import List, Optional, TextIO, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, Tuple, Union
 
 from launcher.commands.common import clock, duration, parse_since, roots_of, slurm_seconds, sweep_runs
+from launcher.commands.search_view import best_line, metric_text, param_names, progress_line, search_of, short
 from launcher.errors import LaunchError
-from launcher.status.index import RunRecord, load_or_damage, record_names
+from launcher.status.index import RunRecord, load_or_damage, record_names, unique_prefix
 from launcher.core.damage import DamagedRun
+from launcher.core.rundir import search_ids
 from launcher.status.job_state import ACTIVE, DAMAGED, STATES, JobState, job_states
 from launcher.status.run_files import RunFiles
+
+if TYPE_CHECKING:
+    from launcher.search.space import Param
+    from launcher.search.view import SearchView
 
 
 @dataclass
@@ -43,6 +52,12 @@ class RunRow:
     run_dir: str
     state_source: str
     attempts: int  # starts of the run's job: the first, and each requeue or retry (launcher/job/recovery.py)
+    # A search's trial, listed with --sweep: its number, drawn parameters (by key), state in the study (RUNNING,
+    # COMPLETE, FAIL, PRUNED, WAITING) and value. A row that is no such trial has none of these keys in --json.
+    trial: Optional[int] = None
+    params: Optional[Dict[str, Any]] = None
+    trial_state: Optional[str] = None
+    value: Optional[float] = None
 
 
 def build_row(rec: RunRecord, state: JobState) -> RunRow:
@@ -81,14 +96,24 @@ def rows_for(runs: List[Listed]) -> List[RunRow]:
             for submitted, run in runs]
 
 
-_FIELDS = list(RunRow.__dataclass_fields__)
+TRIAL_FIELDS = ("trial", "params", "trial_state", "value")
+_FIELDS = [name for name in RunRow.__dataclass_fields__ if name not in TRIAL_FIELDS]
 _KEYS = [f"  {json.dumps(name)}: " for name in _FIELDS]
 
 
+def row_dict(row: RunRow) -> Dict[str, Any]:
+    """The row as --json writes it: a trial's fields only for a trial of a search listed with --sweep."""
+    fields = asdict(row)
+    return fields if row.trial_state is not None else {k: v for k, v in fields.items() if k not in TRIAL_FIELDS}
+
+
 def json_rows(rows: List[RunRow]) -> str:
-    """``json.dumps([asdict(row) for row in rows], indent=1)``, byte for byte, in a fraction of its time: with an
-    indent, json encodes in Python, and asdict deep-copies every value; a row holds only scalars, so each is
-    encoded on its own with json's own functions (a value of another type falls back to json.dumps)."""
+    """``json.dumps([row_dict(row) for row in rows], indent=1)``, byte for byte, in a fraction of its time: with
+    an indent, json encodes in Python, and asdict deep-copies every value; a row holds only scalars, so each is
+    encoded on its own with json's own functions (a value of another type, or a search's trials, which hold
+    their parameters, fall back to json.dumps)."""
+    if any(row.trial_state is not None for row in rows):
+        return json.dumps([row_dict(row) for row in rows], indent=1)
     items = []
     for row in rows:
         values = row.__dict__
@@ -96,7 +121,7 @@ def json_rows(rows: List[RunRow]) -> str:
             items.append(" {\n" + ",\n".join([key + _SCALARS[type(values[name])](values[name])
                                                 for key, name in zip(_KEYS, _FIELDS)]) + "\n }")
         except KeyError:  # not a plain scalar
-            return json.dumps([asdict(row) for row in rows], indent=1)
+            return json.dumps([row_dict(row) for row in rows], indent=1)
     return "[\n" + ",\n".join(items) + "\n]" if items else "[]"
 
 
@@ -238,14 +263,53 @@ def statuses(text: str) -> set:
     return wanted
 
 
-def render(rows: List[RunRow], as_json: bool) -> str:
+def render(rows: List[RunRow], as_json: bool, search: Optional["SearchView"] = None) -> str:
+    """The listing; for a search's sweep, each trial's columns and, under the table, the best trial so far and
+    the study's progress (--json: the rows only, each trial's fields in its row)."""
     if as_json:
         return json_rows(rows)
+    lines = [f"Search {search.search.id}: {progress_line(search)}", best_line(search)] if search else []
     if not rows:
-        return "No runs."
+        return "\n".join(["No runs.", *lines])
     from tabulate import tabulate
 
-    return tabulate([table_row(row) for row in rows], headers=HEADERS, disable_numparse=True)
+    if search is None:
+        return tabulate([table_row(row) for row in rows], headers=HEADERS, disable_numparse=True)
+    params = search.search.space.params
+    table = [table_row(row) + trial_cells(row, params) for row in rows]
+    headers = [*HEADERS, "TRIAL", "TRIAL STATE", *param_names(p.key for p in params).values(), search.metric]
+    return "\n".join([tabulate(table, headers=headers, disable_numparse=True), *lines])
+
+
+def trial_cells(row: RunRow, params: Sequence["Param"]) -> list:
+    """A trial's columns: its number, state in the study, each parameter's value (short) and its value."""
+    if row.trial_state is None:  # a run of the sweep the study does not name (yet)
+        return [""] * (len(params) + 3)
+    drawn = row.params or {}
+    return [row.trial, row.trial_state, *(short(drawn[p.key], p.log) if p.key in drawn else "" for p in params),
+            metric_text(row.value)]
+
+
+def listing(roots: List[Path], args) -> Tuple[List[RunRow], Optional["SearchView"]]:
+    """The rows, and for a search's sweep (--sweep) its study, each trial's row given its trial's fields."""
+    rows = gather(roots, args)
+    search = search_of(roots, listed_sweep(roots, args.sweep, rows)) if args.sweep else None
+    if search is None:
+        return rows, None
+    trials = search.by_run()
+    return [replace(row, trial=trial.number, params=trial.params, trial_state=trial.state, value=trial.value)
+            if trial else row for row, trial in ((row, trials.get(row.name)) for row in rows)], search
+
+
+def listed_sweep(roots: List[Path], text: str, rows: List[RunRow]) -> Optional[str]:
+    """The sweep id --sweep named: its rows' (found by its id or a unique prefix), or, when the filters left no
+    row, the search it names (a grid sweep without rows then has nothing to add)."""
+    if rows:
+        return rows[0].sweep
+    try:
+        return unique_prefix(text, [sweep for root in roots for sweep in search_ids(root)], "sweep", roots[0])
+    except LookupError:
+        return None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -271,7 +335,8 @@ def main(args: argparse.Namespace) -> int:
         raise LaunchError(f"--interval must be positive, got {args.interval:g}")
     roots = roots_of(args)
     if not args.watch:
-        print(render(gather(roots, args), args.json))
+        rows, search = listing(roots, args)
+        print(render(rows, args.json, search))
         return 0
     try:
         watch(roots, args, sys.stdout)
@@ -286,12 +351,12 @@ def watch(roots: List[Path], args, out: TextIO) -> None:
     refresh appended as plain text, so ``runs --watch | tee log`` reads as a log and ends by itself."""
     in_place = out.isatty()
     while True:
-        rows = gather(roots, args)
+        rows, search = listing(roots, args)
         active = sum(row.status in ACTIVE for row in rows)
         stamp = time.strftime("%H:%M:%S")
         head = (f"{stamp}  {active} of {len(rows)} runs active; every {args.interval:g}s, Ctrl-C to stop" if active
                 else f"{stamp}  no run active: final table")
-        out.write(("\x1b[H\x1b[2J" if in_place else "") + head + "\n" + render(rows, args.json) + "\n"
+        out.write(("\x1b[H\x1b[2J" if in_place else "") + head + "\n" + render(rows, args.json, search) + "\n"
                   + ("" if in_place or not active else "\n"))
         out.flush()
         if not active:

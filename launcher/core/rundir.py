@@ -9,7 +9,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional, Sequence
 
 from launcher.core.damage import read_jsonl, usable_metrics
 from launcher.core.privacy import file_mode
@@ -30,10 +30,30 @@ TRIAL = "trial.json"  # a search trial's: its search, its number, what it report
 # Under a run root, beside its runs: each sweep's own directory (a grid's job array scripts and what Slurm writes
 # for an element before it finds its run; a search's study). Listings skip it, as every name with a dot.
 SWEEPS = ".sweeps"
+SEARCH = "search.json"  # in a search's sweep directory: its definition (launcher/search/study.py)
 
 
 def sweep_dir(root: Path, sweep_id: str) -> Path:
     return Path(root) / SWEEPS / sweep_id
+
+
+def is_search(path: Path) -> bool:
+    """Whether a sweep's directory is a search's (a grid sweep's holds only its job arrays' scripts and logs)."""
+    return (Path(path) / SEARCH).is_file()
+
+
+def search_ids(root: Path) -> List[str]:
+    """The ids of the searches whose studies are in run root ``root``."""
+    try:
+        return sorted(entry.name for entry in (Path(root) / SWEEPS).iterdir() if is_search(entry))
+    except OSError:
+        return []
+
+
+def search_path(roots: Sequence[Path], sweep_id: str) -> Optional[Path]:
+    """The directory of search ``sweep_id`` in the first of ``roots`` that has it; None for a grid sweep. Asked
+    before anything of a search is imported: a grid sweep's command never loads Optuna or the search's modules."""
+    return next((sweep_dir(root, sweep_id) for root in roots if is_search(sweep_dir(root, sweep_id))), None)
 
 
 def launcher_home(environ: Optional[dict] = None) -> Path:

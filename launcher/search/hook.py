@@ -40,26 +40,23 @@ def trial_ended(run_dir: Path) -> None:
     """Report the trial in ``run_dir`` if its run has ended for good, and submit the trials owed. Never raises:
     a fault here is printed to the batch log and recorded as the run's ``search_failed`` event, and leaves the
     run's own outcome as it is."""
-    import json
-
     run_dir = Path(run_dir)
     if not (run_dir / TRIAL).exists():
         return
-    from launcher.core.rundir import append_event, read_events, read_metrics, sweep_dir
+    from launcher.core.rundir import append_event, read_events, read_metrics
 
     try:
         outcome = final_outcome(read_events(run_dir))
         if outcome is None:
             return
-        from launcher.search.study import load
+        from launcher.search.study import load, trial_of
         from launcher.search.submission import submit_trial
         from launcher.search.trials import report, result_of
 
-        trial = json.loads((run_dir / TRIAL).read_text())
-        path = sweep_dir(run_dir.parent, trial["search"])
-        result = result_of(read_metrics(run_dir), load(path).settings.metric, outcome)
+        trial = trial_of(run_dir)
+        result = result_of(read_metrics(run_dir), load(trial.path).settings.metric, outcome)
         adopt_frozen_source(run_dir)
-        submitted = report(path, int(trial["trial"]), result, submit_trial)
+        submitted = report(trial.path, trial.number, result, submit_trial)
         append_event(run_dir, "trial_reported", value=result.value, cause=result.cause, submitted=submitted)
     except Exception as err:  # noqa: BLE001 (the run's outcome stands; the search's fault is recorded beside it)
         traceback.print_exc()

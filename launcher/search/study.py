@@ -15,15 +15,15 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, Optional
 
 from launcher.core.config import SearchConfig
-from launcher.core.rundir import write_json_atomic
+from launcher.core.rundir import SEARCH, TRIAL, sweep_dir, write_json_atomic
 from launcher.status.index import ensure_sweep_dir
 from launcher.train.trial import storage
 from launcher.search.space import Space, from_dict, to_dict
 
-DEFINITION = "search.json"
+DEFINITION = SEARCH
 TRIALS_LOCK = "trials"  # the lock file is trials.lock while a report holds it
 # A report holding the lock longer than this (composing and submitting the trials owed takes seconds) has died
 # with it; the next reporter then takes it, rather than every trial waiting forever.
@@ -73,6 +73,26 @@ def load(path: Path) -> Search:
     import json
 
     return Search.from_dict(json.loads((Path(path) / DEFINITION).read_text()))
+
+
+@dataclass(frozen=True)
+class TrialRef:
+    """Where a trial's run stands in its search: the search's directory and the trial's number."""
+
+    path: Path
+    number: int
+
+
+def trial_of(run_dir: Path) -> Optional[TrialRef]:
+    """The search and number of the trial whose run is in ``run_dir`` (its trial.json, written before its job could
+    start); None for a run that is no trial."""
+    import json
+
+    try:
+        trial = json.loads((Path(run_dir) / TRIAL).read_text())
+    except FileNotFoundError:
+        return None
+    return TrialRef(sweep_dir(Path(run_dir).parent, trial["search"]), int(trial["trial"]))
 
 
 def open_study(path: Path, search: Search) -> Any:

@@ -5,10 +5,15 @@ last step, tells the study its result and asks for the trials now owed (:func:`r
 study's report lock, and what is owed is counted from the study itself (:func:`owed`), never remembered, so two
 trials ending at the same moment submit exactly the trials still owed between them: one counts after the other
 has told and asked.
+
+``launcher stop --sweep`` ends a search from outside (:func:`stop`): the study is marked stopped first, under the
+same lock, so that no trial's last step asks for another afterwards, and the trials its cancelled jobs leave
+RUNNING are then told failed (:func:`fail_running`): a job killed before its last step tells nothing itself.
 """
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -20,14 +25,19 @@ from launcher.search.study import Search, load, locked, open_study
 # Submits trial ``number`` of a search at the drawn values; returns its run's name, or raises LaunchError.
 Submit = Callable[[Search, int, Dict[str, Any]], str]
 
+STOPPED = "stopped"  # the study's user attribute once ``launcher stop --sweep`` stopped the search (its time)
+STOPPED_BY = "stopped by launcher stop"
+
 
 @dataclass(frozen=True)
 class Tally:
-    """A study's trials: asked for (submitted or refused), ended (told, failed or not), failed."""
+    """A study's trials: asked for (submitted or refused), ended (told, failed or not), failed; and whether the
+    search was stopped (then nothing more is owed)."""
 
     asked: int
     ended: int
     failed: int
+    stopped: bool = False
 
 
 PRUNED = "PRUNED"  # how a pruned trial's outcome begins (launcher/search/hook.py)
@@ -53,6 +63,8 @@ def owed(tally: Tally, settings: SearchConfig) -> int:
 
 def ended_because(tally: Tally, settings: SearchConfig) -> Optional[str]:
     """Why the search has ended, or None while it goes on."""
+    if tally.stopped:
+        return STOPPED_BY
     allowed = settings.failures_allowed()
     if tally.failed > allowed:
         return f"{tally.failed} trials failed, more than search.max_failures={allowed}"
@@ -64,9 +76,11 @@ def ended_because(tally: Tally, settings: SearchConfig) -> Optional[str]:
 def tally_of(study: Any) -> Tally:
     from optuna.trial import TrialState
 
-    trials = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]  # enqueued, not asked
-    return Tally(asked=len(trials), ended=sum(t.state.is_finished() for t in trials),
-                 failed=sum(t.state == TrialState.FAIL for t in trials))
+    trials = study.get_trials(deepcopy=False)
+    # A trial enqueued (WAITING) is not asked for yet: the next ask() hands it out, and only then is it submitted.
+    return Tally(asked=sum(t.state != TrialState.WAITING for t in trials),
+                 ended=sum(t.state.is_finished() for t in trials),
+                 failed=sum(t.state == TrialState.FAIL for t in trials), stopped=STOPPED in study.user_attrs)
 
 
 def start(path: Path, submit: Submit) -> List[int]:
@@ -80,28 +94,55 @@ def start(path: Path, submit: Submit) -> List[int]:
 def report(path: Path, number: int, result: Result, submit: Submit) -> List[int]:
     """A trial's last step: tell the study how trial ``number`` ended, then ask for the trials now owed.
     Returns the numbers of the trials submitted. A trial told already (its step run twice) is not told again."""
-    from optuna.trial import Trial, TrialState
-
     with locked(path):
         search = load(path)
         study = open_study(path, search)
         frozen = study.get_trials(deepcopy=False)[number]
         if not frozen.state.is_finished():
-            if result.pruned:
-                Trial(study, frozen._trial_id).set_user_attr("cause", result.cause)
-                study.tell(number, state=TrialState.PRUNED)
-            elif result.value is None:
-                Trial(study, frozen._trial_id).set_user_attr("cause", result.cause)
-                study.tell(number, state=TrialState.FAIL)
+            if result.value is None:
+                fail(study, frozen, result.cause, pruned=result.pruned)
             else:
                 study.tell(number, result.value)
         return ask_owed(study, search, submit)
 
 
+def fail(study: Any, frozen: Any, cause: str, pruned: bool = False) -> None:
+    """Tell the study that a trial failed (or was pruned), and why (its ``cause``)."""
+    from optuna.trial import Trial, TrialState
+
+    Trial(study, frozen._trial_id).set_user_attr("cause", cause)
+    study.tell(frozen.number, state=TrialState.PRUNED if pruned else TrialState.FAIL)
+
+
+def stop(path: Path) -> None:
+    """Stop the search: once this returns, no trial's last step (nor anyone) asks for another trial. The study
+    records the time (``stopped``) and why it ended, unless it had ended already."""
+    with locked(path):
+        search = load(path)
+        study = open_study(path, search)
+        if STOPPED not in study.user_attrs:
+            study.set_user_attr(STOPPED, time.time())
+        note_end(study, search)
+
+
+def fail_running(path: Path, cause: str) -> List[int]:
+    """Tell every trial still RUNNING in the study failed with ``cause``; their numbers. After :func:`stop`
+    cancelled their jobs: a job killed before its last step never tells its trial itself, and one that reaches it
+    later finds its trial told already (:func:`report` tells a trial once)."""
+    from optuna.trial import TrialState
+
+    with locked(path):
+        study = open_study(path, load(path))
+        running = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+        for frozen in running:
+            fail(study, frozen, cause)
+        return [t.number for t in running]
+
+
 def ask_owed(study: Any, search: Search, submit: Submit, strict: bool = False) -> List[int]:
     """Ask for and submit the trials owed (the caller holds the lock). A trial that cannot be submitted is
     failed with why, and the next one asked for (``strict``: the first one's LaunchError is raised instead).
-    When the search has ended, the study records why, once (ended by failures: with the last one's cause)."""
+    When the search has ended, the study records why (:func:`note_end`)."""
     from optuna.trial import TrialState
 
     distributions = {param.key: param.distribution() for param in search.space.params}
@@ -118,6 +159,15 @@ def ask_owed(study: Any, search: Search, submit: Submit, strict: bool = False) -
             continue
         trial.set_user_attr("run", run)
         submitted.append(trial.number)
+    note_end(study, search)
+    return submitted
+
+
+def note_end(study: Any, search: Search) -> None:
+    """When the search has ended, record why in the study (``ended``), once; ended by failures: with the last
+    one's cause (the caller holds the lock)."""
+    from optuna.trial import TrialState
+
     end = ended_because(tally_of(study), search.settings)
     if end and "ended" not in study.user_attrs:
         failed = sorted((t for t in study.get_trials(deepcopy=False) if t.state == TrialState.FAIL),
@@ -125,7 +175,6 @@ def ask_owed(study: Any, search: Search, submit: Submit, strict: bool = False) -
         if failed and tally_of(study).failed > search.settings.failures_allowed():
             end += f"; the last: trial {failed[-1].number} {failed[-1].user_attrs.get('cause', '')}"
         study.set_user_attr("ended", end)
-    return submitted
 
 
 def result_of(metrics: List[dict], metric: str, outcome: str) -> Result:
