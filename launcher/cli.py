@@ -54,6 +54,8 @@ COMMANDS: Dict[str, Command] = {
     "export": Command("launcher.commands.export",
                       "write a run's checkpoint as a Hugging Face model directory (safetensors, config, tokenizer)",
                       True),
+    "eval": Command("launcher.commands.evaluate",
+                    "a checkpoint's held-out loss and perplexity, kept in the run's record", True),
     "login": Command("launcher.commands.login", "open a remote cluster's SSH connection once (a password or 2FA)"),
     "logout": Command("launcher.commands.login", "close a remote cluster's SSH connection"),
 }

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +24,7 @@ from test_sample import as_run
 transformers = pytest.importorskip("transformers")
 
 PROMPT = "import os\ndef "
+STDLIB = Path(json.__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +122,20 @@ def test_refusals_are_one_line_and_leave_nothing(exported, tmp_path, capsys):
         assert f"checkpoint at step 3 is damaged: {shard.name}" in refused(str(tmp_path / "c"), "--step", "3")
     finally:
         shard.write_bytes(saved)
+    bpe = tmp_path / "bpe"
+    assert cli.main(["data", "prepare", str(bpe), str(STDLIB / "json"), "--glob", "*.py", "--tokenizer",
+                     "bpe:300"]) == 0
+    capsys.readouterr()  # its progress lines
+    (bpe / "tokenizer.json").unlink()
+    config = run_dir / "config.yaml"
+    saved_config = config.read_text()
+    config.write_text(saved_config.replace(f"path: {load_run_config(config).data.path}", f"path: {bpe}"))
+    try:
+        assert f"{bpe / 'tokenizer.json'} is missing" in refused(str(tmp_path / "f"))
+    finally:
+        config.write_text(saved_config)
+    shutil.rmtree(bpe)
+    capsys.readouterr()
     assert not [p for p in tmp_path.iterdir()]  # nothing written, not even a hidden work directory
     assert cli.main(["export", "ref", str(out), "--root", str(root), "--force"]) == 0  # replaced whole
     assert transformers.AutoModelForCausalLM.from_pretrained(out) is not None

@@ -15,7 +15,7 @@ from helpers import wait_status
 transformers = pytest.importorskip("transformers")
 STDLIB = Path(json.__file__).resolve().parents[1]
 PROMPT = "def load(self"
-RUNS = {"tiny": ("model=gpt_tiny", "train.steps=10"),
+RUNS = {"tiny": ("model=gpt_tiny", "train.steps=10", "train.checkpoint_every=5", "train.export_every=5"),
         "small": ("model=gpt_small", "train.steps=6", "model.vocab_size=512")}
 
 
@@ -56,5 +56,27 @@ def test_an_export_loads_in_transformers_and_agrees_with_the_run(slurm, trained,
     greedy = hf.generate(prompt, max_new_tokens=24, do_sample=False, attention_mask=torch.ones_like(prompt))
     sampled = slurm.launcher("sample", name, "--prompt", PROMPT, "--tokens", "24", "--top-k", "1", root=trained)
     assert sampled.returncode == 0, sampled.stderr
-    assert sampled.stdout == tokenizer.decode(greedy[0]) + "\n"
+    assert sampled.stdout == tokenizer.decode(greedy[0], skip_special_tokens=True) + "\n"
     assert json.loads((out / "config.json").read_text())["activation_function"] == "gelu"
+
+
+def test_exports_while_training_run_beside_the_ranks_and_are_recorded(trained):
+    """On Slurm, the main rank's background exports finish before the job step ends (the task waits for them)."""
+    from helpers import events
+
+    done = {e["step"]: e for e in events(trained / "tiny") if e["event"] == "exported"}
+    assert sorted(done) == [5, 10] and all(Path(e["path"]).is_dir() for e in done.values())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(done[10]["path"])
+    assert hf.config.n_layer == 2
+
+
+def test_eval_scores_the_runs_own_validation_split_and_describe_shows_it(slurm, trained):
+    from launcher.core.config import load_run_config
+
+    data = load_run_config(trained / "small" / "config.yaml").data.path
+    res = slurm.launcher("eval", "small", "--data", data, "--json", root=trained)
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    assert (result["step"], result["split"], result["device"]) == (6, "val", "cpu") and 0 < result["loss"] < 10
+    described = slurm.launcher("describe", "small", root=trained)
+    assert f"step        6  loss {result['loss']:.4f}" in described.stdout, described.stdout

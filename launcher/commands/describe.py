@@ -80,6 +80,9 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
         "code": code_source(run_dir),
         "curves": curves(run_dir, config),
         "trial": trial_info(run_dir),
+        "evaluations": [{k: v for k, v in e.items() if k != "event"} for e in events if e.get("event") == "evaluated"],
+        "exports": [{k: v for k, v in e.items() if k != "event"} for e in events
+                    if e.get("event") in ("exported", "export_failed")],
     }
 
 
@@ -180,6 +183,15 @@ def render(info: Dict[str, Any]) -> str:
         *(f"  step {c['step']:>8}  {c['bytes'] / 1e6:9.1f} MB  {c['path']}" + ("  DAMAGED" if c["damaged"] else "")
           for c in info["checkpoints"]),
     ]
+    if info["evaluations"]:
+        out += ["", "Evaluations (launcher eval):", *(
+            f"  step {e['step']:>8}  loss {e['loss']:.4f}  perplexity {e['perplexity']:,.2f}  on {e['tokens']:,} "
+            f"tokens of {e['data']}" + (" (validation split)" if e.get("split") == "val" else "")
+            for e in info["evaluations"])]
+    if info["exports"]:
+        out += ["", "Exports (train.export_every):", *(
+            f"  step {e['step']:>8}  " + (e["path"] if "path" in e else f"FAILED: {e.get('error')}")
+            for e in info["exports"])]
     for label in ("latest_metrics", "final_metrics"):
         if info[label]:
             out += ["", label.replace("_", " ").capitalize() + ":",

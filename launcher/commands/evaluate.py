@@ -1,0 +1,120 @@
+"""``launcher eval RUN --data PATH [--step N]``: a checkpoint's held-out loss and perplexity, recorded in the run.
+
+PATH is a prepared dataset (``launcher data prepare``) or a token file. Its tokenizer must be the run's: a dataset
+made with another is refused in one line (a token file records none, so it is taken for byte-level data). When PATH
+is the run's own data, only its validation split is read (the rest was trained on); any other data is read whole,
+up to ``--tokens``. One process, on a GPU if this machine has one, else the CPU (launcher/train/held_out.py).
+The result is appended to the run's events (``evaluated``), which ``describe`` shows; ``--json`` prints it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from launcher.commands.common import lookup, roots_of
+from launcher.commands.trained import chosen_checkpoint, need_torch, run_config
+from launcher.core.checkpoints import step_of
+from launcher.core.config import RunConfig
+from launcher.core.dataset import DatasetError, read_metadata
+from launcher.core.rundir import append_event
+from launcher.errors import LaunchError
+
+DEFAULT_TOKENS = 1 << 20
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
+    parser.add_argument("--data", required=True, metavar="PATH", help="a prepared dataset directory or a token file")
+    parser.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest good one)")
+    parser.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
+                        help=f"predict at most this many tokens (default {DEFAULT_TOKENS:,}; 0: all)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto (default): cuda if available, else cpu")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.tokens < 0:
+        raise LaunchError(f"--tokens must be 0 (all) or more, got {args.tokens}")
+    need_torch("eval")
+    rec = lookup(roots_of(args), args.name)
+    cfg = run_config(rec)
+    checkpoint = chosen_checkpoint(rec, cfg, args.step, "eval")
+    path = Path(args.data).expanduser().absolute()
+    if not path.exists():
+        raise LaunchError(f"--data {path} does not exist; give a prepared dataset directory or a token file")
+    same_tokenizer(rec.name, cfg, path)
+    own = cfg.data.path is not None and Path(cfg.data.path).expanduser().absolute() == path
+    split = "val" if own else "train"  # TokenData's "train" split of other data, val_fraction 0, is all of it
+
+    import torch
+
+    from launcher.train.data import TokenData
+    from launcher.train.held_out import held_out_loss
+
+    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
+    try:
+        data = TokenData(path, data_dtype(path, cfg), cfg.model.seq_len, cfg.data.val_fraction if own else 0.0,
+                         cfg.model.vocab_size)
+        started = time.monotonic()
+        found = held_out_loss(cfg.model, checkpoint, data, split, args.tokens, device, progress=progress_bar())
+    except (DatasetError, ValueError) as err:
+        raise LaunchError(f"--data {path}: {err}") from None
+    result: Dict[str, Any] = {"step": step_of(checkpoint), "data": str(path), "split": "val" if own else "all",
+                              "tokens": found.tokens, "loss": round(found.loss, 6),
+                              "perplexity": round(found.perplexity, 4), "seconds": round(time.monotonic() - started, 1),
+                              "device": device.type}
+    append_event(Path(rec.run_dir), "evaluated", **result)
+    if args.json:
+        print(json.dumps({"run": rec.name, **result}))
+    else:
+        print(f"{rec.name} step {result['step']}: loss {found.loss:.4f}, perplexity {found.perplexity:,.2f} on "
+              f"{found.tokens:,} tokens of {path}{' (its validation split)' if own else ''}")
+    return 0
+
+
+def tokenizer_key(record: Optional[Dict[str, Any]]) -> str:
+    """What makes two tokenizers the same: their file's sha256, or ``byte`` for byte-level data."""
+    if not record or record.get("file") is None:
+        return "byte"
+    return str(record.get("sha256"))
+
+
+def tokenizer_record(path: Path) -> Optional[Dict[str, Any]]:
+    """The tokenizer a dataset directory records (None: a token file, which records none)."""
+    return read_metadata(path)["tokenizer"] if path.is_dir() else None
+
+
+def same_tokenizer(name: str, cfg: RunConfig, path: Path) -> None:
+    """LaunchError in one line unless the data at ``path`` was made with the run's tokenizer."""
+    try:
+        theirs = tokenizer_record(path)
+        mine = tokenizer_record(Path(cfg.data.path).expanduser()) if cfg.data.path else None
+    except DatasetError as err:
+        raise LaunchError(str(err)) from None
+    if tokenizer_key(theirs) != tokenizer_key(mine):
+        said = lambda record: (record or {}).get("spec") or (record or {}).get("kind") or "byte"  # noqa: E731
+        raise LaunchError(f"--data {path} was made with the {said(theirs)} tokenizer, {name}'s data with "
+                          f"{said(mine)}: evaluate on data prepared with the run's tokenizer")
+
+
+def data_dtype(path: Path, cfg: RunConfig) -> str:
+    """The token type of the data: a dataset's own, a token file's as the run reads its data."""
+    return read_metadata(path)["dtype"] if path.is_dir() else cfg.data.dtype
+
+
+def progress_bar():
+    """A progress line on standard error, where it is a terminal (a pipe or log gets none)."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        print(f"\r  evaluating: {done:,}/{total:,} windows ({100 * done // total}%)", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
+    return show
