@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from launcher.commands.common import lookup, roots_of
-from launcher.commands.trained import chosen_checkpoint, need_torch, run_config
+from launcher.commands.trained import with_checkpoint
 from launcher.core.checkpoints import step_of
 from launcher.core.config import RunConfig
 from launcher.core.dataset import DatasetError, read_metadata
@@ -40,10 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.tokens < 0:
         raise LaunchError(f"--tokens must be 0 (all) or more, got {args.tokens}")
-    need_torch("eval")
-    rec = lookup(roots_of(args), args.name)
-    cfg = run_config(rec)
-    checkpoint = chosen_checkpoint(rec, cfg, args.step, "eval")
+    rec, cfg, checkpoint = with_checkpoint(args, "eval")
     path = Path(args.data).expanduser().absolute()
     if not path.exists():
         raise LaunchError(f"--data {path} does not exist; give a prepared dataset directory or a token file")

@@ -11,8 +11,7 @@ import argparse
 import math
 import sys
 
-from launcher.commands.common import lookup, roots_of
-from launcher.commands.trained import chosen_checkpoint, need_torch, run_config, run_tokenizer
+from launcher.commands.trained import run_tokenizer, with_checkpoint
 from launcher.core.checkpoints import step_of
 from launcher.errors import LaunchError
 
@@ -36,10 +35,7 @@ def main(args: argparse.Namespace) -> int:
         raise LaunchError(f"--temperature must be a positive number, got {args.temperature}")
     if args.top_k < 0:
         raise LaunchError(f"--top-k must be 0 (all tokens) or more, got {args.top_k}")
-    need_torch("sample")
-    rec = lookup(roots_of(args), args.name)
-    cfg = run_config(rec)
-    checkpoint = chosen_checkpoint(rec, cfg, args.step, "sample")
+    rec, cfg, checkpoint = with_checkpoint(args, "sample")
     codec = run_tokenizer(cfg.data)
     prompt = codec.encode(args.prompt) if args.prompt else [codec.eot if codec.eot is not None else
                                                              codec.encode("\n")[0]]

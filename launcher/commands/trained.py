@@ -6,16 +6,27 @@ the file); by default the newest complete one whose files do, saying which newer
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
+from launcher.commands.common import lookup, roots_of
 from launcher.core.checkpoints import complete_checkpoints, step_dir, step_of
 from launcher.core.config import DataConfig, RunConfig, load_run_config
 from launcher.core.dataset import DatasetError, read_metadata
 from launcher.errors import LaunchError
 from launcher.status.index import RunRecord
+
+
+def with_checkpoint(args: argparse.Namespace, command: str) -> Tuple[RunRecord, RunConfig, Path]:
+    """The run ``args.name`` names, its config, and the checkpoint of ``args.step`` (or the newest good one), for
+    ``command``, which needs torch here."""
+    need_torch(command)
+    rec = lookup(roots_of(args), args.name)
+    cfg = run_config(rec)
+    return rec, cfg, chosen_checkpoint(rec, cfg, args.step, command)
 
 
 def need_torch(command: str) -> None:
