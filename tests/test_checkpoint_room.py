@@ -12,6 +12,7 @@ from launcher.core.config import ModelConfig, RunConfig, TrainConfig, load_run_c
 from launcher.core.plan import read_plan
 from launcher.compose.layout import single_node_plan
 from launcher.core.checkpoints import checkpoint_bytes, checkpoints_on_disk
+from launcher.core.rundir import frozen_files
 from launcher.forecast.disk import free_space
 from launcher.train.preflight import disk_problem
 
@@ -47,8 +48,10 @@ def test_plan_and_dry_runs_warn_in_one_line_when_the_run_root_is_too_small(tmpfs
     root = disk / "runs" / "not-yet"  # the nearest existing parent's filesystem counts
     where, free = free_space(root)
     assert where == disk and 2_000_000 < free <= 2 * 2**20
+    code = sum(path.stat().st_size for path in frozen_files())
     need = f"checkpoints need 5.1 MB (3 x 1.7 MB: train.keep_checkpoints=2 kept and the one being saved) " \
-           f"but the run root's filesystem ({disk}) has {free / 1e6:,.1f} MB free: saves will fail; lower " \
+           f"but the run root's filesystem ({disk}) has {free / 1e6:,.1f} MB free, {(free - code) / 1e6:,.1f} MB " \
+           f"once the run's code ({code / 1e6:,.1f} MB) is copied there: saves will fail; lower " \
            "train.keep_checkpoints or set run_root=... on a larger filesystem"
     args = ("model=gpt_tiny", "gpus=2", "train.checkpoint_every=10")
     for command in (("plan", *args), ("plan", "--json", *args), (*args, "dry_run=true"), (*args, "dry_run=json")):

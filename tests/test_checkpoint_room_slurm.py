@@ -6,7 +6,8 @@ import subprocess
 
 from helpers import REPO, events, job_id_of, wait_for
 from launcher.core.checkpoints import human, step_dir
-from launcher.submit.freeze import FROZEN, SUFFIXES
+from launcher.core.rundir import FROZEN, SUFFIXES
+from launcher.forecast.disk import code_bytes
 from launcher.train import manifest
 
 PAGE_KB = 4  # a tmpfs holds whole pages: each file of the frozen copy takes at least one
@@ -33,7 +34,9 @@ def test_a_launch_warns_of_a_small_run_root_and_goes_on(slurm, tmpfs):
     assert res.returncode == 0, res.stderr
     assert [line for line in res.stderr.splitlines() if "warning" in line] == [
         "warning: checkpoints need 3.1 MB (2 x 1.6 MB: train.keep_checkpoints=1 kept and the one being saved) "
-        f"but the run root's filesystem ({root}) has {human(size_kb * 1024)} free: saves will fail; lower "
+        f"but the run root's filesystem ({root}) has {human(size_kb * 1024)} free, "
+        f"{human(size_kb * 1024 - code_bytes())} once the run's code ({human(code_bytes())}) is copied there: "
+        "saves will fail; lower "
         "train.keep_checkpoints or set run_root=... on a larger filesystem"]
     job_id = job_id_of(res.stdout)
     assert slurm.wait(job_id, timeout=300).startswith("FAILED")

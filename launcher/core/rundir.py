@@ -26,6 +26,12 @@ CODE = "code"  # the frozen copy of the code the run's tasks import (launcher/su
 CODE_SOURCE = "source.json"  # in CODE: the copy's checkout, git commit and dirty flag
 CODE_DIFF = "diff.patch"  # in CODE: the uncommitted changes of a dirty checkout
 DEFAULT_ROOT = "~/.launcher/runs"
+# The code a run's frozen copy holds (launcher/submit/freeze.py), and what a remote cluster is shipped
+# (launcher/remote/ship.py): these folders' .py and .yaml files, from the code's root (a checkout, or
+# site-packages for an installed wheel), where this package is.
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+FROZEN = ("launcher", "conf")  # launcher/ holds train/ (the tasks' code) too
+SUFFIXES = (".py", ".yaml")
 TRIAL = "trial.json"  # a search trial's: its search, its number, what it reports while it trains (launcher/search/)
 # Under a run root, beside its runs: each sweep's own directory (a grid's job array scripts and what Slurm writes
 # for an element before it finds its run; a search's study). Listings skip it, as every name with a dot.
@@ -61,6 +67,14 @@ def launcher_home(environ: Optional[dict] = None) -> Path:
     run roots), absolute."""
     environ = os.environ if environ is None else environ
     return Path(os.path.expanduser(environ.get("LAUNCHER_HOME") or "~/.launcher")).absolute()
+
+
+def frozen_files(root: Path = SOURCE_ROOT) -> Iterator[Path]:
+    """The files of the code a run freezes, in a stable order (no __pycache__)."""
+    for name in FROZEN:
+        for folder, subfolders, files in os.walk(Path(root) / name):
+            subfolders[:] = sorted(sub for sub in subfolders if sub != "__pycache__")
+            yield from (Path(folder, file) for file in sorted(files) if file.endswith(SUFFIXES))
 
 
 def code_dir(run_dir: Path) -> Path:

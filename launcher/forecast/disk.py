@@ -7,6 +7,7 @@ same rule.
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Optional
 from launcher.core.checkpoints import checkpoint_bytes, checkpoints_on_disk, human
 from launcher.core.config import RunConfig
 from launcher.core.plan import Plan
+from launcher.core.rundir import frozen_files
 
 
 def free_space(path: Path) -> tuple[Path, int]:
@@ -30,20 +32,27 @@ def free_space(path: Path) -> tuple[Path, int]:
     return path, usage.free
 
 
+@functools.lru_cache(maxsize=1)
+def code_bytes() -> int:
+    """What the run's frozen copy of the code takes (launcher/submit/freeze.py): it lands in the run root first."""
+    return sum(path.stat().st_size for path in frozen_files())
+
+
 def checkpoint_room(cfg: RunConfig, plan: Plan) -> Optional[str]:
-    """Why the run root's filesystem cannot hold the checkpoints the run keeps, or None if it can (or its
-    free space cannot be read)."""
+    """Why the run root's filesystem cannot hold the checkpoints the run keeps beside its frozen code, or None if it
+    can (or its free space cannot be read)."""
     size = checkpoint_bytes(cfg.model, plan.params, plan.world_size)
     count = checkpoints_on_disk(cfg.train)
     try:
         where, free = free_space(Path(cfg.run_root))
     except OSError:
         return None
-    if count * size <= free:
+    if count * size + code_bytes() <= free:
         return None
     keep = cfg.train.keep_checkpoints
     which = (f"train.keep_checkpoints={keep} kept and the one being saved" if count == keep + 1 else
              f"all the run saves, with train.checkpoint_every={cfg.train.checkpoint_every}")
     return (f"checkpoints need {human(count * size)} ({count} x {human(size)}: {which}) but the run root's "
-            f"filesystem ({where}) has {human(free)} free: saves will fail; lower train.keep_checkpoints or set "
+            f"filesystem ({where}) has {human(free)} free, {human(max(0, free - code_bytes()))} once the run's code "
+            f"({human(code_bytes())}) is copied there: saves will fail; lower train.keep_checkpoints or set "
             "run_root=... on a larger filesystem")

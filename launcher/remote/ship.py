@@ -12,7 +12,6 @@ import functools
 import hashlib
 import io
 import json
-import os
 import shlex
 import tarfile
 from pathlib import Path
@@ -20,7 +19,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from launcher.errors import LaunchError
 from launcher.remote.ssh import Remote, Stream, run, stream
-from launcher.submit.freeze import FROZEN, REPO, SUFFIXES
+from launcher.core.rundir import frozen_files
+from launcher.submit.freeze import REPO
 
 CODE_HOME = ".launcher/code"  # under the remote user's home, where ssh's commands start
 MISSING = 97  # the exit status that says the cluster lacks this code
@@ -29,15 +29,7 @@ MISSING = 97  # the exit status that says the cluster lacks this code
 @functools.lru_cache(maxsize=1)
 def code_files() -> Dict[str, bytes]:
     """The files shipped, by path relative to the code's root (the checkout, or site-packages)."""
-    files = {}
-    for name in FROZEN:
-        for folder, subfolders, names in os.walk(REPO / name):
-            subfolders[:] = sorted(sub for sub in subfolders if sub != "__pycache__")
-            for file in sorted(names):
-                if file.endswith(SUFFIXES):
-                    path = Path(folder, file)
-                    files[path.relative_to(REPO).as_posix()] = path.read_bytes()
-    return files
+    return {path.relative_to(REPO).as_posix(): path.read_bytes() for path in frozen_files(REPO)}
 
 
 @functools.lru_cache(maxsize=1)

@@ -25,12 +25,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from launcher.core.rundir import CODE_DIFF, CODE_SOURCE, code_dir, write_json_atomic
+from launcher.core.rundir import CODE_DIFF, CODE_SOURCE, FROZEN, SOURCE_ROOT, code_dir, frozen_files, write_json_atomic
 from launcher.submit.git import TreeState, tree_state
 
-REPO = Path(__file__).resolve().parents[2]
-FROZEN = ("launcher", "conf")  # launcher/ holds train/ (the tasks' code) too
-SUFFIXES = (".py", ".yaml")
+REPO = SOURCE_ROOT
 
 
 def source_state(root: Path = REPO) -> TreeState:
@@ -71,15 +69,14 @@ def freeze(run_dir: Path, root: Path = REPO) -> Dict[str, Any]:
     dest, sizes = code_dir(run_dir), []
     # Contents only, never modes: the copy is as private as the rest of the run directory (the launcher's
     # umask), and copy2's metadata calls took 2/3 of the time. (shutil.copytree copies directories' modes.)
-    for name in FROZEN:
-        for folder, subfolders, files in os.walk(root / name):
-            subfolders[:] = [sub for sub in subfolders if sub != "__pycache__"]
-            target = dest / Path(folder).relative_to(root)
-            target.mkdir(parents=True, exist_ok=True)
-            for file in files:
-                if file.endswith(SUFFIXES):
-                    shutil.copyfile(os.path.join(folder, file), target / file)
-                    sizes.append(os.path.getsize(target / file))
+    made = set()
+    for path in frozen_files(root):
+        target = dest / path.relative_to(root)
+        if target.parent not in made:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            made.add(target.parent)
+        shutil.copyfile(path, target)
+        sizes.append(os.path.getsize(target))
     state = source_state(root)
     source = _GIVEN[root][1] if root in _GIVEN else str(root)
     record = {"source": source, "commit": state.commit, "dirty": state.dirty, "changed": state.changed,
