@@ -48,6 +48,9 @@ def test_the_runs_own_data_is_scored_on_its_validation_split_and_recorded(ref, c
     assert recorded["event"] == "evaluated" and recorded["loss"] == result["loss"]
     assert cli.main(["describe", "ref", "--root", str(root)]) == 0
     assert f"loss {result['loss']:.4f}  perplexity" in capsys.readouterr().out
+    assert cli.main(["export", "ref", str(root / "ref-hf"), "--root", str(root)]) == 0  # the card says it
+    assert f"| held-out loss | {result['loss']:.4f}, perplexity {result['perplexity']} on 320 tokens of " \
+        f"{cfg.data.path} (launcher eval) |" in (root / "ref-hf" / "README.md").read_text()
 
 
 def test_other_data_is_read_whole_from_its_start_and_another_tokenizer_is_refused(ref, tmp_path, capsys):

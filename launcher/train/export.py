@@ -31,7 +31,7 @@ from launcher.core.checkpoints import step_dir, step_of
 from launcher.core.config import DataConfig, ModelConfig, RunConfig, load_run_config
 from launcher.core.dataset import read_metadata
 from launcher.core.plan import read_plan
-from launcher.core.rundir import append_event, code_source, read_metrics
+from launcher.core.rundir import append_event, code_source, read_events, read_metrics
 from launcher.train.hf import Tensor, generation_config, gpt2_config, gpt2_tensors, save_tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -168,6 +168,7 @@ def model_card(run_dir: Path, cfg: RunConfig, step: int, dtype: str, tokenizer: 
     last = seen[-1] if seen else {}
     evals = [m["eval_loss"] for m in seen if isinstance(m.get("eval_loss"), (int, float))]
     source = code_source(run_dir) or {}
+    held_out = [e for e in read_events(run_dir) if e.get("event") == "evaluated" and e.get("step") == step]
     lines = [
         f"# {run_dir.name}", "",
         f"A GPT ({cfg.model.name}: {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} "
@@ -179,6 +180,8 @@ def model_card(run_dir: Path, cfg: RunConfig, step: int, dtype: str, tokenizer: 
         f"| GPUs | {plan.gpus} ({plan.nodes} x {plan.gpus_per_node}) |",
         f"| final train loss | {_loss(last.get('loss'))} (step {last.get('step', '-')}) |",
         f"| final eval loss | {_loss(evals[-1] if evals else None)} |",
+        *(f"| held-out loss | {_loss(e.get('loss'))}, perplexity {e.get('perplexity')} on {e.get('tokens', 0):,} "
+          f"tokens of {e.get('data')} (launcher eval) |" for e in held_out),
         f"| tokenizer | {tokenizer} |",
         f"| data | {cfg.data.path or 'the standard-library corpus'} |",
         f"| commit | {source.get('commit') or 'unknown'}{' (with uncommitted changes)' * bool(source.get('dirty'))} |",
