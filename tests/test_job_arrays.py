@@ -105,7 +105,7 @@ def test_a_four_point_grid_is_one_sbatch_and_four_runs_named_by_their_elements(t
         assert (run_dir / "submitit" / f"77_{index}_submitted.pkl").is_file()
         assert (run_dir / "code" / "launcher" / "job" / "entry.py").is_file()
         assert (run_dir / "sbatch.sh").read_text() == scripts[0]
-        assert f"RUN_DIRS=(" in scripts[0] and str(run_dir) in scripts[0]
+        assert "RUN_DIRS=(" in scripts[0] and str(run_dir) in scripts[0]
     sweep_dir = tmp_path / "runs" / ".sweeps" / launched.sweep_id
     assert (sweep_dir / "77_submission.sh").read_text() == scripts[0]
     assert sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")) == \

@@ -113,7 +113,7 @@ def test_a_dry_run_shows_the_script_the_cluster_would_get(laptop):
     assert res.returncode == 0, res.stderr
     assert f"submitit folder {laptop.remote_root}/dry/submitit on cluster {CLUSTER}" in res.stdout
     assert f"{laptop.site.python} -m launcher.job.recovery begin {laptop.remote_root}/dry" in res.stdout
-    assert f"--container" not in res.stdout and laptop.site.ssh("test", "-e", f"{laptop.remote_root}/dry").returncode == 1
+    assert "--container" not in res.stdout and laptop.site.ssh("test", "-e", f"{laptop.remote_root}/dry").returncode == 1
     sweep = laptop.launcher("-m", f"cluster={CLUSTER}", *TINY, "train.lr=1e-3,2e-3", "dry_run=true")
     assert sweep.returncode == 0, sweep.stderr
     assert sweep.stdout.count("\n#SBATCH --array=0-1") == 1 and f"{laptop.remote_root}/.sweeps/sweep-" in sweep.stdout

@@ -84,15 +84,11 @@ def export_remote(remote, args: List[str], parsed: argparse.Namespace) -> int:
         return status
     from launcher.train.export import replace
 
-    with tempfile.TemporaryDirectory(prefix=f".{copy.name}.", dir=ensure_dir(into)) as work:
+    into.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{copy.name}.", dir=into) as work:
         replace(fetch_dir(remote, parsed.out, Path(work)), copy)
     print(f"Copied it to {copy}")
     return 0
-
-
-def ensure_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def check_out(out: Path, run_dir: Path, force: bool) -> None:

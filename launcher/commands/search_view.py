@@ -18,7 +18,7 @@ from launcher.status.index import unique_prefix
 
 if TYPE_CHECKING:
     from launcher.search.space import Param
-    from launcher.search.view import SearchView, TrialView
+    from launcher.search.view import SearchView
 
 
 def search_of(roots: Sequence[Path], sweep_id: Optional[str]) -> Optional["SearchView"]:

@@ -9,7 +9,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Iterator, List, Optional, Sequence
 
 from launcher.core.damage import read_jsonl, usable_metrics
 from launcher.core.privacy import file_mode

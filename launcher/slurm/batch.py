@@ -224,7 +224,7 @@ def array_script(cfg: RunConfig, plan: Plan, job_name: str, run_dirs: Sequence[P
 
     params = executor_params(cfg, plan, job_name)
     elements = " ".join(shlex.quote(str(Path(run_dir).absolute())) for run_dir in run_dirs)
-    own = f'"$RUN_DIR/submitit/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}_0_log'
+    own = '"$RUN_DIR/submitit/${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}_0_log'
     setup = [umask_line(cfg.share_group), f"RUN_DIRS=({elements}) && RUN_DIR=${{RUN_DIRS[$SLURM_ARRAY_TASK_ID]}}",
              f'exec >>{own}.out" 2>>{own}.err"', *params.pop("setup"), *host_steps(cfg, ELEMENT_DIR)]
     folders = [f'"$RUN_DIR/submitit/%A_%a_%t_log.{kind}"' for kind in ("out", "err")]

@@ -23,7 +23,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from launcher.core.rundir import CODE_DIFF, CODE_SOURCE, FROZEN, SOURCE_ROOT, code_dir, frozen_files, write_json_atomic
 from launcher.submit.git import TreeState, tree_state
