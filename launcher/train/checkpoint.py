@@ -160,9 +160,10 @@ def _write_all(tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Op
 
 def _full_disk(directory: Path) -> str:
     """"No space left on device" when the checkpoint's filesystem is (nearly) full: torch's zip writer
-    reports a failed write as "unexpected pos 704 vs 598", which names nothing."""
+    reports a failed write as "unexpected pos 704 vs 598", which names nothing. Measured on the parent,
+    which stays: the main rank may already have removed ``directory`` when another rank gets here."""
     try:
-        free = shutil.disk_usage(directory).free
+        free = shutil.disk_usage(directory.parent).free
     except OSError:
         return ""
     return f"No space left on device ({free:,} bytes free under {directory.parent}): " if free < FULL_DISK_BYTES else ""
