@@ -18,7 +18,7 @@ from launcher.core.config import SearchConfig
 from launcher.core.rundir import TRIAL
 from launcher.search.space import read_space
 from launcher.search.study import Search, create, load, open_study
-from launcher.search.trials import STOPPED_BY, Result, fail_running, owed, report, start, stop, tally_of
+from launcher.search.trials import STOPPED_BY, Result, fail_unended, owed, report, start, stop, tally_of
 from launcher.status.index import RunRecord, save_record
 
 SEARCH_ID = "sweep-20261201-000000-abcd"
@@ -273,14 +273,16 @@ def test_a_stopped_search_owes_nothing_and_its_running_trials_are_told_failed(se
     study = open_study(path, load(path))
     assert owed(tally_of(study), load(path).settings) == 0 and study.user_attrs["ended"] == STOPPED_BY
     assert report(path, 4, Result(None, "stopped: its job was cancelled"), submit) == []  # a last step after it
-    assert fail_running(path, "stopped") == [5, 6]
+    assert fail_unended(path, "stopped") == ([5, 6], [7, 8])
     seen = view(path)
-    assert [(t.number, t.state, t.cause) for t in seen.trials[4:7]] == [
-        (4, "FAIL", "stopped: its job was cancelled"), (5, "FAIL", "stopped"), (6, "FAIL", "stopped")]
+    assert [(t.number, t.state, t.cause) for t in seen.trials[4:]] == [
+        (4, "FAIL", "stopped: its job was cancelled"), (5, "FAIL", "stopped"), (6, "FAIL", "stopped"),
+        (7, "FAIL", "stopped before it ran"), (8, "FAIL", "stopped before it ran")]
+    assert seen.counts()["WAITING"] == 0 and seen.trials[7].run is None
     assert seen.stopped and seen.ended == STOPPED_BY
     # Idempotent with the trials' own last steps and with itself: nothing more is told or asked.
     assert report(path, 5, Result(2.0), submit) == [] and view(path).trials[5].value is None
-    assert fail_running(path, "stopped") == [] and submit.numbers == list(range(7))
+    assert fail_unended(path, "stopped") == ([], []) and submit.numbers == list(range(7))
     stop(path)
     assert open_study(path, load(path)).user_attrs["ended"] == STOPPED_BY
 
@@ -302,15 +304,16 @@ def test_stop_sweep_marks_the_search_stopped_before_it_cancels_and_fails_the_run
     assert cli.main(["stop", "--sweep", "sweep-2026", "--root", str(root)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"Stopped search {SEARCH_ID}: it submits no more trials."
-    assert out[-1] == "Told the study that trials 4, 5, 6 failed (stopped)."
+    assert out[-2:] == ["Told the study that trials 4, 5, 6 failed (stopped).",
+                        "Told the study that trials 7, 8, enqueued, failed (stopped before it ran)."]
     assert sorted(cancelled) == ["run-4", "run-5", "run-6"]
     study = open_study(path, load(path))
-    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE", "PRUNED", "FAIL", "FAIL", "FAIL",
-                                                    "WAITING", "WAITING"]  # the enqueued ones are never asked for
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "COMPLETE", "PRUNED"] + ["FAIL"] * 5
     assert owed(tally_of(study), load(path).settings) == 0
     assert cli.main(["stop", "--sweep", SEARCH_ID, "--root", str(root)]) == 0  # again: nothing more to do
     assert "Told the study" not in capsys.readouterr().out
-    assert [t.state.name for t in open_study(path, load(path)).trials][7:] == ["WAITING", "WAITING"]
+    assert [t.user_attrs["cause"] for t in open_study(path, load(path)).trials[4:]] == ["stopped"] * 3 + [
+        "stopped before it ran"] * 2
 
 
 def test_stopping_one_trial_fails_it_and_submits_the_trial_owed_in_its_place(searched, monkeypatch, capsys):

@@ -59,11 +59,13 @@ def main(args: argparse.Namespace) -> int:
         else:
             print(f"{rec.name} (job {rec.job_id}) is not active; nothing to stop.")
     if search is not None:
-        from launcher.search.trials import fail_running
+        from launcher.search.trials import fail_unended
 
-        failed = fail_running(search, CAUSE)
-        if failed:
-            print(f"Told the study that {trials_text(failed)} failed ({CAUSE}).")
+        running, waiting = fail_unended(search, CAUSE)
+        if running:
+            print(f"Told the study that {trials_text(running)} failed ({CAUSE}).")
+        if waiting:
+            print(f"Told the study that {trials_text(waiting)}, enqueued, failed ({CAUSE} before it ran).")
     else:
         report_stopped_trials(stopped)
     return 0

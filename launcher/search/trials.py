@@ -8,7 +8,8 @@ has told and asked.
 
 ``launcher stop --sweep`` ends a search from outside (:func:`stop`): the study is marked stopped first, under the
 same lock, so that no trial's last step asks for another afterwards, and the trials its cancelled jobs leave
-RUNNING are then told failed (:func:`fail_running`): a job killed before its last step tells nothing itself.
+RUNNING, and the trials enqueued that never ran, are then told failed (:func:`fail_unended`): a job killed before
+its last step tells nothing itself.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from launcher.core.config import SearchConfig
 from launcher.errors import LaunchError
@@ -125,18 +126,33 @@ def stop(path: Path) -> None:
         note_end(study, search)
 
 
-def fail_running(path: Path, cause: str) -> List[int]:
-    """Tell every trial still RUNNING in the study failed with ``cause``; their numbers. After :func:`stop`
-    cancelled their jobs: a job killed before its last step never tells its trial itself, and one that reaches it
-    later finds its trial told already (:func:`report` tells a trial once)."""
+def fail_unended(path: Path, cause: str) -> Tuple[List[int], List[int]]:
+    """Tell every trial the stopped search leaves unended that it failed; the numbers of those that were running and
+    of those that never ran. After :func:`stop`
+    cancelled their jobs: a trial still RUNNING fails with ``cause`` (a job killed before its last step never tells
+    its trial itself, and one that reaches it later finds its trial told already: :func:`report` tells a trial
+    once), and one enqueued and never run (WAITING) with ``cause`` "before it ran". Optuna tells a trial only once
+    it is asked for, so each of those is asked for first, at its enqueued point."""
     from optuna.trial import TrialState
 
     with locked(path):
-        study = open_study(path, load(path))
-        running = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
-        for frozen in running:
-            fail(study, frozen, cause)
-        return [t.number for t in running]
+        search = load(path)
+        study = open_study(path, search)
+        running = [t.number for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+        for number in running:
+            fail(study, study.get_trials(deepcopy=False)[number], cause)
+        waiting = []
+        while any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
+            trial = study.ask(distributions(search))
+            trial.set_user_attr("cause", f"{cause} before it ran")
+            study.tell(trial, state=TrialState.FAIL)
+            waiting.append(trial.number)
+        return running, waiting
+
+
+def distributions(search: Search) -> Dict[str, Any]:
+    """The space as Optuna asks for a trial in it."""
+    return {param.key: param.distribution() for param in search.space.params}
 
 
 def ask_owed(study: Any, search: Search, submit: Submit, strict: bool = False) -> List[int]:
@@ -145,10 +161,9 @@ def ask_owed(study: Any, search: Search, submit: Submit, strict: bool = False) -
     When the search has ended, the study records why (:func:`note_end`)."""
     from optuna.trial import TrialState
 
-    distributions = {param.key: param.distribution() for param in search.space.params}
     submitted: List[int] = []
     while owed(tally_of(study), search.settings):
-        trial = study.ask(distributions)
+        trial = study.ask(distributions(search))
         try:
             run = submit(search, trial.number, trial.params)
         except LaunchError as err:
