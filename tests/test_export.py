@@ -168,3 +168,30 @@ def test_exports_while_training_are_written_beside_the_run_and_a_failed_one_is_a
     launch_forked(train_workers.train_run, (broken,), world_size=2)
     kinds = [e["event"] for e in events(broken)]
     assert kinds.count("export_failed") == 2 and "finished" in kinds and "exported" not in kinds
+
+
+def test_an_export_cut_short_is_redone_by_the_next_attempt(reference_run, tmp_path):
+    """An attempt that ends while its export runs (requeued, failed) stops the export; the held checkpoint it leaves,
+    and only that, makes the next attempt export that step again, clearing the work left half-written."""
+    from helpers import events
+    from launcher.train.export import Exports
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    cut = Exports(run_dir)
+    cut.start(6)
+    cut.stop()  # as the attempt's end does, long before an export that imports torch can finish
+    held, out = run_dir / "hf" / ".held" / "step_00000006", run_dir / "hf" / "step_00000006"
+    assert sorted(p.name for p in held.iterdir()) == sorted(p.name for p in step_dir(run_dir, 6).iterdir())
+    assert not out.exists() and not [e for e in events(run_dir) if e["event"].startswith("export")]
+    half = run_dir / "hf" / ".step_00000006.x1y2"  # what a killed export_run leaves beside its output
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"partial")
+
+    Exports(run_dir).wait()  # the next attempt's, as it is made
+    assert [(e["event"], e["step"]) for e in events(run_dir) if e["event"].startswith("export")] == [("exported", 6)]
+    assert transformers.AutoModelForCausalLM.from_pretrained(out) is not None
+    assert sorted(p.name for p in (run_dir / "hf").iterdir()) == [".held", "step_00000006", "step_00000006.log"]
+    assert not list(held.parent.iterdir())
+    Exports(run_dir).wait()  # nothing left to redo: nothing is exported again
+    assert sum(e["event"] == "exported" for e in events(run_dir)) == 1

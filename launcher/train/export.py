@@ -37,6 +37,7 @@ from launcher.train.hf import Tensor, generation_config, gpt2_config, gpt2_tenso
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_SHARD_BYTES = 2 * 10 ** 9
 EXPORTS = "hf"  # in a run directory: what train.export_every writes, RUN/hf/step_<NNNNNNNN>
+HELD = ".held"  # under RUN/hf: the checkpoints of the exports not yet done, hard-linked
 CONFIG_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -198,24 +199,36 @@ def _loss(value) -> str:
 class Exports:
     """The exports the main rank starts while it trains (``train.export_every``, ``export_final``): each a process
     of its own on this node, converting a checkpoint just saved, so that no rank waits for it and the watchdog sees
-    steps as usual. Its checkpoint's files are first hard-linked aside (milliseconds), so that a later save's
-    pruning cannot take them away mid-read. Each writes RUN/hf/step_N and records ``exported`` or
+    steps as usual. Its checkpoint's files are first hard-linked aside into RUN/hf/.held (milliseconds), so that a
+    later save's pruning cannot take them away mid-read. Each writes RUN/hf/step_N and records ``exported`` or
     ``export_failed`` in the run's events: a failed export is the run's news, not its failure. The task waits for
-    them once training ends and the watchdog is stopped (Slurm would end them with the job step)."""
+    them once training ends and the watchdog is stopped (Slurm would end them with the job step).
+
+    An export cut short (the attempt requeued, failed or killed) leaves its held files, and only then: the next
+    attempt's Exports starts it again from them as it is made, so a preemption costs no export."""
 
     def __init__(self, run_dir: Path):
         self.run_dir, self.running = Path(run_dir), []
+        for held in sorted((self.run_dir / EXPORTS / HELD).glob("step_*")):
+            self._start(step_of(held), held)
 
     def start(self, step: int) -> None:
         """Start the export of the checkpoint of ``step``; a failure to start it is recorded, never raised."""
+        self._start(step)
+
+    def _start(self, step: int, held: Optional[Path] = None) -> None:
         try:
-            self.running.append(self._spawn(step))
+            held = held or self._hold(step)
+            with open(self.run_dir / EXPORTS / f"{held.name}.log", "ab") as log:
+                self.running.append(subprocess.Popen(
+                    [sys.executable, "-m", "launcher.train.export", str(self.run_dir), str(held)],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         except OSError as err:
             append_event(self.run_dir, "export_failed", step=step, error=f"{type(err).__name__}: {err}")
 
-    def _spawn(self, step: int) -> subprocess.Popen:
-        exports = self.run_dir / EXPORTS
-        held = exports / ".held" / step_dir(self.run_dir, step).name
+    def _hold(self, step: int) -> Path:
+        """The checkpoint of ``step`` hard-linked aside; the checkpoint itself where links cannot be made."""
+        held = self.run_dir / EXPORTS / HELD / step_dir(self.run_dir, step).name
         held.mkdir(parents=True, exist_ok=True)
         try:
             for file in step_dir(self.run_dir, step).iterdir():
@@ -223,13 +236,19 @@ class Exports:
         except OSError:  # a file system without hard links: read in place
             shutil.rmtree(held, ignore_errors=True)
             held = step_dir(self.run_dir, step)
-        with open(exports / f"{held.name}.log", "ab") as log:
-            return subprocess.Popen([sys.executable, "-m", "launcher.train.export", str(self.run_dir), str(held)],
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return held
 
     def wait(self) -> None:
         for proc in self.running:
             proc.wait()
+
+    def stop(self) -> None:
+        """End the exports still running, as the attempt ends early: none outlives its job as an orphan, and each
+        leaves its held files for the next attempt."""
+        for proc in self.running:
+            if proc.poll() is None:
+                proc.terminate()
+        self.wait()
 
 
 def main(argv: List[str]) -> int:
@@ -238,6 +257,8 @@ def main(argv: List[str]) -> int:
     step, started = step_of(checkpoint), time.monotonic()
     out = run_dir / EXPORTS / step_dir(run_dir, step).name
     try:
+        for stale in out.parent.glob(f".{out.name}.*"):  # the work of this export cut short in an earlier attempt
+            shutil.rmtree(stale, ignore_errors=True)
         from launcher.train.manifest import checkpoint_problems
 
         found = checkpoint_problems(checkpoint)
@@ -251,7 +272,7 @@ def main(argv: List[str]) -> int:
         append_event(run_dir, "export_failed", step=step, error=f"{type(err).__name__}: {err}".splitlines()[0])
         return 1
     finally:
-        if checkpoint.parent.name == ".held":
+        if checkpoint.parent.name == HELD:
             shutil.rmtree(checkpoint, ignore_errors=True)
     return 0
 

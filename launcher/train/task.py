@@ -55,10 +55,14 @@ def run(run_dir: str | Path) -> dict[str, Any]:
         exports = Exports(run_dir) if env.is_main else None
         try:
             final = train(cfg, plan, run_dir, env, watchdog, Interrupt(env), exports)
-        except Requeue as stop:
+        except BaseException as err:
+            if exports:
+                exports.stop()  # the next attempt redoes what they leave
+            if not isinstance(err, Requeue):
+                raise
             if env.is_main:  # before the ranks end: the batch script's last step reads it and requeues the job
-                append_event(run_dir, "requeued", job_id=os.environ.get("SLURM_JOB_ID"), step=stop.step, by="signal")
-            return {"requeued_after": stop.step}
+                append_event(run_dir, "requeued", job_id=os.environ.get("SLURM_JOB_ID"), step=err.step, by="signal")
+            return {"requeued_after": err.step}
         finally:
             watchdog.stop()
         if env.is_main:
