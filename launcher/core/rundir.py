@@ -48,6 +48,20 @@ def is_search(path: Path) -> bool:
     return (Path(path) / SEARCH).is_file()
 
 
+def trial_record(run_dir: Path) -> Optional[dict]:
+    """What a search trial's run directory says of it (trial.json, written before its job could start: its search,
+    its number, and what its training tells the study); None for a run that is no trial."""
+    try:
+        return json.loads((Path(run_dir) / TRIAL).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def trial_search(run_dir: Path, trial: dict) -> Path:
+    """The directory of the search a trial of ``trial_record`` belongs to: beside its run, under the same root."""
+    return sweep_dir(Path(run_dir).parent, trial["search"])
+
+
 def search_ids(root: Path) -> List[str]:
     """The ids of the searches whose studies are in run root ``root``."""
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
 from launcher.core.config import SearchConfig
-from launcher.core.rundir import SEARCH, TRIAL, sweep_dir, write_json_atomic
+from launcher.core.rundir import SEARCH, trial_record, trial_search, write_json_atomic
 from launcher.status.index import ensure_sweep_dir
 from launcher.train.trial import storage
 from launcher.search.space import Space, from_dict, to_dict
@@ -86,13 +86,8 @@ class TrialRef:
 def trial_of(run_dir: Path) -> Optional[TrialRef]:
     """The search and number of the trial whose run is in ``run_dir`` (its trial.json, written before its job could
     start); None for a run that is no trial."""
-    import json
-
-    try:
-        trial = json.loads((Path(run_dir) / TRIAL).read_text())
-    except FileNotFoundError:
-        return None
-    return TrialRef(sweep_dir(Path(run_dir).parent, trial["search"]), int(trial["trial"]))
+    trial = trial_record(run_dir)
+    return TrialRef(trial_search(run_dir, trial), int(trial["trial"])) if trial else None
 
 
 def open_study(path: Path, search: Search) -> Any:

@@ -8,13 +8,12 @@ imports torch, and a study that cannot be read or written costs the trial its pr
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from launcher.core.rundir import TRIAL, sweep_dir
+from launcher.core.rundir import trial_record, trial_search
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +48,7 @@ class Pruning:
         study), or None when there is none to do: no trial, a search without a pruner, or a study that cannot be
         opened (logged; the trial trains on unpruned). Every rank gets the same kind of answer, so that every
         rank joins the loop's broadcast of the study's word, or none does."""
-        path = Path(run_dir) / TRIAL
-        trial = json.loads(path.read_text()) if path.exists() else {}
+        trial = trial_record(run_dir) or {}
         prune = trial.get("prune")
         if not prune:
             return None
@@ -62,7 +60,7 @@ class Pruning:
 
             pruner = optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=0)
             study = optuna.load_study(study_name=trial["search"], pruner=pruner,
-                                      storage=storage(sweep_dir(Path(run_dir).parent, trial["search"])))
+                                      storage=storage(trial_search(run_dir, trial)))
             frozen = study.get_trials(deepcopy=False)[number]
             return cls(optuna.trial.Trial(study, frozen._trial_id), number, metric, startup)
         except Exception as err:  # noqa: BLE001 (pruning is an optimisation of the search, not the run)
