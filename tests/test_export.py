@@ -170,6 +170,27 @@ def test_exports_while_training_are_written_beside_the_run_and_a_failed_one_is_a
     assert kinds.count("export_failed") == 2 and "finished" in kinds and "exported" not in kinds
 
 
+def test_an_attempt_preempted_while_it_exports_stops_the_export_and_the_next_attempt_redoes_it(reference_config,
+                                                                                             tmp_path):
+    """Preempted just after the step-3 export began: the attempt saves step 4 and ends requeued, its export stopped
+    (not left running as an orphan of the ended job); the resumed attempt exports step 3 as it begins, then 6."""
+    import train_workers
+    from helpers import events
+    from train_harness import launch_forked, make_run_dir
+
+    config = {**reference_config, "train": {**reference_config["train"], "export_every": 3}}
+    run_dir = make_run_dir(tmp_path / "run", config, world_size=2, micro_batch=2)
+    launch_forked(train_workers.train_run_preempted_in_export, (run_dir, 3), world_size=2)
+    kinds = [(e["event"], e.get("step")) for e in events(run_dir)]
+    assert ("requeued", 4) in kinds and not [k for k in kinds if k[0].startswith("export")], kinds
+    assert (run_dir / "hf" / ".held" / "step_00000003").is_dir() and not (run_dir / "hf" / "step_00000003").exists()
+    launch_forked(train_workers.train_run, (run_dir,), world_size=2)
+    exported = [e["step"] for e in events(run_dir) if e["event"].startswith("export")]
+    assert sorted(exported) == [3, 6] and [e["event"] for e in events(run_dir)].count("exported") == 2
+    assert not list((run_dir / "hf" / ".held").iterdir())
+    assert transformers.AutoModelForCausalLM.from_pretrained(run_dir / "hf" / "step_00000003") is not None
+
+
 def test_an_export_cut_short_is_redone_by_the_next_attempt(reference_run, tmp_path):
     """An attempt that ends while its export runs (requeued, failed) stops the export; the held checkpoint it leaves,
     and only that, makes the next attempt export that step again, clearing the work left half-written."""

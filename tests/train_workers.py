@@ -57,6 +57,25 @@ def train_run(run_dir: Path) -> None:
     task.run(run_dir)
 
 
+def train_run_preempted_in_export(run_dir: Path, step: int) -> None:
+    """Like :func:`train_run`, but Slurm's preemption signal reaches the main rank just after the export of
+    ``step`` has started, as a preemption would while it runs: the attempt saves and ends requeued."""
+    import signal
+
+    from launcher.core import preemption
+    from launcher.train.export import Exports
+
+    real_start = Exports.start
+
+    def start_then_preempted(self, done):
+        real_start(self, done)
+        if done == step:
+            signal.raise_signal(preemption.SIGNAL)
+
+    Exports.start = start_then_preempted
+    task.run(run_dir)
+
+
 def train_run_killed_in_save(run_dir: Path, crash_step: int) -> None:
     """Like :func:`train_run`, but the save of ``crash_step`` dies after a partial write.
 
