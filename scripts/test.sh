@@ -16,4 +16,4 @@ source slurm/env.sh
 WORKERS=${TEST_WORKERS:-3}
 PARALLEL=()
 ((WORKERS > 0)) && PARALLEL=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "${PARALLEL[@]}" "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 "${PARALLEL[@]}" "$@"

@@ -195,6 +195,9 @@ write_configs() {
     echo "TaskPlugin=task/none"
     echo "MpiDefault=none"
     echo "SchedulerType=sched/backfill"
+    # Scheduling passes every 2 s, not 60 (main) and 30 (backfill): a job Slurm requeues itself (a lost node's)
+    # becomes eligible after its begin time and then waits for the next pass.
+    echo "SchedulerParameters=sched_interval=2,bf_interval=2"
     echo "SelectType=select/cons_tres"
     echo "SelectTypeParameters=CR_Core"
     echo "SlurmdParameters=config_overrides"

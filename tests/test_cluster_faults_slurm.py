@@ -17,6 +17,7 @@ from conftest import SLURMD_TIMEOUT_S
 from helpers import REPO, events, launch, losses, rank_pids, wait_for
 
 RUN = ("model=gpt_tiny", "train.log_every=10")
+STEPS = 400  # of a run that loses a node: the first checkpoint at 50, the loss after it
 
 
 def stop_daemon(pidfile: Path, how: signal.Signals = signal.SIGKILL) -> tuple[list[str], dict]:
@@ -51,8 +52,9 @@ def progress(run_dir: Path) -> int:
 
 def test_a_lost_node_is_named_left_out_and_the_run_completes_on_the_others(three, tmp_path):
     cluster, state = three
-    job = launch(cluster, tmp_path, "name=lost", "gpus=4", "layout.nodes=2", "train.steps=900",
-                 "train.checkpoint_every=50", defaults=RUN)
+    # Paced: after the first checkpoint it trains 35 s at least, past Slurm's notice of the loss (12-25 s).
+    job = launch(cluster, tmp_path, "name=lost", "gpus=4", "layout.nodes=2", f"train.steps={STEPS}",
+                 "train.checkpoint_every=50", defaults=RUN, env={"LAUNCHER_FAULT": "pace@0.1"})
     run_dir = tmp_path / "lost"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
     nodes = cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
@@ -71,7 +73,7 @@ def test_a_lost_node_is_named_left_out_and_the_run_completes_on_the_others(three
         start_daemon(pidfile, argv, env, state / "log" / f"slurmd-{victim}.log")
         back(cluster, victim)
     resumed = [e["step"] for e in events(run_dir) if e["event"] == "resumed"]
-    assert len(resumed) == 1 and resumed[0] % 50 == 0 and progress(run_dir) == 900
+    assert len(resumed) == 1 and resumed[0] % 50 == 0 and progress(run_dir) == STEPS
     described = cluster.launcher("describe", "lost", root=tmp_path).stdout
     assert f"requeued by Slurm, excluding {victim}" in described and f"node {victim} lost" in described
     kinds = [e["event"] for e in events(run_dir)]
@@ -108,7 +110,7 @@ def test_a_node_lost_with_its_ranks_before_slurm_notices_is_left_out_and_costs_n
     for node in cluster.nodes:  # its retry needs two nodes besides the one it loses
         back(cluster, node)
     with slurmd_timeout(cluster, state, 120):
-        job = launch(cluster, tmp_path, "name=gone", "gpus=4", "layout.nodes=2", "train.steps=900",
+        job = launch(cluster, tmp_path, "name=gone", "gpus=4", "layout.nodes=2", f"train.steps={STEPS}",
                      "train.checkpoint_every=50", "cluster.max_retries=0", defaults=RUN)
         run_dir = tmp_path / "gone"
         wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
@@ -132,7 +134,7 @@ def test_a_node_lost_with_its_ranks_before_slurm_notices_is_left_out_and_costs_n
             start_daemon(pidfile, argv, env, state / "log" / f"slurmd-{victim}.log")
     second = [e for e in events(run_dir) if e["event"] == "attempt"][1]
     assert victim not in cluster.run("scontrol", "show", "hostnames", second["nodes"]).stdout.split()
-    assert progress(run_dir) == 900
+    assert progress(run_dir) == STEPS
     back(cluster, victim)
 
 
