@@ -170,6 +170,19 @@ def test_exports_while_training_are_written_beside_the_run_and_a_failed_one_is_a
     assert kinds.count("export_failed") == 2 and "finished" in kinds and "exported" not in kinds
 
 
+def exports_of(run_dir: Path) -> list:
+    """The pids of the export processes of ``run_dir`` still running on this machine."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(run_dir).encode() in argv and any(b"launcher.train.export" in arg for arg in argv):
+            found.append(int(proc.name))
+    return found
+
+
 def test_an_attempt_preempted_while_it_exports_stops_the_export_and_the_next_attempt_redoes_it(reference_config,
                                                                                              tmp_path):
     """Preempted just after the step-3 export began: the attempt saves step 4 and ends requeued, its export stopped
@@ -184,6 +197,7 @@ def test_an_attempt_preempted_while_it_exports_stops_the_export_and_the_next_att
     kinds = [(e["event"], e.get("step")) for e in events(run_dir)]
     assert ("requeued", 4) in kinds and not [k for k in kinds if k[0].startswith("export")], kinds
     assert (run_dir / "hf" / ".held" / "step_00000003").is_dir() and not (run_dir / "hf" / "step_00000003").exists()
+    assert not exports_of(run_dir)  # its export ended with the attempt
     launch_forked(train_workers.train_run, (run_dir,), world_size=2)
     exported = [e["step"] for e in events(run_dir) if e["event"].startswith("export")]
     assert sorted(exported) == [3, 6] and [e["event"] for e in events(run_dir)].count("exported") == 2

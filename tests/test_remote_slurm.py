@@ -175,7 +175,9 @@ def test_a_secret_set_from_here_lives_in_the_clusters_store_and_reaches_the_task
 
 
 def test_logs_follow_survives_a_dropped_connection(laptop):
-    res = laptop.launcher(f"cluster={CLUSTER}", *TINY, "train.steps=400", "name=followed")
+    # Long enough to be training still when the master dies: the status row it waits on lags the run by up to 5 s,
+    # and in CI a 400-step run once ended before the kill (nothing to reconnect to).
+    res = laptop.launcher(f"cluster={CLUSTER}", *TINY, "train.steps=1000", "name=followed")
     assert res.returncode == 0, res.stderr
     wait_for(lambda: (laptop.rows()["followed"]["step"] or 0) >= 20, 240, "training under way", interval=1)
     env = {**laptop.cluster.env, **laptop.env, "LAUNCHER_RUN_ROOT": str(laptop.root)}
@@ -190,7 +192,7 @@ def test_logs_follow_survives_a_dropped_connection(laptop):
     out, err = follower.communicate(timeout=300)
     assert follower.returncode == 0 and "reconnecting" in err, err
     whole = laptop.launcher("logs", "followed").stdout
-    assert out == whole and "final 400" in out  # every line once, none lost
+    assert out == whole and "final 1000" in out  # every line once, none lost
 
 
 def test_a_stopped_sshd_is_one_line_within_the_timeout_and_local_runs_are_still_listed(laptop):

@@ -59,20 +59,29 @@ def train_run(run_dir: Path) -> None:
 
 def train_run_preempted_in_export(run_dir: Path, step: int) -> None:
     """Like :func:`train_run`, but Slurm's preemption signal reaches the main rank just after the export of
-    ``step`` has started, as a preemption would while it runs: the attempt saves and ends requeued."""
+    ``step`` has started, as a preemption would while it runs: the attempt saves and ends requeued. The export
+    sleeps a minute before it begins, so that it is surely running when the attempt ends."""
     import signal
+    import subprocess
+    import sys
 
     from launcher.core import preemption
     from launcher.train.export import Exports
 
-    real_start = Exports.start
+    real_start, real_popen = Exports.start, subprocess.Popen
+
+    def slow_export(argv, **kwargs):
+        if argv[1:3] == ["-m", "launcher.train.export"]:
+            argv = [sys.executable, "-c", "import runpy, sys, time; time.sleep(60); sys.argv[0] = 'export'; "
+                    "runpy.run_module('launcher.train.export', run_name='__main__')", *argv[3:]]
+        return real_popen(argv, **kwargs)
 
     def start_then_preempted(self, done):
         real_start(self, done)
         if done == step:
             signal.raise_signal(preemption.SIGNAL)
 
-    Exports.start = start_then_preempted
+    subprocess.Popen, Exports.start = slow_export, start_then_preempted
     task.run(run_dir)
 
 

@@ -244,10 +244,12 @@ class Exports:
 
     def stop(self) -> None:
         """End the exports still running, as the attempt ends early: none outlives its job as an orphan, and each
-        leaves its held files for the next attempt."""
+        leaves its held files for the next attempt. SIGKILL: an export has nothing to tidy that its redo does not
+        (it clears the half-written output), and a SIGTERM can be lost (caught by this process's own handler in
+        a child not yet exec'd), leaving the attempt to wait for the whole export."""
         for proc in self.running:
             if proc.poll() is None:
-                proc.terminate()
+                proc.kill()
         self.wait()
 
 
