@@ -30,7 +30,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from launcher.core.dataset import DatasetError
 from launcher.core.heartbeats import Pulse, read_pulses
@@ -254,7 +254,15 @@ def requeue_asked(since: List[dict]) -> Optional[int]:
     return last.get("step") if last and last["event"] == "requeued" and last.get("by") == "signal" else None
 
 
-def requeue(run_dir: Path, job_id: str, step: int, events: List[dict]) -> Optional[dict]:
+@dataclass(frozen=True)
+class Clock:
+    """The time a wait with back-off reads and sleeps on: the real one, or a test's, which moves when slept on."""
+
+    now: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+def requeue(run_dir: Path, job_id: str, step: int, events: List[dict], clock: Clock = Clock()) -> Optional[dict]:
     """Requeue this job (same job id, a new attempt) after its ranks saved ``step`` on Slurm's signal.
 
     Here, in the batch shell on the host, not in a rank: ranks may run in a container without Slurm's client or
@@ -276,7 +284,7 @@ def requeue(run_dir: Path, job_id: str, step: int, events: List[dict]) -> Option
                   "reason": f"cluster.max_requeues={cluster.max_requeues} requeues without progress"}
     else:
         # Until shortly before the time limit: the signal came at least signal_delay_s before it.
-        deadline = time.monotonic() + max(5, cluster.signal_delay_s - 15)
+        deadline = clock.now() + max(5, cluster.signal_delay_s - 15)
         while True:
             try:
                 Slurm(None, timeout=30).requeue(job_id)
@@ -284,9 +292,9 @@ def requeue(run_dir: Path, job_id: str, step: int, events: List[dict]) -> Option
                 return None
             except SlurmError as err:
                 error = str(err)
-            if time.monotonic() > deadline:
+            if clock.now() > deadline:
                 break
-            time.sleep(3)
+            clock.sleep(3)
         fields = {"short": "requeue failed", "step": step, "node": node,
                   "error": f"ConnectionError: scontrol requeue {job_id} failed: {error}"}
     append_event(run_dir, "failed", job_id=job_id, **fields)

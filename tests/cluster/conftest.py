@@ -1,0 +1,122 @@
+"""The cluster tier's fixtures: the suite's local cluster (slurm/up.sh, brought up by scripts/test.sh), clusters a
+test has to itself, the time-limited run, and the SSH site. Every test here uses one of them, or carries the
+``slurm`` mark itself (tests/conftest.py)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from support.helpers import (PACE_S, PACED_STEPS, REPO, SLURMD_TIMEOUT_S, SlurmCluster, cluster_port,
+                             job_id_of, own_cluster_port, run_down, run_up)
+from support.sshd_site import SSHD, started_site
+
+
+def unavailable(reason: str):
+    """Skip a test whose fixture cannot be had on this machine; in CI, where it must be had, fail it."""
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def slurm() -> SlurmCluster:
+    """The cluster from slurm/up.sh. Skips only where Slurm truly cannot run; in CI it must."""
+    env = dict(os.environ)
+    env.setdefault("SLURM_CONF", str(REPO / ".slurm" / "etc" / "slurm.conf"))
+    reason = None
+    if shutil.which("sbatch") is None:
+        reason = "Slurm is not installed (run scripts/setup.sh)"
+    elif "UP" not in subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True).stdout:
+        reason = "the local Slurm cluster is not up (run slurm/up.sh, or use scripts/test.sh)"
+    if reason:
+        unavailable(reason)
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=env, capture_output=True, text=True,
+                           check=True).stdout.split()
+    gres = subprocess.run(["sinfo", "-h", "-N", "-o", "%G"], env=env, capture_output=True, text=True,
+                          check=True).stdout.split()[0]
+    return SlurmCluster(env=env, nodes=sorted(set(nodes)), gpus_per_node=int(gres.split(":")[-1]))
+
+
+# A test that needs a whole cluster (every GPU free, its daemons killed, its controller stopped) has one of its own,
+# ``own_cluster`` or ``three``, which start in a few seconds beside the suite's; the others share the suite's.
+def start_cluster(slurm: SlurmCluster, state: Path, name: str, port: int, nodes: int, gpus: int,
+                  slurmd_timeout: int | None = None) -> SlurmCluster:
+    """A local cluster beside the suite's, its state in ``state``: ``nodes`` x ``gpus``, with accounting."""
+    up = run_up("--dir", str(state), "--name", name, "--port", str(port), "--nodes", str(nodes), "--gpus", str(gpus))
+    assert up.returncode == 0, up.stderr
+    env = {**slurm.env, "SLURM_CONF": str(state / "etc" / "slurm.conf")}
+    cluster = SlurmCluster(env=env, nodes=[f"{name}-node{n}" for n in range(1, nodes + 1)], gpus_per_node=gpus)
+    if slurmd_timeout is not None:
+        slurm_conf = state / "etc" / "slurm.conf"
+        slurm_conf.write_text(re.sub(r"^SlurmdTimeout=\d+", f"SlurmdTimeout={slurmd_timeout}",
+                                     slurm_conf.read_text(), flags=re.M))
+        cluster.run("scontrol", "reconfigure")
+    return cluster
+
+
+@pytest.fixture
+def own_cluster(slurm, tmp_path_factory):
+    """A cluster of the test's own shaped as the suite's (2 nodes x 8 GPUs): for a test that needs every GPU free,
+    or kills the cluster's daemons. Stopped after the test."""
+    state = tmp_path_factory.mktemp("own")
+    port = own_cluster_port()
+    yield start_cluster(slurm, state, f"own{port}", port, nodes=len(slurm.nodes), gpus=slurm.gpus_per_node)
+    run_down(state)
+
+
+@pytest.fixture
+def three(slurm, tmp_path_factory):
+    """A cluster of the test's own, 3 nodes x 2 GPUs, for the faults of the cluster itself (a node lost, the
+    controller stopped); a lost node is noticed after ``SLURMD_TIMEOUT_S``. Stopped after the test."""
+    state = tmp_path_factory.mktemp("three")
+    port = own_cluster_port()
+    yield start_cluster(slurm, state, f"three{port}", port, nodes=3, gpus=2, slurmd_timeout=SLURMD_TIMEOUT_S), state
+    run_down(state)
+
+
+@pytest.fixture(scope="session")
+def limited(slurm, tmp_path_factory):
+    """A cluster of one node x 2 GPUs for the time-limited run alone, so that no other test's job or fault falls on
+    one of its requeues."""
+    state = tmp_path_factory.mktemp("limited")
+    port = cluster_port("limited")
+    cluster = start_cluster(slurm, state, f"limited{port}", port, nodes=1, gpus=2)
+    # Its run is the suite's longest wait, and each attempt's few minutes are lost to a slow start on a machine the
+    # other tests keep busy: its daemons, and so its jobs' processes (which inherit it), come first for the CPU.
+    for pidfile in (state / "run").glob("slurm*.pid"):
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.setpriority(os.PRIO_PROCESS, int(pidfile.read_text()), -10)
+    yield cluster
+    run_down(state)
+
+
+@pytest.fixture(scope="session")
+def time_limited(limited, tmp_path_factory):
+    """A run that needs 4 or more attempts of a 2-minute time limit. Its test is handed out first
+    (tests/conftest.py, ``order``), so that its minutes of wall time pass beside the other tests."""
+    root = tmp_path_factory.mktemp("time_limited")
+    res = limited.launcher("model=gpt_tiny", "gpus=2", f"train.steps={PACED_STEPS}", "train.log_every=1",
+                           "train.checkpoint_every=0", "cluster.time_limit_min=2", "cluster.signal_delay_s=60",
+                           "name=limited", root=root, env={"LAUNCHER_FAULT": f"pace@{PACE_S}"})
+    assert res.returncode == 0, res.stderr
+    return limited, root / "limited", job_id_of(res.stdout), time.time()
+
+
+@pytest.fixture(scope="session")
+def remote_site(slurm, tmp_path_factory):
+    """The suite's cluster as a remote site reached over SSH (tests/support/sshd_site.py): a real sshd on 127.0.0.1,
+    a second Unix user, an ssh_config whose alias logs in as that user. Needs root and openssh-server; skips without
+    them, except in CI. Its port is fixed per suite, so its tests share one worker (tests/conftest.py)."""
+    if os.geteuid() != 0:
+        unavailable("the SSH site needs root (it makes a user and runs sshd)")
+    if not os.access(SSHD, os.X_OK):
+        unavailable("openssh-server is not installed (run scripts/setup.sh)")
+    with started_site(slurm.env, tmp_path_factory.mktemp("sshd-site")) as site:
+        yield site

@@ -1,0 +1,60 @@
+"""The launcher's benchmarks run in their quick modes and print their figures (scripts/bench_status.py,
+scripts/bench_launch.py, scripts/bench_sweep.py). Nothing about speed is asserted: a shared machine's timings are no test's business;
+that each benchmark still runs and says what it measured is."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from support.helpers import REPO
+
+# The cluster tier, with or without a cluster: each times whole launcher processes, over hundreds of runs
+# (docs/development.md).
+pytestmark = pytest.mark.slurm
+
+RATIO = re.compile(r"ratio +\d+\.\d\dx")
+
+
+def bench(script: str, env: dict, timeout: float = 240) -> list[str]:
+    """Run ``scripts/SCRIPT --quick`` as a process, as a user would; its output lines (it must succeed)."""
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--quick"], cwd=REPO,
+                            env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.splitlines()
+
+
+def figures(lines: list[str]) -> list[str]:
+    return [line for line in lines if RATIO.search(line)]
+
+
+def test_bench_status_quick_prints_its_four_figures():
+    lines = figures(bench("bench_status.py", dict(os.environ)))
+    assert [line.split()[0] for line in lines] == ["cold", "cold", "finished", "finished"], lines
+    assert all("import tabulate" in line and "over 300 runs" in line for line in lines), lines
+
+
+def test_bench_launch_quick_without_a_cluster_times_the_dry_run_and_says_it_skipped_the_submission(tmp_path):
+    env = {**os.environ, "SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}
+    lines = bench("bench_launch.py", env)
+    assert [line.split()[1] for line in figures(lines)] == ["dry_run=json"], lines
+    assert any(line.startswith("launcher (real submission)") and "skipped" in line for line in lines), lines
+
+
+def test_bench_launch_quick_on_a_cluster_times_both(slurm):
+    lines = figures(bench("bench_launch.py", slurm.env))
+    assert [line.split("  ")[0] for line in lines] == ["launcher dry_run=json", "launcher (real submission)"], lines
+    assert all("import hydra, submitit" in line for line in lines), lines
+
+
+def test_bench_sweep_quick_without_a_cluster_says_it_skipped(tmp_path):
+    lines = bench("bench_sweep.py", {**os.environ, "SLURM_CONF": str(tmp_path / "no-such-slurm.conf")})
+    assert figures(lines) == [] and any(line.startswith("12-point grid submission") and "skipped" in line
+                                        for line in lines), lines
+
+
+def test_bench_sweep_quick_on_a_cluster_times_a_grid_both_ways(slurm):
+    (line,) = figures(bench("bench_sweep.py", slurm.env))
+    assert "(12 sbatch)" in line and "(1 sbatch)" in line, line

@@ -1,0 +1,66 @@
+"""On the local cluster: a launch into a run root too small for the run's checkpoints warns in one line and
+goes on, and the warning comes true: the save that does not fit fails, named, and the earlier checkpoint
+stays whole. A checkpoint directory that turns read-only fails its save, named, and is retried once."""
+import os
+import subprocess
+
+from support.helpers import REPO, events, job_id_of, wait_for
+from launcher.core.checkpoints import human, step_dir
+from launcher.core.rundir import FROZEN, SUFFIXES
+from launcher.forecast.disk import code_bytes
+from launcher.train import manifest
+
+PAGE_KB = 4  # a tmpfs holds whole pages: each file of the frozen copy takes at least one
+
+
+def frozen_code_kb() -> int:
+    """What the run's frozen copy of the code takes on a tmpfs (it grows with the code)."""
+    pages = 0
+    for name in FROZEN:
+        for folder, subfolders, files in os.walk(REPO / name):
+            subfolders[:] = [sub for sub in subfolders if sub != "__pycache__"]
+            pages += 1 + sum(-(-os.path.getsize(os.path.join(folder, f)) // (PAGE_KB * 1024))
+                             for f in files if f.endswith(SUFFIXES))
+    return pages * PAGE_KB
+
+
+def test_a_launch_warns_of_a_small_run_root_and_goes_on(slurm, tmpfs):
+    # The frozen code and one gpt_tiny checkpoint (1.6 MB) fit, with room for logs and metrics; two do not.
+    size_kb = frozen_code_kb() + 2000
+    root = tmpfs(f"{size_kb}k")
+    res = slurm.launcher("gpus=1", "model=gpt_tiny", "train.steps=2", "train.checkpoint_every=1",
+                         "train.keep_checkpoints=1", "train.eval_every=0", "cluster.max_retries=0", "name=small",
+                         root=root)
+    assert res.returncode == 0, res.stderr
+    assert [line for line in res.stderr.splitlines() if "warning" in line] == [
+        "warning: checkpoints need 3.1 MB (2 x 1.6 MB: train.keep_checkpoints=1 kept and the one being saved) "
+        f"but the run root's filesystem ({root}) has {human(size_kb * 1024)} free, "
+        f"{human(size_kb * 1024 - code_bytes())} once the run's code ({human(code_bytes())}) is copied there: "
+        "saves will fail; lower "
+        "train.keep_checkpoints or set run_root=... on a larger filesystem"]
+    job_id = job_id_of(res.stdout)
+    assert slurm.wait(job_id, timeout=300).startswith("FAILED")
+    run_dir = root / "small"
+    failed = [e for e in events(run_dir) if e["event"] == "failed"]
+    assert failed and all("saving the checkpoint of step 2 failed" in e["error"] and "No space left on device"
+                          in e["error"] for e in failed if not e.get("final")), failed
+    assert manifest.damage(step_dir(run_dir, 1), 1) == []
+
+
+def test_a_save_to_a_read_only_directory_is_retried_once_then_ends_the_run(slurm, tmpfs, tmp_path):
+    """An I/O error while saving may be the node's (a mount gone read-only after disk errors) or the directory's:
+    one retry on a fresh attempt tells them apart; the same error at the same step again ends the run."""
+    res = slurm.launcher("gpus=2", "model=gpt_tiny", "train.steps=400", "train.checkpoint_every=40",
+                         "train.log_every=10", "name=frozen", root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run_dir = tmp_path / "frozen"
+    checkpoints = tmpfs("64m", at=run_dir / "checkpoints")  # mounted before the job's first save
+    wait_for(lambda: list(checkpoints.glob("step_????????")), 180, "checkpoint")
+    subprocess.run(["mount", "-o", "remount,ro", str(checkpoints)], check=True)
+    final = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "failed" and e.get("final")], 240,
+                     "verdict")[0]
+    ended = [e for e in events(run_dir) if e["event"] == "attempt_ended"]
+    assert [e["outcome"] for e in ended] == ["FAILED", "FAILED"], ended
+    assert all(e["short"] == "CheckpointSaveError" and "Read-only file system" in e["cause"] for e in ended), ended
+    assert [e["event"] for e in events(run_dir)].count("retrying") == 1
+    assert final["reason"] == f"the same failure at step {ended[0]['step']} twice, not retried again", final

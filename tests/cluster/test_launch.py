@@ -1,0 +1,82 @@
+"""`python -m launcher` on the real local cluster: multi-node tasks, records, refusals."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from support.helpers import job_id_of
+from launcher.core.plan import read_plan
+
+
+def test_sixteen_gpus_run_as_two_nodes_of_eight_ranks_in_one_group(own_cluster, tmp_path):
+    res = own_cluster.launcher("gpus=16", "model=gpt_tiny", "train.steps=2", "name=g16", root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run_dir = tmp_path / "g16"
+    assert own_cluster.wait(job_id_of(res.stdout), timeout=300) == "COMPLETED"
+
+    plan = read_plan(run_dir)
+    assert (plan.nodes, plan.tasks_per_node, plan.world_size) == (2, 8, 16)
+    assert "#SBATCH --nodes=2" in (run_dir / "sbatch.sh").read_text()
+    assert (run_dir / "config.yaml").read_text().count("name: g16") == 1
+    nodes_of_rank = {}
+    for rank in range(16):
+        log = (run_dir / "logs" / f"rank_{rank}.log").read_text()
+        m = re.search(rf"rank {rank}/16 local (\d+) node (\S+) device cpu allreduce (\d+) ok", log)
+        assert m, f"rank {rank} did not report its all-reduce check"
+        assert int(m.group(3)) == sum(range(1, 17))  # every rank contributed rank+1
+        assert int(m.group(1)) == rank % 8
+        nodes_of_rank[rank] = m.group(2)
+    assert sorted(set(nodes_of_rank.values())) == own_cluster.nodes
+    assert {nodes_of_rank[r] for r in range(8)} != {nodes_of_rank[r] for r in range(8, 16)}
+    record = json.loads((run_dir / "run.json").read_text())
+    assert (record["name"], record["gpus"], record["nodes"]) == ("g16", 16, 2)
+
+
+def test_multirun_submits_one_job_per_point_and_returns_at_once(slurm, tmp_path):
+    res = slurm.launcher("-m", "gpus=1,2", "model=gpt_tiny", "train.steps=500", root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(p.read_text()) for p in tmp_path.glob("*/run.json")]
+    assert sorted(r["gpus"] for r in records) == [1, 2]
+    assert len({r["sweep"] for r in records}) == 1 and records[0]["sweep"].startswith("sweep-")
+    job_ids = [r["job_id"] for r in records]
+    queued = slurm.run("squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)).stdout.split()
+    assert sorted(queued) == sorted(job_ids), "the launcher must return while its jobs are still queued or running"
+    for line in (records[0]["name"], records[1]["name"], records[0]["sweep"]):
+        assert line in res.stdout
+    slurm.run("scancel", *job_ids)
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["gpus=24"], {}, "gpus=24 needs 3 nodes x 8 GPUs, but partition 'gpu' has 2 nodes x 8 GPUs (at most 16 GPUs)"),
+        (["cluster.partition=big"], {}, "the cluster has no partition 'big' (partitions: gpu)"),
+        (["model=gpt_tiny"], {"SLURM_CONF": "/nonexistent/slurm.conf"}, "Slurm is not reachable"),
+        (["run_root=/proc/launcher-runs"], {}, "run root /proc/launcher-runs cannot be created"),
+    ],
+)
+def test_refused_launches_submit_and_record_nothing(slurm, tmp_path, args, env, message):
+    root = tmp_path / "runs"
+    res = slurm.launcher(*args, root=root, env=env)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], res.stderr
+    assert not root.exists() or not any(root.iterdir())
+    # No job writes its output under this root (other sessions' jobs may come and go meanwhile).
+    assert str(root) not in slurm.run("squeue", "-h", "-O", "JobID:12,StdOut:500").stdout
+
+
+def test_shell_metacharacters_in_values_never_run(slurm, tmp_path):
+    marker = tmp_path / "pwned"
+    data = Path(f"{tmp_path}/data/$(touch {marker})`touch {marker}`;touch {marker}")
+    data.parent.mkdir(parents=True)
+    data.write_bytes(bytes(4096))  # a real token file (the launch checks data.path) with a dangerous name
+    res = slurm.launcher(f"data.path='{data}'",
+                         "model=gpt_tiny", "gpus=1", "train.steps=1", "name=meta", root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    slurm.wait(job_id_of(res.stdout))
+    assert not marker.exists()
+    assert "touch" not in (tmp_path / "meta" / "sbatch.sh").read_text()

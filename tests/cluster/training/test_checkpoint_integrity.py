@@ -1,0 +1,93 @@
+"""Checkpoints that can be trusted: damage is found before a resume uses it, and a failed save leaves the
+earlier checkpoints intact with nothing partial behind.
+
+The reference is an uninterrupted 2-rank run of 6 steps with checkpoints at steps 3 and 6. Each test damages
+a copy of it, or runs it on a full disk, and checks what the resumed (or failed) run did.
+"""
+import json
+import os
+import shutil
+
+import pytest
+
+from support import train_workers
+from launcher.train import manifest
+from support.helpers import events, losses
+from support.train_harness import launch_forked, make_run_dir
+
+# The cluster tier without Slurm: real multi-rank training on gloo, seconds of CPU a test (docs/development.md).
+pytestmark = pytest.mark.slurm
+
+EVERY = 3  # the reference run checkpoints every 3 steps (tests/conftest.py)
+
+
+
+def resume_after(damage, reference_run, tmp_path):
+    """A copy of the finished reference whose step-6 checkpoint ``damage`` spoils and whose metrics stop at
+    step 3, resumed on 2 ranks; returns its directory."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    records = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (run_dir / "metrics.jsonl").write_text("\n".join(records[:EVERY]) + "\n")
+    damage(run_dir / "checkpoints" / "step_00000006")
+    launch_forked(train_workers.train_run, (run_dir,), world_size=2)
+    return run_dir
+
+
+def check_fell_back(run_dir, reference_run, words):
+    damaged = [e for e in events(run_dir) if e["event"] == "checkpoint_damaged"]
+    assert len(damaged) == 1 and damaged[0]["step"] == 6 and words in damaged[0]["damage"], damaged
+    resumed = [e for e in events(run_dir) if e["event"] == "resumed"]
+    assert [e["step"] for e in resumed] == [EVERY]
+    assert losses(run_dir) == losses(reference_run)  # steps 4-6 trained again, exactly as before
+    ckpts = run_dir / "checkpoints"
+    assert (ckpts / "step_00000006.damaged").is_dir()  # set aside, never tried again
+    assert manifest.damage(ckpts / "step_00000006", 2) == []  # and the step saved again, whole
+
+
+def test_every_checkpoint_lists_its_files_with_sizes_and_checksums(reference_run):
+    step = reference_run / "checkpoints" / "step_00000006"
+    listed, problems = manifest.entries(step, 2)
+    assert problems == [] and manifest.damage(step, 2) == []
+    names = {name for name, _ in listed}
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "meta.json", "rng_rank_00000.pt", "rng_rank_00001.pt"} <= names
+    for name, expected in listed:
+        assert expected["bytes"] == (step / name).stat().st_size
+    meta = json.loads((step / "meta.json").read_text())
+    assert meta["loss"] == losses(reference_run)[6] and meta["grad_norm"] > 0
+
+
+def test_truncated_shard_is_skipped_and_the_previous_checkpoint_used(reference_run, tmp_path):
+    def truncate(step):
+        shard = step / "__1_0.distcp"
+        os.truncate(shard, shard.stat().st_size // 2)
+
+    run_dir = resume_after(truncate, reference_run, tmp_path)
+    check_fell_back(run_dir, reference_run, "__1_0.distcp has")
+
+
+def test_overwritten_values_are_found_by_their_checksum(reference_run, tmp_path):
+    def overwrite(step):
+        shard = step / "__0_0.distcp"
+        with open(shard, "r+b") as f:  # 1e30 as float32, where DCP's framing does not notice
+            f.seek(shard.stat().st_size // 2)
+            f.write(bytes.fromhex("cbd94a71") * 4)
+
+    run_dir = resume_after(overwrite, reference_run, tmp_path)
+    check_fell_back(run_dir, reference_run, "__0_0.distcp has the right size but a wrong checksum")
+
+
+@pytest.fixture
+def small_disk(tmpfs):
+    """A 1 MiB tmpfs: room for one checkpoint of the test model (~0.7 MB), not two."""
+    return tmpfs("1m")
+
+
+def test_full_disk_fails_the_save_clearly_and_keeps_the_earlier_checkpoint(reference_config, small_disk):
+    run_dir = make_run_dir(small_disk / "run", reference_config, world_size=2, micro_batch=2)
+    with pytest.raises(Exception, match="saving the checkpoint of step 6 failed: .*No space left on device"):
+        launch_forked(train_workers.train_run, (run_dir,), world_size=2)
+    ckpts = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000003"]  # nothing partial left behind
+    assert manifest.damage(ckpts / "step_00000003", 2) == []
+    assert "No space left on device" in (run_dir / "logs" / "rank_0.log").read_text()

@@ -1,0 +1,73 @@
+"""Resume is exact, and a crash in the middle of a checkpoint save costs nothing but time.
+
+One uninterrupted run of 6 steps (``python -m launcher.train``, 2 ranks) is the reference.
+A second run of the same config dies while saving step 6, after its shards are
+partly written; a third resumes. The resumed run must start from step 3 (the
+half-written step 6 ignored), log ``resumed at step 3``, record the event, and
+reproduce the reference's losses exactly.
+"""
+import json
+
+import pytest
+import torch.multiprocessing as mp
+
+from support import train_workers
+from launcher.core.checkpoints import latest_checkpoint
+from support.helpers import losses
+from support.train_harness import launch_forked, make_run_dir, metrics
+
+# The cluster tier without Slurm: real multi-rank training on gloo, seconds of CPU a test (docs/development.md).
+pytestmark = pytest.mark.slurm
+
+STEPS, EVERY = 6, 3  # the reference run (tests/conftest.py)
+
+
+def test_uninterrupted_run_records_everything(reference_run):
+    records = metrics(reference_run)
+    assert [r["step"] for r in records if not r.get("final")] == list(range(1, STEPS + 1))
+    final = records[-1]
+    assert final["final"] and final["step"] == STEPS and final["steps_run"] == STEPS
+    assert final["loss"] < records[0]["loss"]
+    assert [r["eval_loss"] is not None for r in records[:-1]] == [s % EVERY == 0 for s in range(1, STEPS + 1)]
+    events = [json.loads(line)["event"] for line in (reference_run / "events.jsonl").read_text().splitlines()]
+    assert events == ["preflight", "started", "finished"]
+    assert sorted(p.name for p in (reference_run / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
+    assert "allreduce 3 ok" in (reference_run / "logs" / "rank_1.log").read_text()
+
+
+def test_crash_during_save_then_resume_matches_uninterrupted(tmp_path, reference_config, reference_run):
+    run_dir = make_run_dir(tmp_path / "run", reference_config, world_size=2, micro_batch=2)
+    with pytest.raises(mp.ProcessExitedException, match="exit code 9"):
+        launch_forked(train_workers.train_run_killed_in_save, (run_dir, STEPS), world_size=2)
+    ckpts = run_dir / "checkpoints"
+    assert (ckpts / "step_00000006.tmp").is_dir() and not (ckpts / "step_00000006").exists()
+    assert latest_checkpoint(run_dir) == ckpts / "step_00000003"
+    assert losses(run_dir) == losses(reference_run)  # identical up to the crash
+
+    launch_forked(train_workers.train_run, (run_dir,), world_size=2)
+    assert "resumed at step 3" in (run_dir / "logs" / "rank_0.log").read_text()
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["preflight", "started", "preflight", "started", "resumed", "finished"]
+    assert events[4]["step"] == 3
+    resumed = [r for r in metrics(run_dir) if r.get("final")][-1]
+    assert resumed["resumed_from"] == 3 and resumed["steps_run"] == 3
+    # Exactly the uninterrupted losses (float equality, not approx), eval included.
+    assert losses(run_dir) == losses(reference_run)
+    eval_losses = lambda d: [r["eval_loss"] for r in metrics(d) if r.get("eval_loss") is not None and not r.get("final")]
+    assert eval_losses(run_dir)[-1] == eval_losses(reference_run)[-1]
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000003", "step_00000006"]
+
+
+def test_task_requeues_itself_for_the_same_run(tmp_path):
+    import pickle
+
+    import submitit
+
+    from launcher.job.entry import TrainTask
+
+    delayed = TrainTask().checkpoint(str(tmp_path))
+    assert isinstance(delayed, submitit.helpers.DelayedSubmission)
+    assert isinstance(delayed.function, TrainTask) and delayed.args == (str(tmp_path),)
+    pickle.dumps(delayed)  # submitit pickles it for the requeued job
+    event = json.loads((tmp_path / "events.jsonl").read_text())
+    assert event["event"] == "requeued"

@@ -1,0 +1,206 @@
+"""The boundaries the design promises, checked on the source so that they cannot erode unnoticed: no import
+cycle among our modules (imports inside functions count), packages that import only the layers below them,
+launcher/train/ that reaches the launcher only through its torch-free contract (launcher/core), an in-job path that
+never loads Hydra or the CLI, and lines a reader takes in. (That one package speaks to Slurm is checked in
+test_slurm_units.py.) The layers and what each package owns are in README.md, "How the code is laid out".
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Dict, List, Set
+
+import pytest
+from support.helpers import REPO
+
+SOURCES = sorted(REPO.glob("launcher/**/*.py"))
+LINE_LIMIT = 120
+SOFT_MODULE_LINES = 400
+
+# The launcher's layers, lowest first: a package may import its own modules and those of layers below it.
+# ``launcher`` is the package's own __init__ (the version), ``errors`` the one error type.
+LAYERS: List[Set[str]] = [
+    {"launcher", "launcher.core"},
+    {"launcher.train"},  # what every task runs: torch; only the task entry and `sample` import it
+    {"launcher.errors"},
+    {"launcher.dataset", "launcher.slurm"},
+    {"launcher.compose", "launcher.status"},
+    {"launcher.job", "launcher.forecast"},
+    {"launcher.submit"},
+    {"launcher.search"},  # searches: compose and submit trials, at the launch and from a trial's last step
+    {"launcher.remote"},  # clusters over SSH: ships the code and submits there through submit/
+    {"launcher.commands"},
+    {"launcher.cli", "launcher.__main__"},
+]
+# What launcher/core may import besides itself: the standard library and these.
+CORE_MAY_IMPORT = {"omegaconf", "yaml"}
+
+
+def module_name(path: Path, root: Path = REPO) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, root: Path = REPO) -> Set[str]:
+    """Every module ``path`` imports, anywhere in it (inside functions too), relative imports resolved, and
+    ``from package import module`` counted as the module."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def import_graph(root: Path = REPO, tops: tuple = ("launcher",)) -> Dict[str, Set[str]]:
+    """Our modules and the modules of ours each imports."""
+    paths = [p for top in tops for p in sorted((root / top).glob("**/*.py"))]
+    modules = {module_name(p, root): p for p in paths}
+    return {name: {m for m in imports_of(path, root) if m in modules and m != name} for name, path in modules.items()}
+
+
+def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """One cycle through each strongly connected group of modules that import each other (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    found: List[List[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def layer_of(module: str) -> int:
+    for depth, packages in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in packages if p != "launcher") or module == "launcher":
+            return depth
+    raise AssertionError(f"{module} belongs to no layer of tests/test_architecture.py's LAYERS")
+
+
+def package_of(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+GRAPH = import_graph()
+
+
+def test_no_import_cycle_among_our_modules():
+    assert cycles(GRAPH) == [], "modules that import each other (inside functions too)"
+
+
+def test_the_cycle_check_counts_imports_inside_functions(tmp_path):
+    """A cycle closed by an import inside a function, as ``cli -> commands.launch -> submit -> cli`` once was,
+    is found."""
+    pkg = tmp_path / "launcher"
+    (pkg / "commands").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "commands" / "__init__.py").write_text("")
+    (pkg / "cli.py").write_text("def main():\n    from launcher.commands import launch\n")
+    (pkg / "commands" / "launch.py").write_text("from launcher import submit\n")
+    (pkg / "submit.py").write_text("def hint():\n    from launcher.cli import main\n")
+    (pkg / "other.py").write_text("from . import submit\n")
+    assert cycles(import_graph(tmp_path, ("launcher",))) == [["launcher.cli", "launcher.commands.launch",
+                                                              "launcher.submit"]]
+
+
+# The one import up the layers: a search trial's last step (the batch script's ``end``, after srun) reports it and
+# submits the next trials, composing them (issue 20); a run that is no trial never imports it.
+UPWARD_ALLOWED = {("launcher.job.recovery", "launcher.search.hook")}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if m.startswith("launcher")))
+def test_each_package_imports_only_its_own_layer_and_those_below(module):
+    upward = sorted(dep for dep in GRAPH[module] if dep.startswith("launcher") and (module, dep) not in UPWARD_ALLOWED
+                    and layer_of(dep) > layer_of(module) and package_of(dep) != package_of(module))
+    assert not upward, f"{module} (layer {layer_of(module)}) imports {upward} from a layer above it"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if m.startswith("launcher")
+                                          and layer_of(m) < layer_of("launcher.commands")))
+def test_only_commands_and_the_cli_import_a_command(module):
+    bad = sorted(dep for dep in GRAPH[module] if dep.startswith(("launcher.commands", "launcher.cli")))
+    assert not bad, f"{module} imports {bad}"
+
+
+def test_same_layer_packages_do_not_import_each_other_both_ways():
+    packages: Dict[str, Set[str]] = {}
+    for module, deps in GRAPH.items():
+        packages.setdefault(package_of(module), set()).update(package_of(d) for d in deps)
+    both = sorted({tuple(sorted((a, b))) for a, deps in packages.items() for b in deps
+                   if a != b and a in packages.get(b, set())})
+    assert not both, f"packages that import each other: {both}"
+
+
+@pytest.mark.parametrize("path", sorted(REPO.glob("launcher/core/*.py")), ids=lambda p: p.name)
+def test_core_imports_only_core_the_standard_library_omegaconf_and_yaml(path):
+    bad = sorted(name for name in imports_of(path)
+                 if not name.startswith("launcher.core") and name != "launcher.core" and name.split(".")[0] not in
+                 sys.stdlib_module_names | CORE_MAY_IMPORT | {"__future__"})
+    assert not bad, f"launcher/core/{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sorted(REPO.glob("launcher/train/**/*.py")), ids=lambda p: str(p.relative_to(REPO)))
+def test_train_imports_only_the_contract_from_the_launcher(path):
+    outside = sorted(name for name in imports_of(path)
+                     if name.split(".")[0] == "launcher" and name not in ("launcher.core", "launcher.train")
+                     and not name.startswith(("launcher.core.", "launcher.train.")))
+    assert not outside, f"{path.relative_to(REPO)} imports {outside}; launcher/train/ may import only launcher.core"
+
+
+def test_the_in_job_path_loads_neither_hydra_nor_the_cli():
+    """What a plain run's job imports (the batch script's recovery steps, the task, its resubmission) loads no
+    Hydra, no composition, no CLI and no command: a requeue or a retry must not pay for them."""
+    code = ("import sys, launcher.job.recovery, launcher.job.progress, launcher.job.entry, launcher.job.submission, "
+            "launcher.train.task; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'hydra' or m.startswith(("
+            "'launcher.cli', 'launcher.commands', 'launcher.compose.runs', 'launcher.compose.overrides', "
+            "'launcher.submit'))); print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_lines_fit_in_120_columns(path):
+    long = [number for number, line in enumerate(path.read_text().splitlines(), 1) if len(line) > LINE_LIMIT]
+    assert not long, f"{path.relative_to(REPO)}: lines {long} are longer than {LINE_LIMIT} columns"
+
+
+def test_long_modules_are_named():
+    """Length is a hint, not a rule: a module past ~400 lines is named in the warnings summary, to be read
+    as a candidate for a split along its concerns."""
+    for path in SOURCES:
+        lines = len(path.read_text().splitlines())
+        if lines > SOFT_MODULE_LINES:
+            warnings.warn(f"{path.relative_to(REPO)} has {lines} lines (over {SOFT_MODULE_LINES}: worth a look)")

@@ -1,0 +1,318 @@
+"""Cause attribution: the rank that died is blamed, not the peers that lost it (units on evidence as the
+local cluster produced it: srun's stderr, ranks' failed events, heartbeats)."""
+import os
+
+from launcher.core.heartbeats import EXIT_STALLED, Pulse
+from launcher.job.attempts import Cause, attribute
+from launcher.job.recovery import Decision, decide, schedulable, trained
+from launcher.slurm.output import TaskEnd, expand_ranks, srun_lost_nodes, srun_task_ends
+
+SRUN_KILLED = """\
+[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer
+srun: error: local-node2: task 2: Killed
+srun: Job step aborted: Waiting up to 32 seconds for job step to finish.
+srun: error: local-node1: tasks 0-1: Exited with exit code 1
+srun: error: local-node2: task 3: Exited with exit code 1
+"""
+PEER = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer [127.0.0.1]:4242"
+
+
+def failed(rank, error, node="local-node1", step=40, time=1.0):
+    return {"event": "failed", "rank": rank, "node": node, "error": error, "step": step, "time": time}
+
+
+def pulse(rank, step, alive=100.0, node="local-node1"):
+    return Pulse(rank=rank, node=node, pid=1000 + rank, step=step, step_since=alive - 1, alive=alive)
+
+
+def test_srun_reports_are_parsed_in_order():
+    assert srun_task_ends(SRUN_KILLED) == [TaskEnd("local-node2", [2], "Killed"),
+                                           TaskEnd("local-node1", [0, 1], "Exited with exit code 1"),
+                                           TaskEnd("local-node2", [3], "Exited with exit code 1")]
+    assert expand_ranks("0-2,5") == [0, 1, 2, 5]
+
+
+def test_a_killed_rank_is_blamed_not_the_peers_that_lost_it():
+    events = [failed(0, PEER), failed(1, PEER), failed(3, PEER, node="local-node2")]
+    cause = attribute(events, srun_task_ends(SRUN_KILLED), [pulse(2, 37, node="local-node2")])
+    assert cause == Cause("FAILED", "rank 2 on local-node2 at step 37: killed by a signal (SIGKILL)", rank=2,
+                          node="local-node2", step=37, short="rank 2 killed")
+
+
+def test_a_rank_own_exception_wins_over_srun_and_peers():
+    events = [failed(1, PEER, time=2.0), failed(3, "OSError: [Errno 28] No space left on device", "local-node2",
+                                                 step=50, time=3.0)]
+    cause = attribute(events, srun_task_ends(SRUN_KILLED), [])
+    assert (cause.rank, cause.node, cause.step, cause.short) == (3, "local-node2", 50, "OSError")
+    assert cause.text == "rank 3 on local-node2 at step 50: OSError: [Errno 28] No space left on device"
+
+
+def test_a_stall_is_its_own_outcome():
+    events = [{"event": "stalled", "cause": "rank 1 on n2 froze, last seen at step 9", "ranks": [1]},
+              failed(0, PEER)]
+    cause = attribute(events, [], [])
+    assert (cause.outcome, cause.rank, cause.short) == ("STALLED", 1, "rank 1 hung")
+
+
+def test_with_nothing_but_peer_losses_the_first_is_reported():
+    cause = attribute([failed(2, PEER, time=5.0), failed(0, PEER, time=4.0)], [], [])
+    assert (cause.rank, cause.short) == (0, "lost a peer")
+
+
+def test_no_evidence_at_all_says_so_with_the_exit_status():
+    assert attribute([], [], [], exit_code=137).text == "srun exited with status 137"
+
+
+def test_history_has_one_row_per_attempt_with_what_came_next():
+    from launcher.status.attempt_log import history
+
+    events = [{"event": "attempt", "attempt": 1, "job_id": "7", "nodes": "n[1-2]", "time": 10.0},
+              failed(2, PEER),
+              {"event": "attempt_ended", "outcome": "FAILED", "cause": "rank 2 on n2: killed", "time": 20.0},
+              {"event": "retrying", "job_id": "8", "exclude": ["n2"], "time": 21.0},
+              {"event": "attempt", "attempt": 2, "job_id": "8", "nodes": "n[1,3]", "time": 30.0},
+              {"event": "attempt_ended", "outcome": "COMPLETED", "time": 90.0}]
+    rows = history(events)
+    assert [(r["attempt"], r["job_id"], r["outcome"]) for r in rows] == [(1, "7", "FAILED"), (2, "8", "COMPLETED")]
+    assert rows[0]["then"] == "retried as job 8, excluding n2" and rows[1]["then"] == ""
+
+
+def test_a_running_run_whose_steps_stopped_is_shown_stalled(tmp_path):
+    import json as _json
+
+    from launcher.core.heartbeats import heartbeat_path, stalled_for
+    from launcher.core.rundir import write_json_atomic
+    from launcher.status.job_state import JobState, in_its_words
+
+    heartbeat_path(tmp_path, 0).parent.mkdir()
+    for rank, since in ((0, 1000.0), (1, 1010.0)):
+        write_json_atomic(heartbeat_path(tmp_path, rank), {"rank": rank, "node": "n1", "pid": 1, "step": 7,
+                                                           "step_since": since, "alive": 1100.0})
+    assert stalled_for(tmp_path, limit=30, step_time=None, now=1030.0) is None  # 20 s since rank 1's step began
+    assert stalled_for(tmp_path, limit=30, step_time=None, now=1050.0) == 40.0
+    assert stalled_for(tmp_path, limit=None, step_time=1.0, now=1300.0) is None  # derived: at least 300 s
+    assert stalled_for(tmp_path, limit=None, step_time=20.0, now=1420.0) == 410.0  # 20 x 20 s = 400 s
+    (tmp_path / "config.yaml").write_text(_json.dumps({"train": {"stall_timeout_s": 30}}))
+    state = in_its_words(JobState("RUNNING", "", "squeue"), tmp_path)
+    assert state.state == "RUNNING" and state.reason.startswith("stalled? no step for ")
+
+
+def requeue_scene(tmp_path, monkeypatch, scontrol: str, max_requeues: int = 2):
+    """A run directory whose ranks asked for a requeue, and an ``scontrol`` on PATH that runs ``scontrol``
+    (a shell body) and logs its arguments to ``calls``."""
+    from omegaconf import OmegaConf
+
+    from launcher.core.config import ClusterConfig, ModelConfig, RunConfig
+
+    cfg = RunConfig(model=ModelConfig(name="gpt_tiny", d_model=64, n_heads=2, n_layers=2, seq_len=32), name="cut",
+                    cluster=ClusterConfig(max_requeues=max_requeues, signal_delay_s=20))
+    OmegaConf.save(OmegaConf.structured(cfg), tmp_path / "config.yaml", resolve=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n{scontrol}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    return tmp_path / "calls"
+
+
+def test_the_batch_shell_requeues_after_the_ranks_saved(tmp_path, monkeypatch):
+    """On the host, not in a rank (which may run in a container without scontrol): the requeue the ranks asked
+    for is made by the batch script's last step."""
+    from launcher.core.rundir import append_event, read_events
+    from launcher.job.recovery import requeue, requeue_asked
+
+    calls = requeue_scene(tmp_path, monkeypatch, "exit 0")
+    append_event(tmp_path, "attempt", attempt=1, job_id="9")
+    append_event(tmp_path, "requeued", job_id="9", step=40, by="signal")
+    events = read_events(tmp_path)
+    assert requeue_asked(events) == 40
+    assert requeue(tmp_path, "9", 40, events) is None
+    assert calls.read_text() == "requeue 9\n"
+    assert requeue_asked([*events, {"event": "failed", "error": "x"}]) is None  # failed after: not a requeue
+    assert requeue_asked([{"event": "requeued", "step": 3}]) is None  # submitit's own handler requeued it
+
+
+def test_a_requeue_the_controller_refuses_is_recorded_as_an_infrastructure_failure(tmp_path, monkeypatch):
+    from launcher.core.rundir import append_event, read_events
+    from launcher.job.attempts import attribute
+    from launcher.job.recovery import INFRASTRUCTURE, Clock, requeue
+
+    calls = requeue_scene(tmp_path, monkeypatch,
+                          'echo "scontrol: error: Unable to contact slurm controller" >&2; exit 1')
+    append_event(tmp_path, "requeued", job_id="9", step=40, by="signal")
+    elapsed = [0.0]  # the back-off's own clock, moved by its sleeps: no real second is waited
+    clock = Clock(now=lambda: elapsed[0], sleep=lambda s: elapsed.__setitem__(0, elapsed[0] + s))
+    failure = requeue(tmp_path, "9", 40, read_events(tmp_path), clock)
+    assert elapsed[0] >= 5  # asked again for max(5, signal_delay_s - 15) s
+    assert len(calls.read_text().splitlines()) >= 2
+    assert failure["error"] == ("ConnectionError: scontrol requeue 9 failed: scontrol: error: Unable to contact slurm "
+                                "controller") and not failure.get("final")
+    cause = attribute(read_events(tmp_path), [], [])
+    assert (cause.short, cause.node, cause.step) == ("requeue failed", "n1", 40) and INFRASTRUCTURE.search(cause.error)
+
+
+def test_requeues_without_progress_are_counted_and_end_the_run(tmp_path, monkeypatch):
+    from launcher.core.rundir import append_event, read_events
+    from launcher.job.recovery import requeue
+
+    calls = requeue_scene(tmp_path, monkeypatch, "exit 0", max_requeues=2)
+    for _ in range(3):  # two earlier attempts ended at step 40, and this third one again
+        append_event(tmp_path, "requeued", job_id="9", step=40, by="signal")
+    failure = requeue(tmp_path, "9", 40, read_events(tmp_path))
+    verdict = read_events(tmp_path)[-1]
+    assert (verdict["event"], verdict["final"], verdict["short"]) == ("failed", True, "no progress") == (
+        "failed", failure["final"], failure["short"])
+    assert "3 attempts in a row ended at step 40" in verdict["error"] and not calls.exists()
+    append_event(tmp_path, "requeued", job_id="9", step=41, by="signal")  # progress: the count starts again
+    assert requeue(tmp_path, "9", 41, read_events(tmp_path)) is None
+
+
+def test_a_time_limit_within_the_signal_delay_is_refused():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "launcher", "cluster.time_limit_min=1", "cluster.signal_delay_s=60",
+                          "dry_run=json"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert "cluster.time_limit_min=1 (60 s) leaves no time to train" in res.stderr
+
+
+def test_a_rank_that_dies_after_the_run_finished_does_not_fail_the_attempt(tmp_path, monkeypatch):
+    """Seen in CI: Slurm's time-limit signal reached a rank while Python shut down after the final checkpoint
+    (Python puts the default action back then): srun reported the rank killed. The run is complete, and the job
+    must read COMPLETED too (the batch script's exit status)."""
+    from launcher.core.rundir import append_event, read_events
+    from launcher.job.recovery import main
+
+    requeue_scene(tmp_path, monkeypatch, "exit 1")  # no Slurm to ask: the answer must not depend on it
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    append_event(tmp_path, "attempt", attempt=1, job_id="9")
+    append_event(tmp_path, "finished", step=40, loss=2.0)
+    assert main(["end", str(tmp_path), "143"]) == 0
+    ended = read_events(tmp_path)[-1]
+    assert (ended["event"], ended["outcome"], ended["exit_code"]) == ("attempt_ended", "COMPLETED", 143)
+    assert "after the run finished" in ended["note"]
+
+
+# srun's stderr when one node of two was lost with its ranks (its slurmd and ranks SIGKILLed on the local cluster),
+# and when a retry was placed on a node whose slurmd had died before Slurm marked it down.
+SRUN_NODE_DIED = """\
+srun: error: local-node2: tasks 2-3: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=207.0
+srun: error: local-node1: tasks 0-1: Terminated
+srun: Force Terminated StepId=207.0
+"""
+SRUN_LAUNCH_FAILED = """\
+srun: error: Task launch for StepId=209.1 failed on node local-node2: Communication connection failure
+srun: error: Application launch failed: Communication connection failure
+srun: Job step aborted
+srun: error: Node failure on local-node3
+"""
+# Rank 2 was SIGSTOPped: the watchdogs of ranks 0, 1 and 3 fired, and srun killed the stopped rank last.
+SRUN_WATCHDOGS = """\
+srun: error: local-node1: task 1: Exited with exit code 75
+srun: error: local-node1: task 0: Exited with exit code 75
+srun: error: local-node2: task 3: Exited with exit code 75
+srun: error: local-node2: task 2: Killed
+"""
+
+
+def test_the_nodes_srun_could_not_reach_are_read_from_its_words():
+    assert srun_lost_nodes(SRUN_LAUNCH_FAILED) == ["local-node2", "local-node3"]
+    assert srun_lost_nodes(SRUN_NODE_DIED) == []
+
+
+def test_a_lost_node_is_the_cause_whatever_its_ranks_and_peers_reported():
+    events = [failed(0, PEER, step=52), failed(1, PEER, step=52)]
+    cause = attribute(events, srun_task_ends(SRUN_NODE_DIED), [pulse(0, 52), pulse(2, 41, node="local-node2")],
+                      lost=["local-node2"])
+    assert cause == Cause("LOST", "node local-node2 lost at step 52: Slurm could not reach it", node="local-node2",
+                          step=52, short="local-node2 lost", nodes=("local-node2",))
+    assert attribute([], [], [], lost=["n2", "n3"]).text == "node n2, n3 lost during start-up: Slurm could not reach it"
+
+
+def test_every_rank_killed_together_is_named():
+    ends = [TaskEnd("n1", [1], "Killed"), TaskEnd("n2", [3], "Killed"), TaskEnd("n1", [0], "Terminated")]
+    cause = attribute([], ends, [pulse(1, 20), pulse(3, 21, node="n2")])
+    assert cause.text == "2 ranks killed by a signal (SIGKILL): rank 1 on n1 at step 20; rank 3 on n2 at step 21"
+    assert (cause.short, cause.nodes, cause.rank) == ("ranks 1,3 killed", ("n1", "n2"), 1)
+
+
+def test_a_stall_left_unrecorded_blames_the_rank_that_stopped_first_not_the_watchdogs():
+    pulses = [pulse(0, 90, alive=200.0), pulse(1, 90, alive=199.0), pulse(2, 90, alive=160.0, node="local-node2"),
+              pulse(3, 90, alive=200.5, node="local-node2")]
+    cause = attribute([], srun_task_ends(SRUN_WATCHDOGS), pulses, exit_code=EXIT_STALLED)
+    assert (cause.outcome, cause.rank, cause.node, cause.short) == ("STALLED", 2, "local-node2", "rank 2 hung")
+    assert cause.text == ("stalled: rank 2 on local-node2 stopped first, at step 90 (the watchdog of rank 0, 1, 3 "
+                          "ended the attempt)")
+
+
+def ended(outcome, short="", step=None, trained=True, nodes=(), **more):
+    return {"event": "attempt_ended", "outcome": outcome, "short": short, "step": step, "trained": trained,
+            "nodes": list(nodes), "node": nodes[0] if nodes else None, **more}
+
+
+def test_a_lost_node_costs_no_retry_the_first_time_and_is_excluded():
+    lost = Cause("LOST", "node n2 lost", node="n2", step=52, short="n2 lost", nodes=("n2",))
+    spent = [ended("FAILED", "rank 1 killed", 10), {"event": "retrying", "exclude": []}]
+    decision = decide(spent, lost, max_retries=1)
+    assert (decision.retry, decision.exclude, decision.free) == (True, ["n2"], True)
+    # The same node lost again (it came back, then died again) is a counted retry: here none is left.
+    again = [*spent, ended("LOST", "n2 lost", 52, nodes=("n2",)), {"event": "retrying", "exclude": ["n2"], "free": True}]
+    assert decide(again, lost, max_retries=1).reason == "all cluster.max_retries=1 retries spent"
+    first = decide([], Cause("LOST", "node n2 lost during start-up", node="n2", nodes=("n2",)), 0, progressed=False)
+    assert first.retry and first.free  # before any step: still the node's fault, not the code's
+
+
+def test_a_fault_during_start_up_is_retried_and_the_same_failure_twice_needs_two_attempts_that_trained():
+    killed = Cause("FAILED", "rank 0 killed", rank=0, node="n1", step=91, short="rank 0 killed")
+    history = [ended("FAILED", "rank 0 killed", 91), {"event": "retrying", "exclude": []}]
+    during = decide(history, killed, max_retries=3, trained=False)
+    assert during.retry and during.reason == "retry 2 of 3 from the newest good checkpoint"
+    assert decide(history, killed, max_retries=3, trained=True).reason == \
+        "the same failure at step 91 twice, not retried again"
+    untrained = [ended("FAILED", "rank 0 killed", 91, trained=False), {"event": "retrying", "exclude": []}]
+    assert decide(untrained, killed, max_retries=3).retry
+
+
+def test_an_attempt_trained_only_when_a_rank_got_past_the_step_it_started_from():
+    resumed = [{"event": "resumed", "step": 90}]
+    assert not trained(resumed, [pulse(0, 90)]) and trained(resumed, [pulse(0, 91)])
+    assert not trained([], []) and trained([failed(0, PEER, step=3)], [])
+
+
+def test_exclusions_that_would_leave_too_few_nodes_are_allowed_again_least_certain_first():
+    events = [ended("STALLED", "rank 2 hung", 10, nodes=("n2",)), ended("LOST", "n3 lost", 20, nodes=("n3",))]
+    wanted = Decision(True, "retry 2 of 3", ["n2", "n3"])
+    kept = schedulable(wanted, events, down=[], partition=["n1", "n2", "n3"], needed=2)
+    assert (kept.exclude, kept.allowed) == (["n3"], ["n2"])  # the hung rank's node, not the lost one
+    assert "would leave 1 of the 2 nodes the run needs, so n2 is allowed again" in kept.reason
+    assert schedulable(wanted, events, [], ["n1", "n2", "n3", "n4"], 2) == wanted  # room enough: unchanged
+    both = schedulable(wanted, events, [], ["n1", "n2", "n3"], 3)
+    assert (both.exclude, both.allowed) == ([], ["n2", "n3"])  # Slurm then waits for the nodes it holds down
+
+
+def test_damaged_data_is_not_retried_whatever_its_path_says():
+    from launcher.job.recovery import INFRASTRUCTURE
+
+    error = "DatasetError: shard /data/rebecca/nccl-peer/tokens_00001.bin has 10,000 bytes, not the 20,000"
+    cause = attribute([failed(0, error, step=9), failed(1, error, step=9)], [], [pulse(0, 9)])
+    assert (cause.rank, cause.error) == (0, error)  # the rank's own error, not a lost peer
+    decision = decide([], Cause("FAILED", cause.text, short="bad data", error=error, step=9), max_retries=3)
+    assert (decision.retry, decision.reason) == (
+        False, "the data is damaged: every node and try would read it alike, not retried")
+    assert not INFRASTRUCTURE.search(error) and INFRASTRUCTURE.search("RuntimeError: NCCL error in: x.cpp")
+
+
+def test_a_lost_node_slurm_still_reads_idle_is_allowed_again_only_after_slurm_can_mark_it_down():
+    """On a cluster with no node to spare, the retry needs the lost node back; placed at once, it would land on
+    the dead node Slurm still reads idle. It begins after SlurmdTimeout instead, and then waits for nodes."""
+    events = [ended("LOST", "n2 lost", 20, nodes=("n2",))]
+    waited = schedulable(Decision(True, "n2 was lost", ["n2"], free=True), events, down=[], partition=["n1", "n2"],
+                         needed=2, settle_s=60)
+    assert (waited.exclude, waited.allowed, waited.begin_s, waited.free) == ([], ["n2"], 65, True)
+    assert waited.reason.endswith("; it begins in 65 s, once Slurm has marked n2 down (SlurmdTimeout)")
+    marked = schedulable(Decision(True, "n2 was lost", ["n2"]), events, ["n2"], ["n1", "n2"], 2, settle_s=60)
+    assert (marked.allowed, marked.begin_s) == (["n2"], 0)  # already down: Slurm waits for it by itself
+

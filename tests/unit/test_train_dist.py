@@ -1,0 +1,84 @@
+"""Distributed bring-up: reading the environment (Slurm or torchrun), and failing clearly.
+
+The all-reduce check itself runs in every multi-rank test (parity, resume),
+which assert its logged result.
+"""
+import os
+import time
+
+import pytest
+import torch.distributed as dist
+
+from launcher.train import dist as tdist
+from support.train_harness import free_port
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for var in list(os.environ):
+        if var.startswith("SLURM") or var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                              "MASTER_ADDR", "MASTER_PORT"):
+            monkeypatch.delenv(var)
+    return monkeypatch
+
+
+def test_slurm_environment(clean_env):
+    clean_env.setenv("SLURM_PROCID", "5")
+    clean_env.setenv("SLURM_LOCALID", "1")
+    clean_env.setenv("SLURM_NTASKS", "8")
+    clean_env.setenv("SLURM_JOB_NUM_NODES", "2")
+    clean_env.setenv("SLURM_JOB_NODELIST", "node[7-8]")
+    clean_env.setenv("SLURM_JOB_ID", "123456")
+    clean_env.setenv("SLURMD_NODENAME", "node8")
+    launch = tdist._launch_from_environ()
+    assert (launch.rank, launch.local_rank, launch.world_size, launch.nodes, launch.node) == (5, 1, 8, 2, "node8")
+    assert launch.master_host == "node7"
+    assert launch.master_port == 20000 + 123456 % 12768  # no cluster name: the job id alone
+    clean_env.setenv("SLURM_CLUSTER_NAME", "local2")
+    assert tdist._launch_from_environ().master_port != launch.master_port
+    assert all(20000 <= tdist._port_for_job(name, job) < 32768 for name in ("local", "local2") for job in range(9999))
+    assert tdist.global_rank_from_environ() == 5
+    clean_env.setenv("MASTER_PORT", "31111")
+    assert tdist._launch_from_environ().master_port == 31111
+
+
+def test_torchrun_variables_win_over_slurm(clean_env):
+    # torchrun inside an sbatch script: every process inherits SLURM_PROCID=0.
+    for var, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "node7", "SLURM_JOB_ID": "9",
+                       "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                       "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}.items():
+        clean_env.setenv(var, value)
+    launch = tdist._launch_from_environ()
+    assert (launch.rank, launch.local_rank, launch.world_size, launch.nodes) == (3, 1, 4, 2)
+    assert (launch.master_host, launch.master_port) == ("10.0.0.1", 29400)
+    assert tdist.global_rank_from_environ() == 3
+
+
+def test_no_launcher_is_a_world_of_one(clean_env):
+    launch = tdist._launch_from_environ()
+    assert (launch.rank, launch.world_size, launch.nodes, launch.master_host) == (0, 1, 1, "127.0.0.1")
+
+
+def test_world_of_one_brings_up_and_checks(clean_env):
+    env = tdist.init_distributed(timeout_s=30)
+    try:
+        assert (env.rank, env.world_size, env.device.type) == (0, 1, "cpu")
+        assert tdist.check_allreduce(env) == 1
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rendezvous_failure_names_node_and_port(clean_env):
+    port = free_port()  # nobody listens: rank 1 waits for a rank 0 that never comes
+    for var, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        clean_env.setenv(var, value)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"rank 1/2 on .*: rendezvous with rank 0 at 127.0.0.1 .* port {port} failed"):
+        tdist.init_distributed(timeout_s=2)
+    print(f"rendezvous gave up after {time.monotonic() - start:.2f} s (timeout_s=2)")
+    assert not dist.is_initialized()
+
+
+def test_unresolvable_host_is_named(clean_env):
+    with pytest.raises(RuntimeError, match="cannot resolve the rendezvous host 'no-such-node.invalid'"):
+        tdist._resolve("no-such-node.invalid")
