@@ -5,7 +5,7 @@ A checkpoint of the model, freshly initialised, is saved with DCP in a child pro
 rank); each export then runs in a fresh child, which reports its peak resident set (``ru_maxrss``) after it and,
 as the baseline, after importing torch and the exporter. The ratio (peak - baseline) / shard is what the memory
 of an export costs per byte of its largest file: about 1-2 (the shard, plus the tensor being converted), whatever
-the model's size. ``--quick``: gpt_small, for the suite (tests/test_bench_quick.py).
+the model's size. ``--quick``: gpt_small, for the suite (tests/cluster/test_bench_quick.py).
 
     python scripts/bench_export.py [--model gpt_350m] [--quick]
 """

@@ -15,7 +15,7 @@ cancelled at the end.
 The timed processes run with the launcher's bytecode cached, as an installed launcher has it (a warm-up
 run writes it); ``--no-bytecode`` keeps PYTHONDONTWRITEBYTECODE as the environment sets it (then every
 launcher process compiles its modules from source, while hydra's and submitit's have bytecode).
-``--quick``: 2 repeats (seconds; for tests/test_bench_launcher_quick.py); the submission is timed only
+``--quick``: 2 repeats (seconds; for tests/cluster/test_bench_launcher_quick.py); the submission is timed only
 when the cluster of $SLURM_CONF answers, else it is skipped with a line that says so.
 
     python scripts/bench_launch.py [--repeats 9] [--quick] [--no-bytecode]

@@ -7,7 +7,7 @@ timeout. Each pair is timed alternately (both see the same load) and medians com
 (``+cluster.sbatch_flags.hold=true``) and cancelled at the end.
 
 It uses the clusters your config layers define: ``--cluster NAME`` names the remote one (its file has ``ssh:``);
-the local one is ``local`` (slurm/up.sh). ``--quick``: 2 repeats, for tests/test_remote_slurm.py.
+the local one is ``local`` (slurm/up.sh). ``--quick``: 2 repeats, for tests/cluster/test_remote.py.
 
     python scripts/bench_remote.py --cluster mysite [--repeats 7] [--quick]
 """

@@ -13,7 +13,7 @@ launcher.core.rundir's writers), so they are what a launch leaves. The timed pro
 bytecode cached, as an installed launcher does (a warm-up run writes it); ``--no-bytecode`` keeps
 PYTHONDONTWRITEBYTECODE as the environment sets it, where every launcher process compiles its modules from
 source while the floor's packages have theirs. ``--quick``: a few hundred runs, 2 repeats (seconds; for the
-tests, tests/test_bench_launcher_quick.py).
+tests, tests/cluster/test_bench_launcher_quick.py).
 
     python scripts/bench_status.py [--runs 10000] [--repeats 5] [--quick] [--no-bytecode]
 """

@@ -6,7 +6,7 @@ through the same ``launch`` in this process, alternately, so both see the same m
 compared. "One sbatch each" is the launch with every run a batch of its own, as it was before arrays. The jobs
 are held (``+cluster.sbatch_flags.hold=true``), so none starts and loads the machine; their runs go to a temporary
 root and their jobs are cancelled at the end. It needs a cluster (the local one: slurm/up.sh); ``--quick``: one
-repeat, and a line saying it skipped when no cluster answers (tests/test_bench_launcher_quick.py).
+repeat, and a line saying it skipped when no cluster answers (tests/cluster/test_bench_launcher_quick.py).
 
     python scripts/bench_sweep.py [--repeats 5] [--quick]
 """

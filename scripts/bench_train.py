@@ -22,7 +22,7 @@ composed and written by the launcher's own code (``launcher.compose.runs.compose
 ``launcher.submit.launch.write_run_files``; see :func:`make_run_dir`), so what is measured is what a launch runs.
 
     python scripts/bench_train.py [--steps 30] [--repeats 3] [--d-model 256] [--layers 4] [--seq-len 256] [--batch 8]
-    python scripts/bench_train.py --quick    # seconds: a tiny model, 12 steps, one round (tests/test_bench_quick.py)
+    python scripts/bench_train.py --quick    # seconds: a tiny model, 12 steps, one round (tests/cluster/test_bench_quick.py)
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
 # dated table to docs/performance.md. Data: the default byte-level corpus.
 # MFU uses the contract's FLOPs/token (6N + 12*L*d*T, N without embeddings),
 # which reads ~3 points lower than llm-foundry's convention at 1B (see
-# tests/test_train_metrics.py); references: llm-foundry MPT-1B 41.8% on 8xH100.
+# tests/unit/test_train_metrics.py); references: llm-foundry MPT-1B 41.8% on 8xH100.
 #
 # Each run directory is composed and written by the launcher's own code (compose_runs, then
 # write_run_files: config.yaml, plan.json, run.yaml exactly as a launch writes them), so what is

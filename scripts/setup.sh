@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything this project needs on a Debian machine, idempotently:
 #   - the Debian packages of a local Slurm cluster (slurmctld, slurmd, slurm-client, slurmdbd, munge,
-#     mariadb-server), and those of the tests' SSH site (tests/sshd_site.py): openssh-server, and acl to let
+#     mariadb-server), and those of the tests' SSH site (tests/support/sshd_site.py): openssh-server, and acl to let
 #     its user reach the interpreter;
 #   - a virtual environment in .venv with the project and its extras for training and tests ([dev,train]), torch
 #     pinned exactly first ($TORCH_VERSION, default 2.13.0, whose CPU wheel lies on local disk; the extra's loose

@@ -1,6 +1,6 @@
 """The values each setting allows beyond its type: the choices of the string settings and the range of every
 numeric one. Composition checks them (launcher/compose/validate.py) and docs/configuration.md lists them
-(tests/test_config_values.py keeps the two equal). The types themselves are launcher/core/config.py's.
+(tests/unit/test_config_values.py keeps the two equal). The types themselves are launcher/core/config.py's.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ MAX_STEPS = 10_000_000
 
 
 # Every numeric setting's allowed values, checked at composition (launcher/compose/validate.py), listed in
-# docs/configuration.md (tests/test_config_values.py keeps the two equal). A null value is not checked.
+# docs/configuration.md (tests/unit/test_config_values.py keeps the two equal). A null value is not checked.
 RANGES: Dict[str, Range] = {
     **{f"model.{key}": AT_LEAST_1 for key in ("d_model", "n_heads", "n_layers", "seq_len", "vocab_size", "mlp_ratio")},
     "layout.gpus": AT_LEAST_1,

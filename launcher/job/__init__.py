@@ -3,5 +3,5 @@ the batch script's recovery steps around srun (recovery), resubmission (submissi
 injected into the tasks (secret_store).
 
 This is the in-job path: it imports core/, the Slurm adapter and status's run index, and never Hydra,
-composition, submission, the CLI or a command (tests/test_architecture.py checks what it loads).
+composition, submission, the CLI or a command (tests/unit/test_architecture.py checks what it loads).
 """

@@ -106,7 +106,7 @@ def layer_of(module: str) -> int:
     for depth, packages in enumerate(LAYERS):
         if any(module == p or module.startswith(p + ".") for p in packages if p != "launcher") or module == "launcher":
             return depth
-    raise AssertionError(f"{module} belongs to no layer of tests/test_architecture.py's LAYERS")
+    raise AssertionError(f"{module} belongs to no layer of tests/unit/test_architecture.py's LAYERS")
 
 
 def package_of(module: str) -> str:

@@ -1,6 +1,6 @@
 """Remote clusters without a connection: SSH destinations and options, the command line the cluster's shell
 runs, ssh's complaints in one line, the shipped code's hash, forwarding, and composing a run for a cluster
-whose paths are its own (the real SSH server's tests are tests/test_remote_slurm.py)."""
+whose paths are its own (the real SSH server's tests are tests/cluster/test_remote.py)."""
 from __future__ import annotations
 
 import json

@@ -210,7 +210,7 @@ def test_watch_into_a_pipe_is_plain_text_and_ends_when_nothing_is_active(tmp_pat
 
 def test_watch_on_a_terminal_redraws_in_place_until_the_runs_end(tmp_path, monkeypatch):
     """The drawing only: Slurm's answer is stood in by the run's own events, which the pause between refreshes
-    turns from started to finished (tests/test_status_slurm.py watches a real job)."""
+    turns from started to finished (tests/cluster/test_status.py watches a real job)."""
 
     run_dir = make_run(tmp_path, "r", 1000)
     (run_dir / "events.jsonl").write_text('{"event": "started"}\n')

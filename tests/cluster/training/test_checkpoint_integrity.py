@@ -18,7 +18,7 @@ from support.train_harness import launch_forked, make_run_dir
 # The cluster tier without Slurm: real multi-rank training on gloo, seconds of CPU a test (docs/development.md).
 pytestmark = pytest.mark.slurm
 
-EVERY = 3  # the reference run checkpoints every 3 steps (tests/conftest.py)
+EVERY = 3  # the reference run checkpoints every 3 steps (tests/cluster/training/conftest.py)
 
 
 

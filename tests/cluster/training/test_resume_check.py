@@ -2,7 +2,7 @@
 checkpoint whose checksums match but whose weights are wrong is set aside, and training starts again, in
 the same attempt, from the previous one; a healthy resume passes.
 
-The run is the reference's (tests/conftest.py: 2 ranks, 6 steps) checkpointed every 2 steps and stopped by
+The run is the reference's (tests/cluster/training/conftest.py: 2 ranks, 6 steps) checkpointed every 2 steps and stopped by
 an injected error at step 4 (LAUNCHER_FAULT), so it holds checkpoints of steps 2 and 4. Each test resumes a
 copy of it, and the losses of every step must equal those of the uninterrupted reference run.
 """

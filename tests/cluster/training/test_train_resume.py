@@ -19,7 +19,7 @@ from support.train_harness import launch_forked, make_run_dir, metrics
 # The cluster tier without Slurm: real multi-rank training on gloo, seconds of CPU a test (docs/development.md).
 pytestmark = pytest.mark.slurm
 
-STEPS, EVERY = 6, 3  # the reference run (tests/conftest.py)
+STEPS, EVERY = 6, 3  # the reference run (tests/cluster/training/conftest.py)
 
 
 def test_uninterrupted_run_records_everything(reference_run):
