@@ -1,7 +1,7 @@
 """Peak GPU memory per rank: the model's tensors as FSDP2 shards them, the training state, gathered
 units, gradient buffers and activations (docs/planning.md, "Memory"). The model follows what
-launcher/train/parallel.py and launcher/train/loop.py do; tests/unit/test_planner.py checks the training-state part byte for
-byte against a real run."""
+launcher/train/parallel.py and launcher/train/loop.py do; tests/cluster/training/test_planner.py checks the
+training-state part byte for byte against a real run."""
 from __future__ import annotations
 
 import math
