@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
-from support.helpers import REPO, events, git, job_id_of, wait_for
+from support.helpers import REPO, events, git, job_id_of, run_launcher, wait_for
 
 BROKEN = 'raise RuntimeError("edited after submission")\n'
 
@@ -24,9 +22,7 @@ def test_a_requeued_job_trains_with_the_code_it_was_submitted_with(slurm, tmp_pa
     with open(repo / "launcher" / "train" / "task.py", "a") as f:
         f.write("# an uncommitted edit\n")
     env = {**slurm.env, "PYTHONPATH": str(repo), "LAUNCHER_RUN_ROOT": str(root)}
-    launched = subprocess.run([sys.executable, "-m", "launcher", "model=gpt_tiny", "gpus=2", "train.steps=300",
-                               "train.log_every=20", "train.checkpoint_every=20", "name=frozen"],
-                              cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+    launched = run_launcher("model=gpt_tiny", "gpus=2", "train.steps=300", "train.log_every=20", "train.checkpoint_every=20", "name=frozen", cwd=repo, env=env, timeout=60)
     assert launched.returncode == 0, launched.stderr
     assert f"uncommitted changes since {commit[:12]} (launcher/train/task.py)" in launched.stdout
     job = job_id_of(launched.stdout)

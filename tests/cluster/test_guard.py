@@ -8,6 +8,7 @@ import json
 import pytest
 
 from support.helpers import job_id_of
+from support.helpers import events as read_events
 
 pytestmark = pytest.mark.slurm
 
@@ -21,7 +22,7 @@ def test_a_diverging_run_fails_once_and_runs_says_loss_nan(slurm, tmp_path):
     (row,) = json.loads(slurm.launcher("runs", "--json", root=tmp_path).stdout)
     assert (row["status"], row["reason"], row["attempts"]) == ("FAILED", "loss nan", 1)
     assert "FAILED (loss nan)" in slurm.launcher("runs", root=tmp_path).stdout
-    events = [json.loads(line) for line in (tmp_path / "diverge" / "events.jsonl").read_text().splitlines()]
+    events = read_events(tmp_path / "diverge")
     assert [e["event"] for e in events].count("attempt") == 1 and not any(e["event"] == "retrying" for e in events)
     (verdict,) = [e for e in events if e["event"] == "failed" and e.get("final")]
     assert "NonFiniteError: loss is nan at step 1" in verdict["error"]

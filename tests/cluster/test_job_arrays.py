@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from support.helpers import UNTIL_STOPPED, events, preempt_after_a_checkpoint, rank_pids, runs_json, wait_for, wait_status
+from support.helpers import events as read_events
 
 TINY = ("model=gpt_tiny", "gpus=1")
 
@@ -38,7 +39,7 @@ def test_an_array_grid_of_four_points_completes_with_four_run_directories(slurm,
         assert final.get("final") and final["step"] == 3, final
         assert (run_dir / "logs" / "rank_0.log").is_file()
         assert (run_dir / "submitit" / f"{array}_{index}_0_log.err").is_file()  # the element's own batch log
-        attempts = [e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
+        attempts = [e for e in read_events(run_dir)
                     if e["event"] == "attempt_ended"]
         assert [e["outcome"] for e in attempts] == ["COMPLETED"], attempts
         lrs.add(yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["lr"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.helpers import events as read_events
 
 pytestmark = pytest.mark.slurm
 
@@ -16,7 +17,7 @@ def test_single_node_layouts_of_many_tasks_train_to_completion(slurm, tmp_path, 
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*/run.json")]
     assert record["nodes"] == 1
     assert slurm.wait(record["job_id"], timeout=300) == "COMPLETED"
-    events = [json.loads(line)["event"] for line in open(tmp_path / record["name"] / "events.jsonl")]
+    events = [e["event"] for e in read_events(tmp_path / record["name"])]
     assert "finished" in events
 
 

@@ -10,13 +10,12 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from support.helpers import launch, run_name
+from support.helpers import launch, run_launcher, run_name
 from launcher.core.privacy import PRIVATE_DIR, SHARED_DIR
 
 TINY = ("gpus=2", "model=gpt_tiny", "train.steps=4", "train.log_every=2", "train.eval_every=2",
@@ -67,9 +66,7 @@ def trained(slurm, base: Path, *args: str) -> Path:
 
 def test_runs_are_private_unless_shared_with_a_group_and_secrets_always_are(slurm, place):
     base, group = place
-    res = subprocess.run([sys.executable, "-m", "launcher", "secrets", "create", "env", "PRIVATE_TOKEN"],
-                         input="s3cret-value", env={**slurm.env, "LAUNCHER_HOME": str(base / "home")},
-                         capture_output=True, text=True, timeout=60)
+    res = run_launcher("secrets", "create", "env", "PRIVATE_TOKEN", input="s3cret-value", env={**slurm.env, "LAUNCHER_HOME": str(base / "home")}, timeout=60)
     assert res.returncode == 0, res.stderr
     secret_files = [p for p in (base / "home").rglob("*") if p.is_file()]
     assert secret_files

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support.helpers import REPO, job_id_of, wait_for
+from support.helpers import REPO, job_id_of, run_launcher, wait_for
 
 CLUSTER = "testsite"
 TINY = ("model=gpt_tiny", "gpus=2", "train.log_every=5")
@@ -46,9 +46,7 @@ class Laptop:
 
     def launcher(self, *args: str, timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
         env = {**self.cluster.env, **self.env, "LAUNCHER_RUN_ROOT": str(self.root)}
-        return subprocess.run([sys.executable, "-m", "launcher", *args], env=env, capture_output=True, text=True,
-                              timeout=timeout, cwd=REPO, input=input,
-                              stdin=None if input is not None else subprocess.DEVNULL)
+        return run_launcher(*args, env=env, timeout=timeout, cwd=REPO, input=input, stdin=None if input is not None else subprocess.DEVNULL)
 
     def rows(self) -> dict:
         res = self.launcher("runs", "--json")
@@ -268,9 +266,8 @@ def test_a_cluster_that_wants_a_prompt_says_to_log_in_once(laptop, tmp_path):
     keyless.write_text("\n".join(line for line in laptop.site.ssh_config.read_text().splitlines()
                                  if "IdentityFile" not in line) + "\n  IdentityAgent none\n")
     env = {"LAUNCHER_SSH_CONFIG": str(keyless), "LAUNCHER_HOME": f"{laptop.env['LAUNCHER_HOME']}-keyless"}
-    res = subprocess.run([sys.executable, "-m", "launcher", "runs"], env={**laptop.cluster.env, **laptop.env, **env,
-                         "LAUNCHER_RUN_ROOT": str(laptop.root)}, capture_output=True, text=True, timeout=60,
-                         cwd=REPO, stdin=subprocess.DEVNULL)
+    res = run_launcher("runs", env={**laptop.cluster.env, **laptop.env, **env,
+                         "LAUNCHER_RUN_ROOT": str(laptop.root)}, timeout=60, cwd=REPO, stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stderr
     (warning,) = [line for line in res.stderr.splitlines() if CLUSTER in line]
     assert "Permission denied" in warning and f"run 'launcher login {CLUSTER}'" in warning, warning

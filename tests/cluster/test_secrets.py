@@ -13,13 +13,11 @@ import hashlib
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 
-from support.helpers import REPO, job_id_of
+from support.helpers import REPO, job_id_of, run_launcher
 
 
 PROBE = '''
@@ -69,8 +67,7 @@ def test_secrets_reach_every_task_and_appear_nowhere_else(slurm, tmp_path):
     outputs = []
 
     def secrets(*args: str, stdin: bytes = b"") -> None:
-        res = subprocess.run([sys.executable, "-m", "launcher", "secrets", *args], input=stdin, env=env,
-                             capture_output=True, cwd=REPO, timeout=60)
+        res = run_launcher("secrets", *args, input=stdin, env=env, cwd=REPO, timeout=60)
         assert res.returncode == 0, res.stderr
         outputs.append(res.stdout + res.stderr)
 

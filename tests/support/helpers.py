@@ -92,8 +92,19 @@ class SlurmCluster:
                  ) -> subprocess.CompletedProcess:
         """Run ``python -m launcher ARGS`` as a user would, with runs under ``root``."""
         env = {**self.env, **(env or {}), "LAUNCHER_RUN_ROOT": str(root)}
-        return subprocess.run([sys.executable, "-m", "launcher", *args], env=env, capture_output=True,
-                              text=True, timeout=timeout, cwd=REPO)
+        return run_launcher(*args, env=env, timeout=timeout, cwd=REPO)
+
+
+def run_launcher(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 60, input=None,
+                 python: str = sys.executable, flags: tuple = (), check: bool = False,
+                 stdin=None) -> subprocess.CompletedProcess:
+    """``python -m launcher ARGS`` as a user runs it, a process of its own: the one way the tests run the CLI outside
+    their own process. ``env``: its whole environment (default: this one's); ``cwd``: where it runs (default:
+    here, where a project's layer is looked for); ``flags``: the interpreter's own
+    (``-X importtime``); ``input``: its standard input, text or bytes (the output is then bytes too)."""
+    return subprocess.run([str(python), *flags, "-m", "launcher", *args], env=os.environ if env is None else env,
+                          cwd=cwd, capture_output=True, text=not isinstance(input, bytes), input=input,
+                          stdin=stdin, timeout=timeout, check=check)
 
 
 def overridden(defaults: tuple, extra: tuple) -> list:

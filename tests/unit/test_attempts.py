@@ -6,6 +6,7 @@ from launcher.core.heartbeats import EXIT_STALLED, Pulse
 from launcher.job.attempts import Cause, attribute
 from launcher.job.recovery import Decision, decide, schedulable, trained
 from launcher.slurm.output import TaskEnd, expand_ranks, srun_lost_nodes, srun_task_ends
+from support.helpers import run_launcher
 
 SRUN_KILLED = """\
 [rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer
@@ -169,11 +170,8 @@ def test_requeues_without_progress_are_counted_and_end_the_run(tmp_path, monkeyp
 
 
 def test_a_time_limit_within_the_signal_delay_is_refused():
-    import subprocess
-    import sys
 
-    res = subprocess.run([sys.executable, "-m", "launcher", "cluster.time_limit_min=1", "cluster.signal_delay_s=60",
-                          "dry_run=json"], capture_output=True, text=True, timeout=60)
+    res = run_launcher("cluster.time_limit_min=1", "cluster.signal_delay_s=60", "dry_run=json", timeout=60)
     assert res.returncode == 2 and res.stderr.count("\n") == 1
     assert "cluster.time_limit_min=1 (60 s) leaves no time to train" in res.stderr
 

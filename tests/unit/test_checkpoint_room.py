@@ -2,8 +2,6 @@
 runs and launches (the launch goes on); the size of a checkpoint is one rule (launcher/core/checkpoints.py),
 also the one preflight refuses a node by."""
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -13,7 +11,7 @@ from launcher.core.checkpoints import checkpoints_on_disk
 from launcher.core.rundir import frozen_files
 from launcher.forecast.disk import free_space
 from launcher.train.preflight import disk_problem
-from support.helpers import REPO
+from support.helpers import REPO, run_launcher
 
 TINY_2 = 1_707_776  # checkpoint_bytes of gpt_tiny on 2 ranks: 12 B x 119,104 + 2 x (16 KiB + 4 x 15 x 2 KiB)
 
@@ -30,8 +28,7 @@ def test_checkpoints_on_disk_at_the_peak_of_a_save(steps, every, keep, on_disk):
 
 
 def launcher(*args, root):
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "LAUNCHER_RUN_ROOT": str(root)}, timeout=60)
+    return run_launcher(*args, cwd=REPO, env={**os.environ, "LAUNCHER_RUN_ROOT": str(root)}, timeout=60)
 
 
 def test_plan_and_dry_runs_warn_in_one_line_when_the_run_root_is_too_small(tmpfs):

@@ -10,7 +10,7 @@ import pytest
 from launcher import cli
 from launcher.commands import common
 from launcher.submit.launch import Launched
-from support.helpers import REPO
+from support.helpers import REPO, run_launcher
 
 
 BAD_INPUTS = [
@@ -70,9 +70,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
      (["gpus=12"], "cannot be laid out"), (["name='x;touch /tmp/launcher-test'"], "invalid run name")],
 )  # fmt: skip
 def test_python_m_launcher_reports_errors_without_traceback(args, message):
-    result = subprocess.run(
-        [sys.executable, "-m", "launcher", *args, "dry_run=json"], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+    result = run_launcher(*args, "dry_run=json", cwd=REPO, timeout=60)
     assert result.returncode == 2
     assert result.stdout == "" and result.stderr.startswith("error: ") and message in result.stderr
     assert "Traceback" not in result.stderr

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ import pytest
 from launcher.compose.catalog import model_micro_batch, options
 from launcher.compose.runs import compose_runs
 from launcher.errors import LaunchError
-from support.helpers import REPO
+from support.helpers import REPO, run_launcher
 
 
 
@@ -96,8 +94,7 @@ def test_a_relative_slurm_conf_is_relative_to_its_file_or_to_where_it_was_typed(
 def test_clusters_says_which_layer_each_cluster_comes_from(layers, tmp_path):
     site = write(layers["site"], "cluster", "lab", f"name: lab\nslurm_conf: {tmp_path}/none/slurm.conf\n")
     mine = write(layers["project"], "cluster", "mine", f"name: mine\nslurm_conf: {tmp_path}/none2/slurm.conf\n")
-    result = subprocess.run([sys.executable, "-m", "launcher", "clusters", "--json"], capture_output=True,
-                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = run_launcher("clusters", "--json", timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr
     origins = {entry["cluster"]: entry["origins"] for entry in json.loads(result.stdout)}
     assert origins["lab"] == [f"site: {site}"] and origins["mine"] == [f"project: {mine}"]

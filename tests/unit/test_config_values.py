@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import sys
 import types
 import typing
@@ -15,7 +14,7 @@ import pytest
 from launcher import cli
 from launcher.core.config import RunConfig
 from launcher.compose.ranges import RANGES
-from support.helpers import REPO
+from support.helpers import REPO, run_launcher
 
 
 TYPES = [
@@ -159,8 +158,7 @@ def test_a_bad_value_is_one_line_naming_it_and_nothing_is_recorded(args, key, ro
 def test_the_real_command_line_says_the_same(args, key, tmp_path):
     """A few rows through ``python -m launcher`` itself, with Slurm out of reach: nothing may get that far."""
     env = {**os.environ, "LAUNCHER_RUN_ROOT": str(tmp_path), "SLURM_CONF": "/nonexistent/slurm.conf"}
-    result = subprocess.run([sys.executable, "-m", "launcher", *args], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=60)
+    result = run_launcher(*args, cwd=REPO, env=env, timeout=60)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1 and key in result.stderr
     assert list(tmp_path.iterdir()) == []
@@ -204,10 +202,7 @@ def test_a_run_that_cannot_finish_in_its_time_budget_is_warned_of(capsys):
 
 @pytest.mark.parametrize("command", [["plan"], ["dry_run=true"], ["dry_run=json"]])
 def test_a_share_group_that_is_not_a_group_is_refused_before_any_submission(command):
-    import subprocess
-    import sys
 
-    res = subprocess.run([sys.executable, "-m", "launcher", *command, "model=gpt_tiny", "gpus=2",
-                          "share_group=nosuchgroup"], capture_output=True, text=True, timeout=60)
+    res = run_launcher(*command, "model=gpt_tiny", "gpus=2", "share_group=nosuchgroup", timeout=60)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "share_group='nosuchgroup' is not a group on this machine" in res.stderr

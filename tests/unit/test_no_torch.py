@@ -1,10 +1,10 @@
 """The launcher must answer without importing torch (about 4 s on its own), and a task whose Python has none
 fails with what to do."""
-import json
 import os
 import subprocess
 import sys
-from support.helpers import REPO
+from support.helpers import REPO, run_launcher
+from support.helpers import events as read_events
 
 
 
@@ -22,7 +22,7 @@ def test_launcher_modules_do_not_import_torch():
 
 def test_dry_runs_do_not_import_torch():
     for mode in ("json", "true"):
-        result = run_python("-X", "importtime", "-m", "launcher", f"dry_run={mode}")
+        result = run_launcher(f"dry_run={mode}", flags=("-X", "importtime"), cwd=REPO, check=True)
         imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
         assert "launcher.compose.runs" in imported  # the trace covers the launcher's own imports
         assert not {name for name in imported if name == "torch" or name.startswith("torch.")}
@@ -63,7 +63,7 @@ def test_a_task_whose_python_has_no_torch_records_the_cause_in_one_line_and_is_n
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                             env=env)
     assert result.returncode == 0 and result.stdout.strip() == sys.executable, result.stderr
-    (event,) = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    (event,) = read_events(run_dir)
     assert {k: event[k] for k in ("event", "rank", "node", "short")} == {"event": "failed", "rank": "1",
                                                                           "node": "node7", "short": "no torch"}
     assert event["error"] == (f"the tasks' Python {sys.executable} has no torch: install 'slurm-gpt-launcher[train]' "

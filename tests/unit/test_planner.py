@@ -6,8 +6,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -21,7 +19,7 @@ from launcher.forecast.target import GIB, Assumptions, hardware_for
 from launcher.forecast.host import RANK_RUNTIME_GIB, host_fixes, host_memory, machine_memory
 from launcher.forecast.memory import activation_components, local_param_numel, memory, shard_numel
 from launcher.compose.layout import plan_of as layout_of
-from support.helpers import H100, REPO
+from support.helpers import H100, REPO, run_launcher
 
 
 
@@ -397,8 +395,7 @@ def test_launch_refuses_a_run_the_machine_cannot_hold(submissions, capsys):
 def test_python_m_launcher_refuses_without_submitting(tmp_path):
     env = {**os.environ, "LAUNCHER_RUN_ROOT": str(tmp_path / "runs"),
            "SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}  # a submission could not reach any cluster
-    result = subprocess.run([sys.executable, "-m", "launcher", "model=gpt_70b", "gpus=8"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = run_launcher("model=gpt_70b", "gpus=8", cwd=REPO, env=env, timeout=60)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("error: gpt_70b on 8 GPUs") and "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()
@@ -440,8 +437,7 @@ def test_saved_activations_match_the_formula():
 
 
 def test_plan_does_not_import_torch():
-    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "plan", "-m", "gpus=8,16",
-                             "model=gpt_1b"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    result = run_launcher("plan", "-m", "gpus=8,16", "model=gpt_1b", cwd=REPO, timeout=60, check=True, flags=("-X", "importtime",))
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
     assert "launcher.forecast.estimate" in imported and "launcher.compose.runs" in imported
     assert not {name for name in imported if name == "torch" or name.startswith("torch.")}

@@ -13,12 +13,11 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from support.helpers import REPO
+from support.helpers import REPO, run_launcher
 from support.planter import PLANTER, as_planter, directory, planted, victim_file
 
 from launcher import cli
@@ -184,9 +183,7 @@ def test_another_user_cannot_rename_runs_where_the_launcher_accepts_the_root(bas
 
 
 def secrets_create(env: dict, name: str = "TOKEN") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher", "secrets", "create", "env", name],
-                          input="s3cret-value", env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=60, cwd=REPO)
+    return run_launcher("secrets", "create", "env", name, input="s3cret-value", env={**os.environ, **env}, timeout=60, cwd=REPO)
 
 
 def test_a_secrets_symlink_another_user_planted_is_never_followed(base, capsys, monkeypatch):

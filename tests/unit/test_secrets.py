@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from support.helpers import REPO
+from support.helpers import REPO, run_launcher
+from support.helpers import events as read_events
 from launcher import cli
 from launcher.job import secret_store as sec
 from launcher.core.damage import DamagedRun
@@ -136,8 +137,7 @@ def test_real_stdin_pipe_and_exit_status(tmp_path):
     env = {**os.environ, "LAUNCHER_HOME": str(tmp_path / "home")}
 
     def launcher(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "launcher", "secrets", *args], input=stdin, env=env,
-                              capture_output=True, cwd=REPO, timeout=60)
+        return run_launcher("secrets", *args, input=stdin, env=env, cwd=REPO, timeout=60)
 
     res = launcher("create", "env", "PIPED", stdin=b"piped-value-0b7e\n")
     assert res.returncode == 0, res.stderr
@@ -273,7 +273,7 @@ def test_a_failing_task_records_its_error_without_secret_values(tmp_path, monkey
     with pytest.raises(DamagedRun):  # no config.yaml: the error names the path, i.e. the value
         TrainTask(str(store))(str(run_dir))
     os.environ.pop("LEAKY", None)
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = read_events(run_dir)
     assert events[-1]["event"] == "failed" and "***/config.yaml" in events[-1]["error"]
     assert str(run_dir) not in (run_dir / "events.jsonl").read_text()
 

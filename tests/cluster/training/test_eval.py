@@ -17,6 +17,7 @@ from launcher.core.config import load_run_config
 from launcher.train.data import TokenData
 from launcher.train.generate import load_model
 from support.train_harness import as_run
+from support.helpers import events as read_events
 
 # The cluster tier without Slurm: real multi-rank training on gloo, seconds of CPU a test (docs/development.md).
 pytestmark = pytest.mark.slurm
@@ -47,7 +48,7 @@ def test_the_runs_own_data_is_scored_on_its_validation_split_and_recorded(ref, c
     assert (result["run"], result["step"], result["split"], result["tokens"]) == ("ref", 6, "val", 320)
     assert result["loss"] == pytest.approx(expected(run_dir, cfg.data.val_fraction, 10), abs=1e-5)
     assert result["perplexity"] == pytest.approx(math.exp(result["loss"]), rel=1e-4)
-    recorded = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()][-1]
+    recorded = read_events(run_dir)[-1]
     assert recorded["event"] == "evaluated" and recorded["loss"] == result["loss"]
     assert cli.main(["describe", "ref", "--root", str(root)]) == 0
     assert f"loss {result['loss']:.4f}  perplexity" in capsys.readouterr().out
@@ -86,5 +87,5 @@ def test_other_data_is_read_whole_from_its_start_and_another_tokenizer_is_refuse
         assert cli.main(["eval", "ref", "--root", str(root), *args]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and words in err, err
-    kinds = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in read_events(run_dir)]
     assert kinds.count("evaluated") == 1  # the refusals recorded nothing

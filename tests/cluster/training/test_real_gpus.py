@@ -4,7 +4,6 @@ over gloo at a fraction of the speed. Only a cluster whose file says its GPUs ar
 trains on CPU processes."""
 from __future__ import annotations
 
-import json
 
 import torch
 from omegaconf import OmegaConf
@@ -12,6 +11,7 @@ from omegaconf import OmegaConf
 import pytest
 
 from support.helpers import REPO
+from support.helpers import events as read_events
 from launcher.compose.runs import compose_runs
 from support.train_harness import launch_ranks, make_run_dir, make_tokens, tiny_config
 
@@ -25,7 +25,7 @@ def test_a_rank_without_cuda_on_a_real_gpu_cluster_fails_preflight_naming_it(tmp
     run_dir = make_run_dir(tmp_path / "run", config, world_size=1, micro_batch=2)
     (result,) = launch_ranks(["-m", "launcher.train", str(run_dir)], world_size=1)
     assert result.returncode != 0
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = read_events(run_dir)
     (failed,) = [e for e in events if e["event"] == "preflight_failed"]
     assert failed["problem"].startswith(f"torch {torch.__version__} sees no CUDA device on ")
     assert failed["problem"].endswith("this cluster's GPUs are real (cluster.virtual_gpus=false), so it does "

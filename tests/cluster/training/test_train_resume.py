@@ -6,7 +6,6 @@ partly written; a third resumes. The resumed run must start from step 3 (the
 half-written step 6 ignored), log ``resumed at step 3``, record the event, and
 reproduce the reference's losses exactly.
 """
-import json
 
 import pytest
 import torch.multiprocessing as mp
@@ -14,6 +13,7 @@ import torch.multiprocessing as mp
 from support import train_workers
 from launcher.core.checkpoints import latest_checkpoint
 from support.helpers import losses
+from support.helpers import events as read_events
 from support.train_harness import launch_forked, make_run_dir, metrics
 
 # The cluster tier without Slurm: real multi-rank training on gloo, seconds of CPU a test (docs/development.md).
@@ -29,7 +29,7 @@ def test_uninterrupted_run_records_everything(reference_run):
     assert final["final"] and final["step"] == STEPS and final["steps_run"] == STEPS
     assert final["loss"] < records[0]["loss"]
     assert [r["eval_loss"] is not None for r in records[:-1]] == [s % EVERY == 0 for s in range(1, STEPS + 1)]
-    events = [json.loads(line)["event"] for line in (reference_run / "events.jsonl").read_text().splitlines()]
+    events = [e["event"] for e in read_events(reference_run)]
     assert events == ["preflight", "started", "finished"]
     assert sorted(p.name for p in (reference_run / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
     assert "allreduce 3 ok" in (reference_run / "logs" / "rank_1.log").read_text()
@@ -46,7 +46,7 @@ def test_crash_during_save_then_resume_matches_uninterrupted(tmp_path, reference
 
     launch_forked(train_workers.train_run, (run_dir,), world_size=2)
     assert "resumed at step 3" in (run_dir / "logs" / "rank_0.log").read_text()
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = read_events(run_dir)
     assert [e["event"] for e in events] == ["preflight", "started", "preflight", "started", "resumed", "finished"]
     assert events[4]["step"] == 3
     resumed = [r for r in metrics(run_dir) if r.get("final")][-1]
@@ -69,5 +69,5 @@ def test_task_requeues_itself_for_the_same_run(tmp_path):
     assert isinstance(delayed, submitit.helpers.DelayedSubmission)
     assert isinstance(delayed.function, TrainTask) and delayed.args == (str(tmp_path),)
     pickle.dumps(delayed)  # submitit pickles it for the requeued job
-    event = json.loads((tmp_path / "events.jsonl").read_text())
+    (event,) = read_events(tmp_path)
     assert event["event"] == "requeued"
