@@ -196,6 +196,9 @@ def test_logs_follow_survives_a_dropped_connection(laptop):
 def test_a_stopped_sshd_is_one_line_within_the_timeout_and_local_runs_are_still_listed(laptop):
     local = laptop.launcher(*TINY, "train.steps=5", "name=still-here")
     assert local.returncode == 0, local.stderr
+    started = time.monotonic()
+    assert laptop.launcher("runs", "--json").returncode == 0
+    answering = time.monotonic() - started  # what the same command costs this machine now, the cluster answering
     subprocess.run(["ssh", "-F", str(laptop.site.ssh_config), "-o", f"ControlPath={laptop.env['LAUNCHER_HOME']}/ssh/%C",
                     "-O", "exit", laptop.site.alias], capture_output=True)
     laptop.site.stop_sshd()
@@ -206,7 +209,7 @@ def test_a_stopped_sshd_is_one_line_within_the_timeout_and_local_runs_are_still_
         assert res.returncode == 0 and "still-here" in {row["name"] for row in json.loads(res.stdout)}
         warning = [line for line in res.stderr.splitlines() if CLUSTER in line]
         assert len(warning) == 1 and "unreachable" in warning[0] and "Connection refused" in warning[0], res.stderr
-        assert took < 5 + 3, took
+        assert took < 5 + answering + 3, (took, answering)  # its 5 s timeout, not more, however loaded the machine
         refused = laptop.launcher(f"cluster={CLUSTER}", *TINY, "name=nowhere")
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and CLUSTER in refused.stderr
         print(f"runs with the cluster's sshd down: {took:.2f} s")

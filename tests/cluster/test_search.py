@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import time
 from pathlib import Path
 
 from support.helpers import events, rank_pids, record, runs_json, wait_for
@@ -162,8 +161,9 @@ def test_stop_sweep_stops_the_search_and_no_trial_is_submitted_after_it(slurm, t
     assert stopped.returncode == 0, stopped.stderr
     lines = stopped.stdout.splitlines()
     assert lines[0] == f"Stopped search {search_id}: it submits no more trials."
-    assert re.fullmatch(rf"Stopped {first.name} \(job \d+\)\.", lines[1]), stopped.stdout
-    time.sleep(15)  # what the cancelled job's last step could still do, it has done by now
+    cancelled = re.fullmatch(rf"Stopped {first.name} \(job (\d+)\)\.", lines[1])
+    assert cancelled, stopped.stdout
+    slurm.wait(cancelled.group(1), timeout=120)  # what its job could still submit (its batch shell), it has by now
 
     assert [p.parent for p in root.glob("*/trial.json")] == [first], "a trial was submitted after the stop"
     from launcher.core.rundir import sweep_dir

@@ -1,4 +1,5 @@
-"""A search's study made without a launch, and a stand-in for a trial's submission: the search tests' shared parts."""
+"""A search's study made without a launch, and a stand-in for a trial's submission: the search tests' shared
+parts."""
 from __future__ import annotations
 
 import time
@@ -30,3 +31,13 @@ class Submitted:
         assert 1e-4 <= values["train.lr"] <= 3e-3
         self.numbers.append(number)
         return f"run-{number}"
+
+
+SPACE = ["search=optuna", "train.lr=tag(log, interval(1e-4, 3e-3))"]
+
+
+def pruned_search(root, startup_trials, enqueue=()):
+    """A search of three trials, one at a time, pruned by the median after ``startup_trials``."""
+    settings = SearchConfig(backend="optuna", trials=3, parallel=1, pruner="median", startup_trials=startup_trials,
+                            enqueue=list(enqueue))
+    return create(Search("sweep-20261201-000000-beef", str(root), read_space(SPACE), settings, time.time(), {}))
