@@ -22,7 +22,8 @@ def test_a_requeued_job_trains_with_the_code_it_was_submitted_with(slurm, tmp_pa
     with open(repo / "launcher" / "train" / "task.py", "a") as f:
         f.write("# an uncommitted edit\n")
     env = {**slurm.env, "PYTHONPATH": str(repo), "LAUNCHER_RUN_ROOT": str(root)}
-    launched = run_launcher("model=gpt_tiny", "gpus=2", "train.steps=300", "train.log_every=20", "train.checkpoint_every=20", "name=frozen", cwd=repo, env=env, timeout=60)
+    launched = run_launcher("model=gpt_tiny", "gpus=2", "train.steps=300", "train.log_every=20",
+                            "train.checkpoint_every=20", "name=frozen", cwd=repo, env=env)
     assert launched.returncode == 0, launched.stderr
     assert f"uncommitted changes since {commit[:12]} (launcher/train/task.py)" in launched.stdout
     job = job_id_of(launched.stdout)

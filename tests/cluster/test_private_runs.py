@@ -66,7 +66,8 @@ def trained(slurm, base: Path, *args: str) -> Path:
 
 def test_runs_are_private_unless_shared_with_a_group_and_secrets_always_are(slurm, place):
     base, group = place
-    res = run_launcher("secrets", "create", "env", "PRIVATE_TOKEN", input="s3cret-value", env={**slurm.env, "LAUNCHER_HOME": str(base / "home")}, timeout=60)
+    res = run_launcher("secrets", "create", "env", "PRIVATE_TOKEN", input="s3cret-value",
+                       env={**slurm.env, "LAUNCHER_HOME": str(base / "home")})
     assert res.returncode == 0, res.stderr
     secret_files = [p for p in (base / "home").rglob("*") if p.is_file()]
     assert secret_files

@@ -88,7 +88,8 @@ def test_a_second_fault_during_recovery_is_retried_and_the_run_still_recovers_ex
 def test_a_hang_on_a_cluster_too_small_to_leave_its_node_out_is_retried_on_it(own_cluster, tmp_path):
     """Excluding the hung rank's node would leave one node for a two-node run, which sbatch refuses: the retry
     allows it again (a hung process is the least certain blame) and says so."""
-    job = launch(own_cluster, tmp_path, "name=small", "gpus=4", "layout.nodes=2", "train.stall_timeout_s=20", defaults=RUN)
+    job = launch(own_cluster, tmp_path, "name=small", "gpus=4", "layout.nodes=2", "train.stall_timeout_s=20",
+                 defaults=RUN)
     run_dir = tmp_path / "small"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
     os.kill(rank_pid(job, 3), signal.SIGSTOP)

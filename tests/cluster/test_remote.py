@@ -46,7 +46,8 @@ class Laptop:
 
     def launcher(self, *args: str, timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
         env = {**self.cluster.env, **self.env, "LAUNCHER_RUN_ROOT": str(self.root)}
-        return run_launcher(*args, env=env, timeout=timeout, cwd=REPO, input=input, stdin=None if input is not None else subprocess.DEVNULL)
+        return run_launcher(*args, env=env, timeout=timeout, cwd=REPO, input=input,
+                            stdin=None if input is not None else subprocess.DEVNULL)
 
     def rows(self) -> dict:
         res = self.launcher("runs", "--json")

@@ -43,7 +43,8 @@ def test_up_after_slurmds_died_starts_only_them_and_the_jobs_survive(own_cluster
     run_dir = Path(env["SLURM_LOCAL_DIR"]) / "run"
     others = {p.name: p.read_text() for p in run_dir.glob("*.pid") if not p.name.startswith(f"slurmd-{node}.")
               and not p.name.startswith(f"slurmd-{idle}.")}
-    running = own_cluster.run("sbatch", "--parsable", "-o", "/dev/null", "-w", node, "-N1", "-n1", "--wrap", "sleep 15").stdout.strip()
+    running = own_cluster.run("sbatch", "--parsable", "-o", "/dev/null", "-w", node, "-N1", "-n1", "--wrap",
+                              "sleep 15").stdout.strip()
     wait_for(lambda: job_state(own_cluster, running) == "RUNNING", 60, f"start of job {running}", interval=0.2)
     # Every node whole: it waits for the first job, so it is pending when the slurmd dies.
     pending = own_cluster.run("sbatch", "--parsable", "-o", "/dev/null", "-N", str(len(own_cluster.nodes)), "--exclusive", "--wrap",

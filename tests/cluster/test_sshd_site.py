@@ -1,6 +1,6 @@
-"""The SSH site that the tests of remote clusters stand on (tests/support/sshd_site.py), proved with plain OpenSSH: its user
-logs in with the session's key and in no other way, words reach the remote command as given, Slurm's tools there
-reach the suite's cluster when given SLURM_CONF (an SSH session has none of our environment), a job its user
+"""The SSH site that the tests of remote clusters stand on (tests/support/sshd_site.py), proved with plain OpenSSH:
+its user logs in with the session's key and in no other way, words reach the remote command as given, Slurm's tools
+there reach the suite's cluster when given SLURM_CONF (an SSH session has none of our environment), a job its user
 submits runs as that user, and its sshd can be stopped and started again."""
 from __future__ import annotations
 

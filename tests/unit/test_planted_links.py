@@ -183,7 +183,7 @@ def test_another_user_cannot_rename_runs_where_the_launcher_accepts_the_root(bas
 
 
 def secrets_create(env: dict, name: str = "TOKEN") -> subprocess.CompletedProcess:
-    return run_launcher("secrets", "create", "env", name, input="s3cret-value", env={**os.environ, **env}, timeout=60, cwd=REPO)
+    return run_launcher("secrets", "create", "env", name, input="s3cret-value", env={**os.environ, **env}, cwd=REPO)
 
 
 def test_a_secrets_symlink_another_user_planted_is_never_followed(base, capsys, monkeypatch):
