@@ -90,11 +90,17 @@ def xdist_group(item) -> str | None:
 
 
 def order(item) -> int:
-    """Long first: the time-limited run (minutes of wall time, on a cluster of its own), then what waits on
-    clusters, then the quick tier."""
-    if "time_limited" in getattr(item, "fixturenames", ()):
+    """The order units are handed out in (each worker holds two at a time): the SSH site's tests first (one group, the
+    longest chain), then the cluster tests, which mostly wait, then the quick tier; the time-limited run's test
+    last, for its run started with the session (tests/cluster/conftest.py) and needs no worker meanwhile."""
+    names = getattr(item, "fixturenames", ())
+    if "time_limited" in names:
+        return 4
+    if "remote_site" in names:
         return 0
-    return 1 if item.get_closest_marker("slurm") else 2
+    if item.get_closest_marker("slurm") is None:
+        return 3
+    return 2 if "training" in Path(str(item.path)).parts else 1
 
 
 # pytest-xdist 3.8's own ``--dist loadgroup`` cannot read the marks under pytest 9: it appends the group to

@@ -9,12 +9,13 @@ import re
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from support.helpers import (PACE_S, PACED_STEPS, REPO, SLURMD_TIMEOUT_S, SlurmCluster, cluster_port,
-                             job_id_of, own_cluster_port, run_down, run_up)
+                             job_id_of, own_cluster_port, run_down, run_up, shared_once, wait_for)
 from support.sshd_site import SSHD, started_site
 
 
@@ -81,32 +82,60 @@ def three(slurm, tmp_path_factory):
     run_down(state)
 
 
+@dataclass(frozen=True)
+class TimeLimited:
+    """The time-limited run: its cluster, run directory, job, when it was submitted, and the file its test touches
+    once it has read what it needs (the cluster stays up until then)."""
+
+    cluster: SlurmCluster
+    run_dir: Path
+    job: str
+    submitted: float
+    checked: Path
+
+
 @pytest.fixture(scope="session")
-def limited(slurm, tmp_path_factory):
-    """A cluster of one node x 2 GPUs for the time-limited run alone, so that no other test's job or fault falls on
-    one of its requeues."""
-    state = tmp_path_factory.mktemp("limited")
+def time_limited(slurm, tmp_path_factory):
+    """A run that needs 4 or more attempts of a 2-minute time limit, on a cluster of one node x 2 GPUs of its own
+    (no other test's job or fault falls on one of its requeues). Started once per session, with the session
+    (``_the_time_limited_run_starts_first``), by whichever worker comes first; its test is handed out last
+    (tests/conftest.py, ``order``), so that its minutes of wall time pass beside the other tests and keep no worker
+    waiting. The worker that started it stops its cluster at the end of its session, once the test is done."""
     port = cluster_port("limited")
-    cluster = start_cluster(slurm, state, f"limited{port}", port, nodes=1, gpus=2)
-    # Its run is the suite's longest wait, and each attempt's few minutes are lost to a slow start on a machine the
-    # other tests keep busy: its daemons, and so its jobs' processes (which inherit it), come first for the CPU.
-    for pidfile in (state / "run").glob("slurm*.pid"):
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.setpriority(os.PRIO_PROCESS, int(pidfile.read_text()), -10)
-    yield cluster
-    run_down(state)
+
+    def start(shared: Path) -> None:
+        cluster = start_cluster(slurm, shared / "cluster", f"limited{port}", port, nodes=1, gpus=2)
+        # Each attempt trains what is left of its minute after a slow start on a machine the other tests keep busy:
+        # the cluster's daemons, and so its jobs' processes (which inherit it), come first for the CPU.
+        for pidfile in (shared / "cluster" / "run").glob("slurm*.pid"):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.setpriority(os.PRIO_PROCESS, int(pidfile.read_text()), -10)
+        res = cluster.launcher("model=gpt_tiny", "gpus=2", f"train.steps={PACED_STEPS}", "train.log_every=1",
+                               "train.checkpoint_every=0", "cluster.time_limit_min=2", "cluster.signal_delay_s=60",
+                               "name=limited", root=shared / "runs", env={"LAUNCHER_FAULT": f"pace@{PACE_S}"})
+        assert res.returncode == 0, res.stderr
+        (shared / "job").write_text(job_id_of(res.stdout))
+        (shared / "started").write_text(f"{os.environ.get('PYTEST_XDIST_WORKER', '')} {time.time()}")
+
+    shared = shared_once(tmp_path_factory, "time-limited", start)
+    starter, submitted = (shared / "started").read_text().split(" ")
+    env = {**slurm.env, "SLURM_CONF": str(shared / "cluster" / "etc" / "slurm.conf")}
+    run = TimeLimited(SlurmCluster(env=env, nodes=[f"limited{port}-node1"], gpus_per_node=2), shared / "runs" / "limited",
+                      (shared / "job").read_text(), float(submitted), shared / "checked")
+    yield run
+    if starter == os.environ.get("PYTEST_XDIST_WORKER", ""):
+        with contextlib.suppress(AssertionError):  # at most as long as its test would wait
+            wait_for(lambda: run.checked.exists(), max(60.0, 2400 - (time.time() - run.submitted)),
+                     "the time-limited run's test", interval=2)
+        run_down(shared / "cluster")
 
 
-@pytest.fixture(scope="session")
-def time_limited(limited, tmp_path_factory):
-    """A run that needs 4 or more attempts of a 2-minute time limit. Its test is handed out first
-    (tests/conftest.py, ``order``), so that its minutes of wall time pass beside the other tests."""
-    root = tmp_path_factory.mktemp("time_limited")
-    res = limited.launcher("model=gpt_tiny", "gpus=2", f"train.steps={PACED_STEPS}", "train.log_every=1",
-                           "train.checkpoint_every=0", "cluster.time_limit_min=2", "cluster.signal_delay_s=60",
-                           "name=limited", root=root, env={"LAUNCHER_FAULT": f"pace@{PACE_S}"})
-    assert res.returncode == 0, res.stderr
-    return limited, root / "limited", job_id_of(res.stdout), time.time()
+@pytest.fixture(scope="session", autouse=True)
+def _the_time_limited_run_starts_first(request):
+    """Slurm's limits are whole minutes: when the time-limited test is among those collected, its run starts with
+    the session (every pytest-xdist worker collects every test; the first to get here starts it)."""
+    if any("time_limited" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("time_limited")
 
 
 @pytest.fixture(scope="session")
