@@ -1,11 +1,5 @@
-"""`launcher secrets`: the store (0700/0600, atomic), the command line, and injection into real Slurm tasks.
-
-The integration test proves a task saw the secrets without the task printing them: the test puts a
-``sitecustomize`` probe on PYTHONPATH that, in each task process, fires when ``train`` is first imported
-(the moment the injection must be complete) and writes the SHA-256 of what it finds (the env variable,
-the file behind the path variable) and the file's mode to a directory outside the run. The launcher
-itself only prints the injected variables' names. The test then searches everything Slurm and the run
-keep for the two random values.
+"""`launcher secrets`: the store (0700/0600, atomic), the command line, and what a task gets (injection into real
+Slurm tasks: tests/cluster/test_secrets.py).
 """
 from __future__ import annotations
 
