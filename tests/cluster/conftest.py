@@ -104,10 +104,10 @@ def time_limited(slurm, tmp_path_factory):
     port = cluster_port("limited")
 
     def start(shared: Path) -> None:
-        cluster = start_cluster(slurm, shared / "cluster", f"limited{port}", port, nodes=1, gpus=2)
+        cluster = start_cluster(slurm, shared / "c", f"limited{port}", port, nodes=1, gpus=2)
         # Each attempt trains what is left of its minute after a slow start on a machine the other tests keep busy:
         # the cluster's daemons, and so its jobs' processes (which inherit it), come first for the CPU.
-        for pidfile in (shared / "cluster" / "run").glob("slurm*.pid"):
+        for pidfile in (shared / "c" / "run").glob("slurm*.pid"):
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.setpriority(os.PRIO_PROCESS, int(pidfile.read_text()), -10)
         res = cluster.launcher("model=gpt_tiny", "gpus=2", f"train.steps={PACED_STEPS}", "train.log_every=1",
@@ -117,9 +117,10 @@ def time_limited(slurm, tmp_path_factory):
         (shared / "job").write_text(job_id_of(res.stdout))
         (shared / "started").write_text(f"{os.environ.get('PYTEST_XDIST_WORKER', '')} {time.time()}")
 
-    shared = shared_once(tmp_path_factory, "time-limited", start)
+    # Short names: slurmstepd's sockets live under the state directory, and a socket path has at most 108 bytes.
+    shared = shared_once(tmp_path_factory, "limited", start)
     starter, submitted = (shared / "started").read_text().split(" ")
-    env = {**slurm.env, "SLURM_CONF": str(shared / "cluster" / "etc" / "slurm.conf")}
+    env = {**slurm.env, "SLURM_CONF": str(shared / "c" / "etc" / "slurm.conf")}
     run = TimeLimited(SlurmCluster(env=env, nodes=[f"limited{port}-node1"], gpus_per_node=2), shared / "runs" / "limited",
                       (shared / "job").read_text(), float(submitted), shared / "checked")
     yield run
@@ -127,7 +128,7 @@ def time_limited(slurm, tmp_path_factory):
         with contextlib.suppress(AssertionError):  # at most as long as its test would wait
             wait_for(lambda: run.checked.exists(), max(60.0, 2400 - (time.time() - run.submitted)),
                      "the time-limited run's test", interval=2)
-        run_down(shared / "cluster")
+        run_down(shared / "c")
 
 
 @pytest.fixture(scope="session", autouse=True)
