@@ -241,7 +241,7 @@ UNTIL_STOPPED = {"LAUNCHER_FAULT": "pace@0.05"}
 # Ports. Every cluster a test starts listens on the suite's own cluster's port plus an offset of its own, so
 # that two checkouts' suites (each with its own cluster, on its own port) can run side by side. A cluster uses
 # its port up to port + 20 + its node count. The SSH site of tests/support/sshd_site.py (an sshd, no cluster) has one too.
-PORT_OFFSETS = {"local2": 100, "three": 200, "noacct": 300, "twice": 400, "dies": 500, "restart": 600, "limited": 700,
+PORT_OFFSETS = {"local2": 100, "noacct": 300, "twice": 400, "dies": 500, "restart": 600, "limited": 700,
                 "sshd": 800}
 
 
