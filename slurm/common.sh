@@ -18,3 +18,18 @@ slurm_local_pid_alive() {  # PIDFILE -> success if the process it names is runni
   [[ -s $1 ]] && pid=$(cat "$1") && kill -0 "$pid" 2>/dev/null \
     && [[ $(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) != Z ]]
 }
+
+# slurm_local_set_hosts NAME [LINE]: drop the /etc/hosts line of cluster NAME and, given LINE, put LINE in its
+# place. Clusters started and stopped side by side (the test suite's) edit the one file: each edit holds a lock, so
+# none reads a file half-written by another or loses another's line, and the new file replaces the old by a rename,
+# so a rank resolving a node name meanwhile never reads an empty one. Where /etc/hosts is a bind mount (a
+# container's), which a rename cannot replace, it is rewritten in place.
+slurm_local_set_hosts() {
+  local name=$1 line=${2:-} new=/etc/hosts.slurm-local.$$
+  (
+    flock 9
+    { grep -v "# slurm-local:$name\$" /etc/hosts || true; [[ -z $line ]] || echo "$line"; } >"$new"
+    chmod --reference=/etc/hosts "$new"
+    mv -f "$new" /etc/hosts 2>/dev/null || { cat "$new" >/etc/hosts; rm -f "$new"; }
+  ) 9>>/tmp/slurm-local-hosts.lock
+}

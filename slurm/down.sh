@@ -38,6 +38,6 @@ done
 rm -f "$SLURM_LOCAL_RUN"/*.daemon.pid "$SLURM_LOCAL_DIR/settings"
 if [[ -w /etc/hosts ]] && grep -q '# slurm-local:' /etc/hosts; then
   name=$(grep -o '^ClusterName=.*' "$SLURM_CONF" 2>/dev/null | cut -d= -f2)
-  [[ -n $name ]] && sed -i "/# slurm-local:$name\$/d" /etc/hosts
+  [[ -z $name ]] || slurm_local_set_hosts "$name"
 fi
 echo "Slurm cluster in $SLURM_LOCAL_DIR stopped."

@@ -118,8 +118,7 @@ ensure_hosts() {
   line="127.0.0.1 $(for ((n = 1; n <= NODES; n++)); do printf '%s ' "$(node_name "$n")"; done)# slurm-local:$NAME"
   grep -qxF "$line" /etc/hosts 2>/dev/null && return 0
   if [[ -w /etc/hosts ]]; then
-    { grep -v "# slurm-local:$NAME\$" /etc/hosts; echo "$line"; } >"$SLURM_LOCAL_RUN/hosts.new"
-    cat "$SLURM_LOCAL_RUN/hosts.new" >/etc/hosts
+    slurm_local_set_hosts "$NAME" "$line"
   else
     echo "slurm/up.sh: warning: cannot write /etc/hosts; node names $NODE_LIST will not resolve" >&2
   fi
