@@ -15,10 +15,14 @@ from support.helpers import TASKS_WITHOUT_SLURM, events, shared_once, job_id_of,
 
 from launcher.core.checkpoints import latest_checkpoint, step_of
 
-# The run each test starts unless it says otherwise: 150 steps on 4 GPUs, checkpointed every 20 (a fault comes
-# after the first checkpoint; the steps after it are what the retry must reproduce).
+# The run each test starts unless it says otherwise: 150 steps on 2 GPUs, checkpointed every 20 (a fault comes
+# after the first checkpoint; the steps after it are what the retry must reproduce). Two ranks are enough to tell
+# the rank that failed from the peer that lost it, and a step of two gloo ranks costs a third of four's CPU.
 STEPS = 150
-RUN = ("model=gpt_tiny", "gpus=4", f"train.steps={STEPS}", "train.log_every=10", "train.checkpoint_every=20")
+RUN = ("model=gpt_tiny", "gpus=2", f"train.steps={STEPS}", "train.log_every=10", "train.checkpoint_every=20")
+# A run that a test interrupts is paced (losses unchanged): it is still training when the fault comes, however fast
+# the machine, and waits rather than spends the CPU the other tests share.
+FAULTED = {"LAUNCHER_FAULT": "pace@0.05"}
 
 
 def rank_pid(job_id: str, rank: int) -> int:
@@ -39,15 +43,15 @@ def steady(slurm, tmp_path_factory):
 
 
 def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, steady, tmp_path):
-    job = launch(slurm, tmp_path, "name=victim", defaults=RUN)
+    job = launch(slurm, tmp_path, "name=victim", defaults=RUN, env=FAULTED)
     run_dir = tmp_path / "victim"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
     killed_at = time.time()
-    os.kill(rank_pid(job, 2), signal.SIGKILL)
+    os.kill(rank_pid(job, 1), signal.SIGKILL)
 
     ended = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 60, "attempt end")[0]
     detected = ended["time"] - killed_at  # printed below; the wait above bounds it
-    assert (ended["outcome"], ended["rank"], ended["short"]) == ("FAILED", 2, "rank 2 killed"), ended
+    assert (ended["outcome"], ended["rank"], ended["short"]) == ("FAILED", 1, "rank 1 killed"), ended
     assert ended["node"] in slurm.nodes and "killed by a signal (SIGKILL)" in ended["cause"]
     retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 30, "retry")[0]
     assert retry["previous_job_id"] == job and retry["job_id"] != job
@@ -61,7 +65,7 @@ def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, steady, tmp_
     listed = json.loads(slurm.launcher("runs", "--json", root=tmp_path).stdout)
     assert {r["name"]: r["status"] for r in listed}["victim"] == "COMPLETED"
     described = slurm.launcher("describe", "victim", root=tmp_path).stdout
-    assert "rank 2 on " in described and "SIGKILL" in described
+    assert "rank 1 on " in described and "SIGKILL" in described
     print(f"detected in {detected:.1f} s; recovered at {retry['time'] - killed_at:.1f} s; "
           f"completed {time.time() - killed_at:.0f} s after the kill")
 
@@ -69,12 +73,12 @@ def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, steady, tmp_
 def test_a_second_fault_during_recovery_is_retried_and_the_run_still_recovers_exactly(slurm, steady, tmp_path):
     """The retry's rank killed before it trained a step: judged by its own attempt's evidence (not the heartbeats
     the first attempt left), "failed during start-up", and retried while retries last."""
-    job = launch(slurm, tmp_path, "name=twice", defaults=RUN)
+    job = launch(slurm, tmp_path, "name=twice", defaults=RUN, env=FAULTED)
     run_dir = tmp_path / "twice"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
-    os.kill(rank_pid(job, 2), signal.SIGKILL)
+    os.kill(rank_pid(job, 1), signal.SIGKILL)
     retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 60, "retry")[0]
-    pids = wait_for(lambda: len(rank_pids(retry["job_id"])) == 4 and rank_pids(retry["job_id"]), 180, "retry's ranks")
+    pids = wait_for(lambda: len(rank_pids(retry["job_id"])) == 2 and rank_pids(retry["job_id"]), 180, "retry's ranks")
     os.kill(pids[1], signal.SIGKILL)
 
     second = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"][1:], 90, "2nd end")[0]
@@ -88,15 +92,15 @@ def test_a_second_fault_during_recovery_is_retried_and_the_run_still_recovers_ex
 def test_a_hang_on_a_cluster_too_small_to_leave_its_node_out_is_retried_on_it(own_cluster, tmp_path):
     """Excluding the hung rank's node would leave one node for a two-node run, which sbatch refuses: the retry
     allows it again (a hung process is the least certain blame) and says so."""
-    job = launch(own_cluster, tmp_path, "name=small", "gpus=4", "layout.nodes=2", "train.stall_timeout_s=20",
-                 defaults=RUN)
+    job = launch(own_cluster, tmp_path, "name=small", "layout.nodes=2", "train.stall_timeout_s=20",
+                 defaults=RUN, env=FAULTED)
     run_dir = tmp_path / "small"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
-    os.kill(rank_pid(job, 3), signal.SIGSTOP)
+    os.kill(rank_pid(job, 1), signal.SIGSTOP)
 
     retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 120, "retry")[0]
     ended = next(e for e in events(run_dir) if e["event"] == "attempt_ended")
-    assert (ended["outcome"], ended["rank"]) == ("STALLED", 3), ended
+    assert (ended["outcome"], ended["rank"]) == ("STALLED", 1), ended
     assert (retry["exclude"], retry["allowed"]) == ([], [ended["node"]]), retry
     assert f"would leave 1 of the 2 nodes the run needs, so {ended['node']} is allowed again" in retry["reason"]
     own_cluster.completes(retry["job_id"], run_dir, timeout=400)
@@ -113,7 +117,7 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_requeued_job_resumes_from_the
     """Twice: the job requeued by hand and the newest checkpoint damaged before it starts again (a shard
     truncated; then values overwritten inside a shard, its size unchanged). Each resume names the damage and uses the checkpoint
     before it, and the run ends with the uninterrupted run's losses."""
-    job = launch(slurm, tmp_path, "name=spoiled", "train.keep_checkpoints=3", defaults=RUN)
+    job = launch(slurm, tmp_path, "name=spoiled", "train.keep_checkpoints=3", defaults=RUN, env=FAULTED)
     run_dir = tmp_path / "spoiled"
 
     def truncate(shard):
@@ -150,7 +154,8 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_requeued_job_resumes_from_the
 
 
 def test_a_hung_rank_is_named_with_its_stack_and_the_run_recovers_elsewhere(slurm, tmp_path):
-    job = launch(slurm, tmp_path, "name=hung", "gpus=2", "layout.nodes=1", "train.stall_timeout_s=30", defaults=RUN)
+    job = launch(slurm, tmp_path, "name=hung", "layout.nodes=1", "train.stall_timeout_s=30", defaults=RUN,
+                 env=FAULTED)
     run_dir = tmp_path / "hung"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
     stopped_at = time.time()
@@ -233,9 +238,10 @@ def test_every_signal_costs_no_step_and_the_losses_stay_exact(slurm, tmp_path):
     """Four time-limit/preemption signals (USR2, as Slurm sends them): every rank saves the step just done
     and the job requeues, so no step is ever trained twice and none is lost, with no periodic checkpoint. The
     tasks cannot reach Slurm (as in a container without its client): the batch shell on the host requeues."""
-    common = ("model=gpt_tiny", "gpus=2", "train.steps=400", "train.log_every=1", "train.checkpoint_every=0")
+    steps = 200
+    common = ("model=gpt_tiny", "gpus=2", f"train.steps={steps}", "train.log_every=1", "train.checkpoint_every=0")
     steady = slurm.launcher(*common, "name=steady", root=tmp_path)
-    res = slurm.launcher(*common, "name=cut", TASKS_WITHOUT_SLURM, root=tmp_path)
+    res = slurm.launcher(*common, "name=cut", TASKS_WITHOUT_SLURM, root=tmp_path, env=FAULTED)
     job = job_id_of(res.stdout)
     run_dir = tmp_path / "cut"
     metrics_lines = lambda: (run_dir / "metrics.jsonl").read_text().count("\n") if (run_dir / "metrics.jsonl").exists() else 0  # noqa: E731
@@ -254,6 +260,6 @@ def test_every_signal_costs_no_step_and_the_losses_stay_exact(slurm, tmp_path):
         e["event"] == "failed" for e in events(run_dir))
     trained = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                if not json.loads(line).get("final")]
-    assert sorted(trained) == list(range(1, 401))  # every step once: none lost, none trained twice
+    assert sorted(trained) == list(range(1, steps + 1))  # every step once: none lost, none trained twice
     assert slurm.wait(job_id_of(steady.stdout), timeout=300) == "COMPLETED"
     assert losses(run_dir) == losses(tmp_path / "steady")

@@ -224,8 +224,9 @@ def git(root: Path, *args: str) -> str:
 # minutes), so tests wait seconds, not minutes, for what a site's cluster does the same way.
 SLURMD_TIMEOUT_S = 10
 # The time-limited run: each attempt trains at most about 52 s (the signal comes 30-60 s after the start,
-# Slurm's 30-second tick, and starting takes 8 s or more), so 180 s of paced steps need at least 4 attempts.
-PACE_S, PACED_STEPS = 0.1, 1800
+# Slurm's 30-second tick, and starting takes 8 s or more), so 180 s of paced steps need at least 4 attempts. Few
+# long steps rather than many short ones: a step's CPU is the same however long it waits.
+PACE_S, PACED_STEPS = 0.3, 600
 
 
 # The GPU the planner's tests plan for (tests/unit/test_planner.py, tests/cluster/training/test_planner.py).
@@ -234,8 +235,8 @@ H100 = TargetGpu(gpu_type="h100", memory_gib=80, memory_source="test", enforce=T
 
 
 # A run that trains until it is stopped, paced so that it waits rather than spends the CPU the other tests share
-# (launcher/train/faults.py).
-UNTIL_STOPPED = {"LAUNCHER_FAULT": "pace@0.05"}
+# (launcher/train/faults.py): four steps a second, each costing a few hundredths of a CPU-second on two ranks.
+UNTIL_STOPPED = {"LAUNCHER_FAULT": "pace@0.25"}
 
 
 # Ports. Every cluster a test starts listens on the suite's own cluster's port plus an offset of its own, so
