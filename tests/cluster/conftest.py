@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from support.helpers import (PACE_S, PACED_STEPS, REPO, SLURMD_TIMEOUT_S, SlurmCluster, cluster_port,
-                             job_id_of, own_cluster_port, run_down, run_up, shared_once, wait_for)
+                             job_id_of, own_cluster_port, paced, run_down, run_up, shared_once, wait_for)
 from support.sshd_site import SSHD, started_site
 
 
@@ -112,7 +112,7 @@ def time_limited(slurm, tmp_path_factory):
                 os.setpriority(os.PRIO_PROCESS, int(pidfile.read_text()), -10)
         res = cluster.launcher("model=gpt_tiny", "gpus=2", f"train.steps={PACED_STEPS}", "train.log_every=1",
                                "train.checkpoint_every=0", "cluster.time_limit_min=2", "cluster.signal_delay_s=60",
-                               "name=limited", root=shared / "runs", env={"LAUNCHER_FAULT": f"pace@{PACE_S}"})
+                               "name=limited", root=shared / "runs", env=paced(PACE_S))
         assert res.returncode == 0, res.stderr
         (shared / "job").write_text(job_id_of(res.stdout))
         (shared / "started").write_text(f"{os.environ.get('PYTEST_XDIST_WORKER', '')} {time.time()}")

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from support.helpers import SLURMD_TIMEOUT_S
-from support.helpers import REPO, events, launch, losses, rank_pids, wait_for
+from support.helpers import REPO, events, launch, losses, paced, rank_pids, wait_for
 
 RUN = ("model=gpt_tiny", "train.log_every=10")
 # A run that loses a node: one rank on each of two nodes (a step of two gloo ranks costs a third of four's CPU), its
@@ -56,7 +56,7 @@ def progress(run_dir: Path) -> int:
 def test_a_lost_node_is_named_left_out_and_the_run_completes_on_the_others(three, tmp_path):
     cluster, state = three
     # Paced: after the first checkpoint it trains 35 s at least, past Slurm's notice of the loss (12-25 s).
-    job = launch(cluster, tmp_path, "name=lost", *TWO_NODES, defaults=RUN, env={"LAUNCHER_FAULT": "pace@0.2"})
+    job = launch(cluster, tmp_path, "name=lost", *TWO_NODES, defaults=RUN, env=paced(0.2))
     run_dir = tmp_path / "lost"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
     nodes = cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
@@ -114,7 +114,7 @@ def test_a_node_lost_with_its_ranks_before_slurm_notices_is_left_out_and_costs_n
     with slurmd_timeout(cluster, state, 120):
         # Paced: still training while the test stops the node's daemon and kills its rank.
         job = launch(cluster, tmp_path, "name=gone", *TWO_NODES, "cluster.max_retries=0", defaults=RUN,
-                     env={"LAUNCHER_FAULT": "pace@0.05"})
+                     env=paced(0.05))
         run_dir = tmp_path / "gone"
         wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
         nodes = cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
@@ -169,7 +169,7 @@ def test_training_goes_on_while_the_controller_is_down_and_status_commands_answe
     # Paced to train for a minute at least: the job must outlive the outage (a job that ends while the
     # controller is down is Slurm's to reconcile; the run's own record already says COMPLETED, see state.py).
     job = launch(cluster, tmp_path, "name=calm", "gpus=2", "train.steps=200", "train.checkpoint_every=50",
-                 defaults=RUN, env={"LAUNCHER_FAULT": "pace@0.3"})
+                 defaults=RUN, env=paced(0.3))
     run_dir = tmp_path / "calm"
     wait_for(lambda: progress(run_dir) >= 10, 180, "training")
     pidfile = state / "run" / "slurmctld.pid"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support.helpers import TASKS_WITHOUT_SLURM, events, shared_once, job_id_of, launch, losses, rank_pids, wait_for
+from support.helpers import TASKS_WITHOUT_SLURM, events, shared_once, job_id_of, launch, losses, paced, rank_pids, wait_for
 
 from launcher.core.checkpoints import latest_checkpoint, step_of
 
@@ -22,7 +22,7 @@ STEPS = 150
 RUN = ("model=gpt_tiny", "gpus=2", f"train.steps={STEPS}", "train.log_every=10", "train.checkpoint_every=20")
 # A run that a test interrupts is paced (losses unchanged): it is still training when the fault comes, however fast
 # the machine, and waits rather than spends the CPU the other tests share.
-FAULTED = {"LAUNCHER_FAULT": "pace@0.05"}
+FAULTED = paced(0.05)
 
 
 def rank_pid(job_id: str, rank: int) -> int:

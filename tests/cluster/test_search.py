@@ -14,7 +14,7 @@ import re
 import signal
 from pathlib import Path
 
-from support.helpers import events, rank_pids, record, runs_json, wait_for
+from support.helpers import events, paced, rank_pids, record, runs_json, wait_for
 
 TRIALS = 6
 
@@ -150,7 +150,7 @@ def test_stop_sweep_stops_the_search_and_no_trial_is_submitted_after_it(slurm, t
     res = slurm.launcher("-m", "search=optuna", "search.trials=3", "search.parallel=1", "search.metric=loss",
                          "search.max_failures=2", "train.lr=tag(log, interval(1e-4, 3e-2))", "model=gpt_tiny",
                          "gpus=1", "train.steps=40", "train.log_every=1", f"run_root={root}", root=root, timeout=120,
-                         env={"LAUNCHER_FAULT": "pace@0.5"})
+                         env=paced(0.5))
     assert res.returncode == 0, res.stderr
     search_id = re.search(r"Submitted search (\S+): trials? 0 of 3", res.stdout).group(1)
     (first,) = [p.parent for p in root.glob("*/trial.json")]

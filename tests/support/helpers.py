@@ -234,9 +234,14 @@ H100 = TargetGpu(gpu_type="h100", memory_gib=80, memory_source="test", enforce=T
                  peak_source="test")
 
 
-# A run that trains until it is stopped, paced so that it waits rather than spends the CPU the other tests share
-# (launcher/train/faults.py): four steps a second, each costing a few hundredths of a CPU-second on two ranks.
-UNTIL_STOPPED = {"LAUNCHER_FAULT": "pace@0.25"}
+def paced(seconds: float) -> dict[str, str]:
+    """The environment of a run whose every step takes ``seconds`` longer (launcher/train/faults.py): it waits
+    rather than spends the CPU the other tests share, and its losses are those of an unpaced run."""
+    return {"LAUNCHER_FAULT": f"pace@{seconds}"}
+
+
+# A run that trains until it is stopped: four steps a second, each a few hundredths of a CPU-second on two ranks.
+UNTIL_STOPPED = paced(0.25)
 
 
 # Ports. Every cluster a test starts listens on the suite's own cluster's port plus an offset of its own, so
