@@ -66,7 +66,9 @@ def test_a_lost_node_is_named_left_out_and_the_run_completes_on_the_others(three
     argv, env = stop_daemon(pidfile)
     try:
         lost = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 180, "lost attempt")[0]
-        second = next(e for e in events(run_dir) if e["event"] == "attempt" and e["attempt"] == 2)
+        # Slurm requeues the job itself: its second attempt begins after the first is judged, not with it.
+        second = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt" and e["attempt"] == 2], 180,
+                          "second attempt")[0]
         assert (lost["outcome"], lost["node"], lost["exclude"]) == ("LOST", victim, [victim]), lost
         assert f"node {victim} lost at step" in lost["cause"] and lost["short"] == f"{victim} lost"
         assert victim not in cluster.run("scontrol", "show", "hostnames", second["nodes"]).stdout.split()
