@@ -283,11 +283,16 @@ start_munge() {
 
 start_mariadb() {
   local data=$SLURM_LOCAL_DIR/mysql log=$SLURM_LOCAL_LOG/mariadb.log sock=$SLURM_LOCAL_DIR/mysql.sock
+  # A temporary directory of this cluster's own: clusters bootstrapped side by side in a shared /tmp lost each
+  # other's temporary tables ("Could not remove temporary table '/tmp/#sql-temptable-...'", then "Installation
+  # of system tables failed").
+  local tmp=$SLURM_LOCAL_DIR/mysql-tmp
+  mkdir -p "$tmp"
   if [[ ! -d $data/mysql ]]; then
-    mariadb-install-db --datadir="$data" --user=root --auth-root-authentication-method=socket \
+    mariadb-install-db --datadir="$data" --tmpdir="$tmp" --user=root --auth-root-authentication-method=socket \
       --skip-test-db >>"$log" 2>&1 || die "mariadb-install-db failed; read $log"
   fi
-  start mariadbd "$log" mariadbd --no-defaults --datadir="$data" --socket="$sock" --port="$DB_PORT" \
+  start mariadbd "$log" mariadbd --no-defaults --datadir="$data" --tmpdir="$tmp" --socket="$sock" --port="$DB_PORT" \
     --bind-address=127.0.0.1 --pid-file="$SLURM_LOCAL_RUN/mariadbd.daemon.pid" --user=root \
     --innodb-buffer-pool-size=64M --skip-name-resolve
   wait_for MariaDB "$SLURM_LOCAL_RUN/mariadbd.pid" "$log" mariadb-admin --socket="$sock" ping

@@ -17,6 +17,9 @@ from support.helpers import REPO as ROOT
 pytestmark = pytest.mark.slurm
 
 NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
+# Only a bound on a hung benchmark: a quick mode takes about 30 s on an idle 2-core machine and over 180 s on a
+# slower one whose cores the rest of the suite keeps busy (seen in a fresh-clone run).
+BOUND_S = 600
 
 
 def env() -> dict:
@@ -25,7 +28,7 @@ def env() -> dict:
 
 def test_bench_train_quick_prints_its_ratios():
     out = subprocess.run([sys.executable, "scripts/bench_train.py", "--quick"], cwd=ROOT, env=env(),
-                         capture_output=True, text=True, timeout=180)
+                         capture_output=True, text=True, timeout=BOUND_S)
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
     assert re.search(r"composed \(1 rank\): gpt_tiny d_model=64 n_layers=2 .*global_batch=2 micro_batch=2", text), text
@@ -38,7 +41,7 @@ def test_bench_train_quick_prints_its_ratios():
 def test_gpu_check_quick_prints_its_table_on_cpu(tmp_path):
     performance = (ROOT / "docs" / "performance.md").read_text()
     out = subprocess.run(["bash", "scripts/gpu_check.sh", "--quick"], cwd=ROOT, capture_output=True, text=True,
-                         env={**env(), "PYTHON": sys.executable, "WORK": str(tmp_path), "STEPS": "6"}, timeout=180)
+                         env={**env(), "PYTHON": sys.executable, "WORK": str(tmp_path), "STEPS": "6"}, timeout=BOUND_S)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert re.search(rf"^\| gpt_tiny \| false \| {NUMBER} \| n/a \| {NUMBER} \|", out.stdout, re.M), out.stdout
     assert "not appended" in out.stdout
@@ -49,7 +52,7 @@ def test_gpu_check_quick_prints_its_table_on_cpu(tmp_path):
 
 def test_bench_export_quick_prints_its_memory_ratios():
     out = subprocess.run([sys.executable, "scripts/bench_export.py", "--quick"], cwd=ROOT, env=env(),
-                         capture_output=True, text=True, timeout=180)
+                         capture_output=True, text=True, timeout=BOUND_S)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = re.findall(rf"^export gpt_small \({NUMBER} MB fp32, (\d+) file\(s\), .*--max-shard-size (\d+)MB\): "
                        rf"peak {NUMBER} MB, .* = {NUMBER}$", out.stdout, re.M)
