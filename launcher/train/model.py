@@ -83,8 +83,11 @@ class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        # Each embedding is given its (uninitialised) weight, which skips its own normal_ init: init_weights draws
+        # every value anyway, and on the meta device that normal_ imports torch._dynamo, about a second of a
+        # one-rank start (sharding over more ranks imports it anyway).
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.empty(cfg.vocab_size, cfg.d_model))
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model, _weight=torch.empty(cfg.seq_len, cfg.d_model))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=False)
         if not any(p.is_meta for p in self.parameters()):
