@@ -121,7 +121,7 @@ def test_a_node_lost_with_its_ranks_before_slurm_notices_is_left_out_and_costs_n
         wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
         nodes = cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
         victim = cluster.run("scontrol", "show", "hostnames", nodes).stdout.split()[1]  # not the batch host
-        ranks = rank_pids(job, victim)
+        ranks = rank_pids(run_dir, job, victim)
         assert len(ranks) == 1, ranks
         pidfile = state / "run" / f"slurmd-{victim}.pid"
         argv, env = stop_daemon(pidfile)
@@ -152,7 +152,7 @@ def test_a_retry_the_controller_refuses_is_the_run_final_cause(three, tmp_path):
     partition = cluster.run("sinfo", "-h", "-o", "%R").stdout.split()[0]
     cluster.run("scontrol", "update", f"PartitionName={partition}", "State=INACTIVE")
     try:
-        os.kill(next(iter(rank_pids(job, cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()).values())),
+        os.kill(next(iter(rank_pids(run_dir, job, cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()).values())),
                 signal.SIGKILL)
         final = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "failed" and e.get("final")], 120,
                          "verdict")[0]

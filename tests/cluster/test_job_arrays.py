@@ -83,7 +83,7 @@ def test_a_killed_rank_of_one_element_is_retried_as_a_plain_job_of_that_run(slur
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
     queue = slurm.run("squeue", "-h", "-O", "JobArrayID:|,JobID:|").stdout.splitlines()
     own = next(line.split("|")[1] for line in queue if line.split("|")[0] == victim["job_id"])
-    os.kill(wait_for(lambda: rank_pids(own).get(1), 30, "rank 1"), signal.SIGKILL)
+    os.kill(wait_for(lambda: rank_pids(run_dir, own).get(1), 30, "rank 1"), signal.SIGKILL)
 
     ended = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 60, "attempt end")[0]
     assert (ended["outcome"], ended["rank"], ended["short"]) == ("FAILED", 1, "rank 1 killed"), ended

@@ -25,8 +25,8 @@ RUN = ("model=gpt_tiny", "gpus=2", f"train.steps={STEPS}", "train.log_every=10",
 FAULTED = paced(0.05)
 
 
-def rank_pid(job_id: str, rank: int) -> int:
-    pids = rank_pids(job_id)
+def rank_pid(run_dir: Path, job_id: str, rank: int) -> int:
+    pids = rank_pids(run_dir, job_id)
     assert rank in pids, f"no process for rank {rank} of job {job_id}"
     return pids[rank]
 
@@ -47,7 +47,7 @@ def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, steady, tmp_
     run_dir = tmp_path / "victim"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
     killed_at = time.time()
-    os.kill(rank_pid(job, 1), signal.SIGKILL)
+    os.kill(rank_pid(run_dir, job, 1), signal.SIGKILL)
 
     ended = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 60, "attempt end")[0]
     detected = ended["time"] - killed_at  # printed below; the wait above bounds it
@@ -76,9 +76,9 @@ def test_a_second_fault_during_recovery_is_retried_and_the_run_still_recovers_ex
     job = launch(slurm, tmp_path, "name=twice", defaults=RUN, env=FAULTED)
     run_dir = tmp_path / "twice"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
-    os.kill(rank_pid(job, 1), signal.SIGKILL)
+    os.kill(rank_pid(run_dir, job, 1), signal.SIGKILL)
     retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 60, "retry")[0]
-    pids = wait_for(lambda: len(rank_pids(retry["job_id"])) == 2 and rank_pids(retry["job_id"]), 180, "retry's ranks")
+    pids = wait_for(lambda: len(rank_pids(run_dir, retry["job_id"])) == 2 and rank_pids(run_dir, retry["job_id"]), 180, "retry's ranks")
     os.kill(pids[1], signal.SIGKILL)
 
     second = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"][1:], 90, "2nd end")[0]
@@ -99,7 +99,7 @@ def test_a_hang_on_a_cluster_too_small_to_leave_its_node_out_is_retried_on_it(ow
     # neighbour to see it stopped, and a peer frozen while the other saves (its rename's barrier) gets a save's
     # allowance (SLOW_PHASE_S), not the stall limit. The next save is 40 steps of at least 0.1 s away.
     wait_for(lambda: (run_dir / "metrics.jsonl").exists() and max(losses(run_dir), default=0) > 50, 180, "step 60")
-    os.kill(rank_pid(job, 1), signal.SIGSTOP)
+    os.kill(rank_pid(run_dir, job, 1), signal.SIGSTOP)
 
     retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 120, "retry")[0]
     ended = next(e for e in events(run_dir) if e["event"] == "attempt_ended")
@@ -136,7 +136,7 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_requeued_job_resumes_from_the
         since = resumed["step"]  # two checkpoints after the last resume: the newest and the one to fall back to
         wait_for(lambda: newest_step(run_dir) >= since + 40, 240, f"checkpoints, round {round_no}")
         slurm.run("scontrol", "requeuehold", job)  # requeued, and held until the damage is done
-        wait_for(lambda: not rank_pids(job), 60, "the ranks gone")
+        wait_for(lambda: not rank_pids(run_dir, job), 60, "the ranks gone")
         spoiled = latest_checkpoint(run_dir)
         damage(spoiled / "__1_0.distcp")
         slurm.run("scontrol", "release", job)
@@ -162,7 +162,7 @@ def test_a_hung_rank_is_named_with_its_stack_and_the_run_recovers_elsewhere(slur
     run_dir = tmp_path / "hung"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
     stopped_at = time.time()
-    pid = rank_pid(job, 1)
+    pid = rank_pid(run_dir, job, 1)
     os.kill(pid, signal.SIGSTOP)
 
     stall = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "stalled"], 90, "stall")[0]

@@ -101,7 +101,7 @@ def test_a_search_runs_its_trials_from_their_own_jobs_and_finds_the_lowest_loss(
     search_id = re.search(r"Submitted search (\S+): trials 0, 1 of 6", res.stdout).group(1)
     killed = search_of(root, search_id).trials[0].user_attrs["run"]
     job = json.loads((root / killed / "run.json").read_text())["job_id"]
-    pid = wait_for(lambda: rank_pids(job).get(0), 120, f"trial 0's rank (job {job})", interval=0.05)
+    pid = wait_for(lambda: rank_pids(root / killed, job).get(0), 120, f"trial 0's rank (job {job})", interval=0.05)
     os.kill(pid, signal.SIGKILL)
 
     runs = reported_trials(root, TRIALS)

@@ -143,9 +143,11 @@ def run_name(root: Path, job_id: str, cluster: str = "local") -> str:
     return names[0]
 
 
-def rank_pids(job_id: str, node: str | None = None) -> dict[int, int]:
+def rank_pids(run_dir: Path, job_id: str, node: str | None = None) -> dict[int, int]:
     """The processes of the ranks of this test's own job (on ``node``, or every node), by their Slurm variables
-    (srun, whose command line names the same module, is not one)."""
+    (srun, whose command line names the same module, is not one) and the run directory their command line names:
+    job ids repeat across the clusters of tests running side by side (each cluster's first job is 1)."""
+    folder = str(Path(run_dir).absolute() / "submitit")
     found = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -156,6 +158,7 @@ def rank_pids(job_id: str, node: str | None = None) -> dict[int, int]:
         except OSError:
             continue
         if environ.get("SLURM_JOB_ID") == job_id and "submitit.core._submit" in argv and "python" in argv[0] \
+                and folder in argv \
                 and "SLURM_PROCID" in environ and node in (None, environ.get("SLURMD_NODENAME")):
             found[int(environ["SLURM_PROCID"])] = int(proc.name)
     return found

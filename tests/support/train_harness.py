@@ -78,7 +78,7 @@ def rank_environ(rank: int, world_size: int, local_world_size: int, port: int) -
 
 
 def launch_forked(target, args: tuple, world_size: int, local_world_size: int | None = None,
-                  timeout: float = 120) -> None:
+                  timeout: float = 600) -> None:
     """Run ``target(*args)`` in ``world_size`` forked rank processes; raises with a failing rank's traceback."""
     port = free_port()
     ctx = mp.start_processes(_forked_rank, (target, args, world_size, local_world_size or world_size, port),
@@ -104,7 +104,7 @@ def _forked_rank(rank: int, target, args: tuple, world_size: int, local_world_si
 
 
 def launch_ranks(argv: list[str], world_size: int, local_world_size: int | None = None,
-           timeout: float = 120) -> list[subprocess.CompletedProcess]:
+           timeout: float = 600) -> list[subprocess.CompletedProcess]:
     """Run ``python argv...`` as ``world_size`` ranks on this machine; returns each rank's result."""
     local_world_size = local_world_size or world_size
     port = free_port()
