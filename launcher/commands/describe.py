@@ -16,6 +16,7 @@ from launcher.commands.search_view import describe_lines, metric_text, named_sea
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
 from launcher.core.config import load_run_config
+from launcher.core.events import Evaluated, Event, ExportFailed, Exported, decode, encode
 from launcher.core.rundir import (CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, TRIAL, WANDB, is_search,
                                   read_events, read_metrics)
 from launcher.errors import LaunchError
@@ -57,6 +58,7 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
     final = next((m for m in reversed(metrics) if m.get("final")), None)
     latest = next((m for m in reversed(metrics) if not m.get("final")), None)
     events = state.files.events if state.files else read_events(run_dir)
+    record = [decode(e) for e in events]
     measured = goodput(events, metrics, time.time())
     return {
         "name": rec.name, "job_id": rec.job_id, "cluster": rec.cluster, "sweep": rec.sweep,
@@ -80,10 +82,14 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
         "code": code_source(run_dir),
         "curves": curves(run_dir, config),
         "trial": trial_info(run_dir),
-        "evaluations": [{k: v for k, v in e.items() if k != "event"} for e in events if e.get("event") == "evaluated"],
-        "exports": [{k: v for k, v in e.items() if k != "event"} for e in events
-                    if e.get("event") in ("exported", "export_failed")],
+        "evaluations": [_fields(e) for e in record if isinstance(e, Evaluated)],
+        "exports": [_fields(e) for e in record if isinstance(e, (Exported, ExportFailed))],
     }
+
+
+def _fields(event: Event) -> Dict[str, Any]:
+    """An event as ``describe --json`` shows it: its line without the kind."""
+    return {k: v for k, v in encode(event).items() if k != "event"}
 
 
 def trial_info(run_dir: Path) -> Optional[Dict[str, Any]]:

@@ -19,6 +19,7 @@ from launcher.commands.trained import with_checkpoint
 from launcher.core.checkpoints import step_of
 from launcher.core.config import RunConfig
 from launcher.core.dataset import DatasetError, read_metadata
+from launcher.core.events import Evaluated
 from launcher.core.rundir import append_event
 from launcher.errors import LaunchError
 
@@ -65,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
                               "tokens": found.tokens, "loss": round(found.loss, 6),
                               "perplexity": round(found.perplexity, 4), "seconds": round(time.monotonic() - started, 1),
                               "device": device.type}
-    append_event(Path(rec.run_dir), "evaluated", **result)
+    append_event(Path(rec.run_dir), Evaluated(**result))
     if args.json:
         print(json.dumps({"run": rec.name, **result}))
     else:

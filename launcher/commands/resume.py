@@ -11,6 +11,7 @@ from pathlib import Path
 
 from launcher.commands.common import changeable, lookup, roots_of
 from launcher.core.checkpoints import latest_checkpoint, step_of
+from launcher.core.events import Resubmitted
 from launcher.core.rundir import append_event, last_metrics
 from launcher.errors import LaunchError
 from launcher.status.job_state import job_states
@@ -38,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
         job_id = resubmit(run_dir)
     except SlurmError as err:
         raise LaunchError(f"could not resubmit {rec.name}: {err}") from None
-    append_event(run_dir, "resubmitted", job_id=job_id, previous_job_id=rec.job_id, by="user")
+    append_event(run_dir, Resubmitted(job_id=job_id, previous_job_id=rec.job_id, by="user"))
     start = f"from its checkpoint of step {step_of(newest)}" if newest else "from the start (it has no checkpoint)"
     print(f"Resumed {rec.name} as Slurm job {job_id}, {start}; it was {state.state}.")
     return 0

@@ -16,6 +16,7 @@ from typing import List, Optional
 from launcher.commands.common import changeable, chosen_runs, roots_of
 from launcher.commands.search_view import trials_text
 from launcher.errors import LaunchError
+from launcher.core.events import Cancelled
 from launcher.core.rundir import TRIAL, append_event, is_search, search_path
 from launcher.status.index import RunRecord
 from launcher.slurm.client import Slurm, SlurmError
@@ -54,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     stopped = cancel(records)
     for rec in records:
         if rec in stopped:
-            append_event(Path(rec.run_dir), "cancelled", job_id=rec.job_id)
+            append_event(Path(rec.run_dir), Cancelled(job_id=rec.job_id))
             print(f"Stopped {rec.name} (job {rec.job_id}).")
         else:
             print(f"{rec.name} (job {rec.job_id}) is not active; nothing to stop.")

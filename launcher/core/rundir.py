@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Sequence
 
 from launcher.core.damage import read_jsonl, usable_metrics
+from launcher.core.events import Event, decode, encode
 from launcher.core.privacy import file_mode
 from launcher.core.safepath import open_nofollow
 
@@ -135,14 +135,19 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def append_event(run_dir: Path, event: str, **fields: Any) -> None:
-    """Append ``{"time": ..., "event": event, ...}`` to the run's event log (docs/design-contract.md)."""
-    append_jsonl(Path(run_dir) / EVENTS, {"time": time.time(), "event": event, **fields})
+def append_event(run_dir: Path, event: Event) -> None:
+    """Append ``event`` to the run's event log as one line (launcher/core/events.py, docs/design-contract.md)."""
+    append_jsonl(Path(run_dir) / EVENTS, encode(event))
 
 
 def read_events(run_dir: Path) -> list[dict]:
     """The event log, skipping damaged lines (an event must have a numeric time)."""
     return [e for e in read_jsonl(os.path.join(run_dir, EVENTS)) if isinstance(e.get("time", 0), (int, float))]
+
+
+def read_record(run_dir: Path) -> list[Event]:
+    """The event log as typed events (launcher/core/events.py), oldest first, damaged lines skipped."""
+    return [decode(e) for e in read_events(run_dir)]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

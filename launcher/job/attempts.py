@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from launcher.core.heartbeats import EXIT_STALLED, Pulse
 from launcher.slurm.output import TaskEnd

@@ -15,7 +15,8 @@ import submitit
 
 from launcher.core.heartbeats import steps_by_rank
 from launcher.core import preemption
-from launcher.core.rundir import append_event, read_events
+from launcher.core.events import Failed, Requeued
+from launcher.core.rundir import append_event, read_record
 from launcher.job.attempts import NO_TORCH
 from launcher.job.secret_store import inject, secrets_dir
 
@@ -35,9 +36,8 @@ class NoTorch(RuntimeError):
 def being_requeued(run_dir: Path) -> bool:
     """True when rank 0 has requeued this job: the other ranks then die of their lost peer, which is
     part of the preemption, not a failure of the run."""
-    events = read_events(run_dir)
-    return bool(events) and events[-1].get("event") == "requeued" \
-        and events[-1].get("job_id") == os.environ.get("SLURM_JOB_ID")
+    record = read_record(run_dir)
+    return bool(record) and isinstance(record[-1], Requeued) and record[-1].job_id == os.environ.get("SLURM_JOB_ID")
 
 
 def record_failure(run_dir: Path, err: BaseException, secret_vars: list[str]) -> None:
@@ -56,9 +56,9 @@ def record_failure(run_dir: Path, err: BaseException, secret_vars: list[str]) ->
     step = getattr(err, "train_step", None)
     if step is None and rank is not None:
         step = steps_by_rank(run_dir).get(int(rank))
-    append_event(run_dir, "failed", rank=rank, node=os.environ.get("SLURMD_NODENAME"), step=step,
-                 job_id=os.environ.get("SLURM_JOB_ID"), error=error,
-                 **({"short": err.short} if isinstance(getattr(err, "short", None), str) else {}))
+    append_event(run_dir, Failed(rank=rank, node=os.environ.get("SLURMD_NODENAME"), step=step,
+                                 job_id=os.environ.get("SLURM_JOB_ID"), error=error,
+                                 short=err.short if isinstance(getattr(err, "short", None), str) else None))
 
 
 def training():
@@ -107,5 +107,5 @@ class TrainTask(submitit.helpers.Checkpointable):
             signal.signal(preemption.SIGNAL, signal.SIG_IGN)
 
     def checkpoint(self, run_dir: str) -> submitit.helpers.DelayedSubmission:  # type: ignore[override]
-        append_event(Path(run_dir), "requeued", job_id=os.environ.get("SLURM_JOB_ID"))
+        append_event(Path(run_dir), Requeued(job_id=os.environ.get("SLURM_JOB_ID")))
         return submitit.helpers.DelayedSubmission(TrainTask(getattr(self, "secrets_store", None)), run_dir)

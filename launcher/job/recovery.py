@@ -34,6 +34,7 @@ from typing import Callable, List, Optional, Sequence
 
 from launcher.core.dataset import DatasetError
 from launcher.core.heartbeats import Pulse, read_pulses
+from launcher.core.events import Attempt, AttemptEnded, Failed, Outcome, Retrying
 from launcher.core.rundir import append_event, last_metrics, read_events
 from launcher.job.attempts import NO_TORCH, Cause, attribute
 from launcher.slurm.output import srun_lost_nodes, srun_task_ends
@@ -108,17 +109,17 @@ def begin(run_dir: Path) -> dict:
     if previous and not any(e.get("event") == "attempt_ended" for e in since):
         # Its batch script was ended before it could judge: by a requeue, or with its node.
         if any(e.get("event") == "requeued" for e in since):
-            append_event(run_dir, "attempt_ended", attempt=previous.get("attempt"), job_id=previous.get("job_id"),
-                         outcome="REQUEUED", cause="")
+            append_event(run_dir, AttemptEnded(attempt=previous.get("attempt"), job_id=previous.get("job_id"),
+                                               outcome=Outcome.REQUEUED, cause=""))
         else:
-            append_event(run_dir, "attempt_ended", **unjudged(run_dir, previous))
+            append_event(run_dir, unjudged(run_dir, previous))
     number = 1 + log.count
     stderr = batch_log(run_dir, job_id)
-    fields = {"attempt": number, "job_id": job_id, "nodes": os.environ.get("SLURM_JOB_NODELIST"),
-              "restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
-              "log_offset": stderr.stat().st_size if stderr.exists() else 0}
-    append_event(run_dir, "attempt", **fields)
-    return fields
+    attempt = Attempt(attempt=number, job_id=job_id, nodes=os.environ.get("SLURM_JOB_NODELIST"),
+                      restart=int(os.environ.get("SLURM_RESTART_COUNT", 0)),
+                      log_offset=stderr.stat().st_size if stderr.exists() else 0)
+    append_event(run_dir, attempt)
+    return attempt
 
 
 def unjudged(run_dir: Path, attempt: dict) -> dict:
@@ -128,12 +129,13 @@ def unjudged(run_dir: Path, attempt: dict) -> dict:
     nodes = sick_nodes(attempt.get("nodes"))
     pulses = read_pulses(run_dir, since=attempt.get("time"))
     step = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *(p.step for p in pulses)])
-    fields = {"attempt": attempt.get("attempt"), "job_id": attempt.get("job_id"), "step": step}
     if not nodes:
-        return {**fields, "outcome": "REQUEUED", "short": "requeued",
-                "cause": f"requeued from outside the run at step {step} (scontrol requeue, or a node that came back)"}
-    return {**fields, "outcome": "LOST", "node": nodes[0], "exclude": nodes, "short": f"{nodes[0]} lost",
-            "cause": f"node {', '.join(nodes)} lost at step {step}: Slurm holds it down and requeued the job"}
+        return AttemptEnded(attempt=attempt.get("attempt"), job_id=attempt.get("job_id"), step=step,
+                            outcome=Outcome.REQUEUED, short="requeued", cause=f"requeued from outside the run at step "
+                            f"{step} (scontrol requeue, or a node that came back)")
+    return AttemptEnded(attempt=attempt.get("attempt"), job_id=attempt.get("job_id"), step=step, outcome=Outcome.LOST,
+                        node=nodes[0], exclude=nodes, short=f"{nodes[0]} lost",
+                        cause=f"node {', '.join(nodes)} lost at step {step}: Slurm holds it down and requeued the job")
 
 
 def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
@@ -148,8 +150,8 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
         queued = queue_state(job_id)
         if not queued.startswith("CANCELLED") and queued not in REQUEUED_STATES:
             if requeue(run_dir, job_id, asked, events) is None:
-                append_event(run_dir, "attempt_ended", attempt=attempt.get("attempt") if attempt else None,
-                             job_id=job_id, outcome="REQUEUED")
+                append_event(run_dir, AttemptEnded(attempt=attempt.get("attempt") if attempt else None,
+                                                   job_id=job_id, outcome=Outcome.REQUEUED))
                 return None
             events = read_events(run_dir)  # with the failure just recorded, judged below
             attempt, since = AttemptLog(events).this_attempt()
@@ -159,20 +161,21 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     number = attempt.get("attempt") if attempt else None
     verdict = next((e for e in since if e.get("event") == "failed" and e.get("final")), None)
     if verdict:  # the ranks already ended the run (a requeue budget spent): nothing to decide
-        append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome="FAILED",
-                     cause=verdict.get("error"), short=verdict.get("short"), step=verdict.get("step"))
+        append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=Outcome.FAILED,
+                                           cause=verdict.get("error"), short=verdict.get("short"),
+                                           step=verdict.get("step")))
         return None
     if "finished" in kinds:  # the final checkpoint is whole: what a rank did after it does not matter
-        late = {"exit_code": exit_code, "note": f"a rank ended badly after the run finished (srun {exit_code})"} \
-            if exit_code else {}
-        append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome="COMPLETED", **late)
+        append_event(run_dir, AttemptEnded(
+            attempt=number, job_id=job_id, outcome=Outcome.COMPLETED, exit_code=exit_code or None,
+            note=f"a rank ended badly after the run finished (srun {exit_code})" if exit_code else None))
         return COMPLETED
     queued = queue_state(job_id) if queued is None else queued
     if queued.startswith("CANCELLED"):  # by the user or an administrator (`launcher stop` records it too)
         kinds.add("cancelled")
     if "requeued" in kinds or "cancelled" in kinds:  # preemption, time limit, or the user: not a failure
-        append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id,
-                     outcome="REQUEUED" if "requeued" in kinds else "CANCELLED")
+        append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id,
+                                           outcome=Outcome.REQUEUED if "requeued" in kinds else Outcome.CANCELLED))
         return None
     if queued in REQUEUED_STATES:
         # Slurm requeued the job itself (its node was lost) while this batch script lived on: the next attempt
@@ -184,9 +187,10 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     cause = attribute(since, srun_task_ends(evidence.stderr), evidence.pulses, exit_code, evidence.lost)
     began = trained(since, evidence.pulses)
     text = cause.text if began or cause.outcome in ("LOST", "PREFLIGHT") else f"failed during start-up: {cause.text}"
-    append_event(run_dir, "attempt_ended", attempt=number, job_id=job_id, outcome=cause.outcome, cause=text,
-                 short=cause.short, rank=cause.rank, node=cause.node, step=cause.step, exit_code=exit_code,
-                 trained=began, **({"nodes": list(cause.nodes)} if cause.nodes else {}))
+    append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=Outcome(cause.outcome), cause=text,
+                                       short=cause.short, rank=cause.rank, node=cause.node, step=cause.step,
+                                       exit_code=exit_code, trained=began,
+                                       nodes=list(cause.nodes) if cause.nodes else None))
     from launcher.core.config import load_run_config
     from launcher.core.plan import read_plan
 
@@ -200,16 +204,16 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
         try:
             new_job = submit_retry(Path(run_dir), decision.exclude, decision.begin_s)
         except RetryRefused as err:
-            append_event(run_dir, "failed", final=True, job_id=job_id, short="retry refused", step=cause.step,
-                         error=f"{text}; its retry could not be submitted: {err}", node=cause.node, rank=cause.rank,
-                         reason="the retry could not be submitted")
+            append_event(run_dir, Failed(final=True, job_id=job_id, short="retry refused", step=cause.step,
+                                         error=f"{text}; its retry could not be submitted: {err}", node=cause.node,
+                                         rank=cause.rank, reason="the retry could not be submitted"))
             return Decision(False, f"the retry could not be submitted: {err}")
-        append_event(run_dir, "retrying", attempt=number, job_id=new_job, previous_job_id=job_id,
-                     exclude=decision.exclude, reason=decision.reason, free=decision.free,
-                     **({"allowed": decision.allowed} if decision.allowed else {}))
+        append_event(run_dir, Retrying(attempt=number, job_id=new_job, previous_job_id=job_id,
+                                       exclude=decision.exclude, reason=decision.reason, free=decision.free,
+                                       allowed=decision.allowed or None))
     else:
-        append_event(run_dir, "failed", final=True, job_id=job_id, error=text, short=cause.short,
-                     rank=cause.rank, node=cause.node, step=cause.step, reason=decision.reason)
+        append_event(run_dir, Failed(final=True, job_id=job_id, error=text, short=cause.short,
+                                     rank=cause.rank, node=cause.node, step=cause.step, reason=decision.reason))
     return decision
 
 
@@ -262,7 +266,7 @@ class Clock:
     sleep: Callable[[float], None] = time.sleep
 
 
-def requeue(run_dir: Path, job_id: str, step: int, events: List[dict], clock: Clock = Clock()) -> Optional[dict]:
+def requeue(run_dir: Path, job_id: str, step: int, events: List[dict], clock: Clock = Clock()) -> Optional[Failed]:
     """Requeue this job (same job id, a new attempt) after its ranks saved ``step`` on Slurm's signal.
 
     Here, in the batch shell on the host, not in a rank: ranks may run in a container without Slurm's client or
@@ -279,9 +283,9 @@ def requeue(run_dir: Path, job_id: str, step: int, events: List[dict], clock: Cl
     stuck = next((n for n, seen in enumerate(reversed(earlier)) if seen != step), len(earlier))
     node = os.environ.get("SLURMD_NODENAME")
     if stuck >= cluster.max_requeues:
-        fields = {"final": True, "short": "no progress", "step": step,
-                  "error": f"{stuck + 1} attempts in a row ended at step {step} without training a step",
-                  "reason": f"cluster.max_requeues={cluster.max_requeues} requeues without progress"}
+        failure = Failed(job_id=job_id, final=True, short="no progress", step=step,
+                         error=f"{stuck + 1} attempts in a row ended at step {step} without training a step",
+                         reason=f"cluster.max_requeues={cluster.max_requeues} requeues without progress")
     else:
         # Until shortly before the time limit: the signal came at least signal_delay_s before it.
         deadline = clock.now() + max(5, cluster.signal_delay_s - 15)
@@ -295,10 +299,10 @@ def requeue(run_dir: Path, job_id: str, step: int, events: List[dict], clock: Cl
             if clock.now() > deadline:
                 break
             clock.sleep(3)
-        fields = {"short": "requeue failed", "step": step, "node": node,
-                  "error": f"ConnectionError: scontrol requeue {job_id} failed: {error}"}
-    append_event(run_dir, "failed", job_id=job_id, **fields)
-    return fields
+        failure = Failed(job_id=job_id, short="requeue failed", step=step, node=node,
+                         error=f"ConnectionError: scontrol requeue {job_id} failed: {error}")
+    append_event(run_dir, failure)
+    return failure
 
 
 # A requeued job started within the second its old instance's credential was revoked is refused by slurmd ("Killing
@@ -483,9 +487,10 @@ def main(argv: List[str]) -> int:
     except Exception as err:  # a fault of this step itself: the run's record says so, not only this traceback
         traceback.print_exc()
         first = (str(err).strip().splitlines() or [""])[0]
-        append_event(run_dir, "failed", final=True, job_id=os.environ.get("SLURM_JOB_ID", ""), short="recovery failed",
-                     error=f"the batch script's recovery step ({argv[0]}) failed: {type(err).__name__}: {first}",
-                     reason="the recovery step failed")
+        append_event(run_dir, Failed(
+            final=True, job_id=os.environ.get("SLURM_JOB_ID", ""), short="recovery failed",
+            error=f"the batch script's recovery step ({argv[0]}) failed: {type(err).__name__}: {first}",
+            reason="the recovery step failed"))
     finally:
         if argv[0] == "end":  # a search's trial whose outcome is now final reports it (launcher/search/hook.py)
             from launcher.search.hook import trial_ended

@@ -12,7 +12,6 @@ import fcntl
 import json
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 from launcher.core.rundir import launcher_home, write_atomic

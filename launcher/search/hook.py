@@ -43,6 +43,7 @@ def trial_ended(run_dir: Path) -> None:
     run_dir = Path(run_dir)
     if not (run_dir / TRIAL).exists():
         return
+    from launcher.core.events import SearchFailed, TrialReported
     from launcher.core.rundir import append_event, read_events, read_metrics
 
     try:
@@ -57,13 +58,13 @@ def trial_ended(run_dir: Path) -> None:
         result = result_of(read_metrics(run_dir), load(trial.path).settings.metric, outcome)
         adopt_frozen_source(run_dir)
         submitted = report(trial.path, trial.number, result, submit_trial)
-        append_event(run_dir, "trial_reported", value=result.value, cause=result.cause, submitted=submitted)
+        append_event(run_dir, TrialReported(value=result.value, cause=result.cause, submitted=submitted))
     except Exception as err:  # noqa: BLE001 (the run's outcome stands; the search's fault is recorded beside it)
         traceback.print_exc()
         first = (str(err).strip().splitlines() or [""])[0]
         print(f"launcher.search.hook: reporting the trial failed: {type(err).__name__}: {first}", file=sys.stderr)
         try:
-            append_event(run_dir, "search_failed", error=f"{type(err).__name__}: {first}")
+            append_event(run_dir, SearchFailed(error=f"{type(err).__name__}: {first}"))
         except OSError:
             pass
 

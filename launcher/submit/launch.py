@@ -20,6 +20,7 @@ from launcher.compose.runs import ComposedRun
 from launcher.errors import LaunchError
 from launcher.compose.runfile import dump
 from launcher.core.config import tracker_missing
+from launcher.core.events import Submitted
 from launcher.core.rundir import (CONFIG, PLAN, append_event, launcher_home, sweep_dir, write_atomic,
                                   write_json_atomic)
 from launcher.core.safepath import check_home
@@ -252,7 +253,7 @@ def recorded(run: ComposedRun, run_dir: Path, job_id: str, sweep_id: Optional[st
         slurm_conf=slurm_conf_for(cfg.cluster.name, cfg.cluster.slurm_conf), argv=list(sys.argv[1:]),
     )
     save_record(record)
-    append_event(run_dir, "submitted", job_id=job_id)
+    append_event(run_dir, Submitted(job_id=job_id))
     return record
 
 

@@ -31,7 +31,8 @@ from launcher.core.checkpoints import step_dir, step_of
 from launcher.core.config import DataConfig, ModelConfig, RunConfig, load_run_config
 from launcher.core.dataset import read_metadata
 from launcher.core.plan import read_plan
-from launcher.core.rundir import append_event, code_source, read_events, read_metrics
+from launcher.core import events
+from launcher.core.rundir import append_event, code_source, read_metrics, read_record
 from launcher.train.hf import Tensor, generation_config, gpt2_config, gpt2_tensors, save_tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -169,7 +170,7 @@ def model_card(run_dir: Path, cfg: RunConfig, step: int, dtype: str, tokenizer: 
     last = seen[-1] if seen else {}
     evals = [m["eval_loss"] for m in seen if isinstance(m.get("eval_loss"), (int, float))]
     source = code_source(run_dir) or {}
-    held_out = [e for e in read_events(run_dir) if e.get("event") == "evaluated" and e.get("step") == step]
+    held_out = [e for e in read_record(run_dir) if isinstance(e, events.Evaluated) and e.step == step]
     lines = [
         f"# {run_dir.name}", "",
         f"A GPT ({cfg.model.name}: {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} "
@@ -181,8 +182,8 @@ def model_card(run_dir: Path, cfg: RunConfig, step: int, dtype: str, tokenizer: 
         f"| GPUs | {plan.gpus} ({plan.nodes} x {plan.gpus_per_node}) |",
         f"| final train loss | {_loss(last.get('loss'))} (step {last.get('step', '-')}) |",
         f"| final eval loss | {_loss(evals[-1] if evals else None)} |",
-        *(f"| held-out loss | {_loss(e.get('loss'))}, perplexity {e.get('perplexity')} on {e.get('tokens', 0):,} "
-          f"tokens of {e.get('data')} (launcher eval) |" for e in held_out),
+        *(f"| held-out loss | {_loss(e.loss)}, perplexity {e.perplexity} on {e.tokens or 0:,} "
+          f"tokens of {e.data} (launcher eval) |" for e in held_out),
         f"| tokenizer | {tokenizer} |",
         f"| data | {cfg.data.path or 'the standard-library corpus'} |",
         f"| commit | {source.get('commit') or 'unknown'}{' (with uncommitted changes)' * bool(source.get('dirty'))} |",
@@ -224,7 +225,7 @@ class Exports:
                     [sys.executable, "-m", "launcher.train.export", str(self.run_dir), str(held)],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         except OSError as err:
-            append_event(self.run_dir, "export_failed", step=step, error=f"{type(err).__name__}: {err}")
+            append_event(self.run_dir, events.ExportFailed(step=step, error=f"{type(err).__name__}: {err}"))
 
     def _hold(self, step: int) -> Path:
         """The checkpoint of ``step`` hard-linked aside; the checkpoint itself where links cannot be made."""
@@ -267,11 +268,11 @@ def main(argv: List[str]) -> int:
         if found:
             raise ValueError(f"the checkpoint is damaged: {found[0]}")
         done = export_run(run_dir, checkpoint, out, "fp32", DEFAULT_SHARD_BYTES)
-        append_event(run_dir, "exported", step=step, path=str(out), bytes=done.total_bytes,
-                     seconds=round(time.monotonic() - started, 1))
+        append_event(run_dir, events.Exported(step=step, path=str(out), bytes=done.total_bytes,
+                                       seconds=round(time.monotonic() - started, 1)))
     except Exception as err:  # noqa: BLE001 (the run goes on: its record says what failed)
         traceback.print_exc()
-        append_event(run_dir, "export_failed", step=step, error=f"{type(err).__name__}: {err}".splitlines()[0])
+        append_event(run_dir, events.ExportFailed(step=step, error=f"{type(err).__name__}: {err}".splitlines()[0]))
         return 1
     finally:
         if checkpoint.parent.name == HELD:

@@ -32,6 +32,7 @@ from launcher.core.checkpoints import checkpoint_bytes, human
 from launcher.core.config import ModelConfig, RunConfig
 from launcher.core.dataset import DatasetError, verify
 from launcher.core.plan import Plan
+from launcher.core import events
 from launcher.core.rundir import append_event
 from launcher.train import faults
 from launcher.train.data import token_file
@@ -112,8 +113,8 @@ def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig, virtu
     problem = device_problem(env, virtual_gpus) or (disk_problem(run_dir, plan, model) if env.local_rank == 0 else None)
     if problem:
         log.error("preflight failed on %s: %s", env.node, problem)
-        append_event(run_dir, "preflight_failed", rank=env.rank, node=env.node, problem=problem,
-                     job_id=os.environ.get("SLURM_JOB_ID"))
+        append_event(run_dir, events.PreflightFailed(rank=env.rank, node=env.node, problem=problem,
+                                              job_id=os.environ.get("SLURM_JOB_ID")))
     failed = torch.tensor([int(problem is not None)], device=env.device)
     dist.all_reduce(failed, op=dist.ReduceOp.MAX)
     if failed.item():
@@ -124,9 +125,9 @@ def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig, virtu
     if env.is_main:
         median = statistics.median(gbps for _, gbps in everyone)
         slow = [rank for rank, (_, gbps) in enumerate(everyone) if gbps * SLOW < median]
-        append_event(run_dir, "preflight", job_id=os.environ.get("SLURM_JOB_ID"), allreduce_mb=ALLREDUCE_MB,
-                     bus_gbps={str(rank): round(gbps, 3) for rank, (_, gbps) in enumerate(everyone)},
-                     median_gbps=round(median, 3), slow_ranks=slow)
+        append_event(run_dir, events.Preflight(job_id=os.environ.get("SLURM_JOB_ID"), allreduce_mb=ALLREDUCE_MB,
+                                        bus_gbps={str(rank): round(gbps, 3) for rank, (_, gbps) in enumerate(everyone)},
+                                        median_gbps=round(median, 3), slow_ranks=slow))
         log.info("preflight ok: all-reduce bus bandwidth median %.3f GB/s%s", median,
                  f"; slow ranks {slow}" if slow else "")
 

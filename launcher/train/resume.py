@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from launcher.core.events import CheckpointDamaged, Resumed
 from launcher.core.rundir import append_event
 from launcher.train.checkpoint import load_checkpoint, recorded, resume_checkpoint, set_aside
 from launcher.train.dist import DistEnv, global_mean
@@ -108,7 +109,7 @@ class Starter:
         begun.checkpoint, begun.record = path, recorded(path)
         log.info("resumed at step %d from %s", begun.step, path)
         if self.env.is_main:
-            append_event(self.run_dir, "resumed", step=begun.step, checkpoint=str(path))
+            append_event(self.run_dir, Resumed(step=begun.step, checkpoint=str(path)))
         return begun
 
     def fall_back(self, begun: Start, problem: str) -> Start:
@@ -122,4 +123,4 @@ class Starter:
         return self.start()
 
     def _record_damage(self, step: int, problems: list[str]) -> None:
-        append_event(self.run_dir, "checkpoint_damaged", step=step, damage="; ".join(problems))
+        append_event(self.run_dir, CheckpointDamaged(step=step, damage="; ".join(problems)))

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from launcher.core.config import load_run_config
 from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.plan import read_plan
+from launcher.core.events import Finished, Requeued, Stalled, Started
 from launcher.core.rundir import append_event
 from launcher.train.dist import check_allreduce, global_rank_from_environ, init_distributed
 from launcher.train.interrupt import Interrupt, Requeue
@@ -46,8 +47,8 @@ def run(run_dir: str | Path) -> dict[str, Any]:
         preflight(env, run_dir, plan, cfg.model, cfg.cluster.virtual_gpus)
         verify_data(env, cfg)
         if env.is_main:
-            append_event(run_dir, "started", job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
-                         nodes=env.nodes, code=CODE_ROOT)
+            append_event(run_dir, Started(job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
+                                          nodes=env.nodes, code=CODE_ROOT))
         first = env.rank - env.local_rank  # Slurm's block distribution: a node's ranks are consecutive
         watchdog = Watchdog(run_dir, env.rank, env.node, cfg.train.stall_timeout_s,
                             on_stall=functools.partial(_record_stall, run_dir),
@@ -61,13 +62,13 @@ def run(run_dir: str | Path) -> dict[str, Any]:
             if not isinstance(err, Requeue):
                 raise
             if env.is_main:  # before the ranks end: the batch script's last step reads it and requeues the job
-                append_event(run_dir, "requeued", job_id=os.environ.get("SLURM_JOB_ID"), step=err.step, by="signal")
+                append_event(run_dir, Requeued(job_id=os.environ.get("SLURM_JOB_ID"), step=err.step, by="signal"))
             return {"requeued_after": err.step}
         finally:
             watchdog.stop()
         if env.is_main:
-            append_event(run_dir, "finished", step=final["step"], loss=final.get("loss"),
-                         **({"pruned": True} if final.get("pruned") else {}))
+            append_event(run_dir, Finished(step=final["step"], loss=final.get("loss"),
+                                           pruned=True if final.get("pruned") else None))
             exports.wait()  # the job step would end them: after training, with the watchdog stopped
         return final
     except BaseException:
@@ -80,8 +81,8 @@ def run(run_dir: str | Path) -> dict[str, Any]:
 
 def _record_stall(run_dir: Path, cause: str, frozen: list[Pulse]) -> None:
     reached = max((p.step for p in read_pulses(run_dir)), default=None)  # where the waiting ranks are
-    append_event(run_dir, "stalled", cause=cause, ranks=[p.rank for p in frozen], nodes=[p.node for p in frozen],
-                 step=reached, job_id=os.environ.get("SLURM_JOB_ID"))
+    append_event(run_dir, Stalled(cause=cause, ranks=[p.rank for p in frozen], nodes=[p.node for p in frozen],
+                                   step=reached, job_id=os.environ.get("SLURM_JOB_ID")))
 
 
 def setup_logging(run_dir: Path, rank: int) -> None:

@@ -34,7 +34,8 @@ from typing import Callable, Collection, Iterator, Optional, Sequence
 
 from launcher.core.heartbeats import (EXIT_STALLED, SLOW_PHASE_S, STALL_FLOOR_S, Pulse, derived_timeout,
                                       heartbeat_path, read_pulses)
-from launcher.core.rundir import read_events
+from launcher.core.events import Stalled
+from launcher.core.rundir import read_record
 
 log = logging.getLogger(__name__)
 
@@ -210,8 +211,7 @@ class Watchdog:
         """Whether a ``stalled`` event of this stall (after its step began) appears within ``wait_s``."""
         deadline = time.time() + wait_s
         while True:
-            if any(e.get("event") == "stalled" and e.get("time", 0) >= self.pulse.step_since
-                   for e in read_events(self.run_dir)):
+            if any(isinstance(e, Stalled) and e.time >= self.pulse.step_since for e in read_record(self.run_dir)):
                 return True
             if time.time() >= deadline:
                 return False

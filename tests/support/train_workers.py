@@ -128,6 +128,7 @@ def allreduce_with_watchdog(run_dir: Path, stop_rank: int, stop_at: int, timeout
     import signal
     import time
 
+    from launcher.core.events import Stalled
     from launcher.core.rundir import append_event
     from launcher.train.watchdog import Watchdog
 
@@ -135,7 +136,7 @@ def allreduce_with_watchdog(run_dir: Path, stop_rank: int, stop_at: int, timeout
     task.setup_logging(run_dir, env.rank)
 
     def on_stall(cause, stuck):
-        append_event(run_dir, "stalled", cause=cause, ranks=[p.rank for p in stuck])
+        append_event(run_dir, Stalled(cause=cause, ranks=[p.rank for p in stuck]))
 
     watchdog = Watchdog(run_dir, env.rank, env.node, timeout_s, on_stall, interval_s=0.5,
                         neighbours=range(env.world_size) if watch_neighbours else ()).start(0)

@@ -2,6 +2,7 @@
 local cluster produced it: srun's stderr, ranks' failed events, heartbeats)."""
 import os
 
+from launcher.core.events import Attempt, Finished, Requeued
 from launcher.core.heartbeats import EXIT_STALLED, Pulse
 from launcher.job.attempts import Cause, attribute
 from launcher.job.recovery import Decision, decide, schedulable, trained
@@ -124,8 +125,8 @@ def test_the_batch_shell_requeues_after_the_ranks_saved(tmp_path, monkeypatch):
     from launcher.job.recovery import requeue, requeue_asked
 
     calls = requeue_scene(tmp_path, monkeypatch, "exit 0")
-    append_event(tmp_path, "attempt", attempt=1, job_id="9")
-    append_event(tmp_path, "requeued", job_id="9", step=40, by="signal")
+    append_event(tmp_path, Attempt(attempt=1, job_id="9"))
+    append_event(tmp_path, Requeued(job_id="9", step=40, by="signal"))
     events = read_events(tmp_path)
     assert requeue_asked(events) == 40
     assert requeue(tmp_path, "9", 40, events) is None
@@ -141,14 +142,14 @@ def test_a_requeue_the_controller_refuses_is_recorded_as_an_infrastructure_failu
 
     calls = requeue_scene(tmp_path, monkeypatch,
                           'echo "scontrol: error: Unable to contact slurm controller" >&2; exit 1')
-    append_event(tmp_path, "requeued", job_id="9", step=40, by="signal")
+    append_event(tmp_path, Requeued(job_id="9", step=40, by="signal"))
     elapsed = [0.0]  # the back-off's own clock, moved by its sleeps: no real second is waited
     clock = Clock(now=lambda: elapsed[0], sleep=lambda s: elapsed.__setitem__(0, elapsed[0] + s))
     failure = requeue(tmp_path, "9", 40, read_events(tmp_path), clock)
     assert elapsed[0] >= 5  # asked again for max(5, signal_delay_s - 15) s
     assert len(calls.read_text().splitlines()) >= 2
-    assert failure["error"] == ("ConnectionError: scontrol requeue 9 failed: scontrol: error: Unable to contact slurm "
-                                "controller") and not failure.get("final")
+    assert failure.error == ("ConnectionError: scontrol requeue 9 failed: scontrol: error: Unable to contact slurm "
+                             "controller") and not failure.final
     cause = attribute(read_events(tmp_path), [], [])
     assert (cause.short, cause.node, cause.step) == ("requeue failed", "n1", 40) and INFRASTRUCTURE.search(cause.error)
 
@@ -159,13 +160,13 @@ def test_requeues_without_progress_are_counted_and_end_the_run(tmp_path, monkeyp
 
     calls = requeue_scene(tmp_path, monkeypatch, "exit 0", max_requeues=2)
     for _ in range(3):  # two earlier attempts ended at step 40, and this third one again
-        append_event(tmp_path, "requeued", job_id="9", step=40, by="signal")
+        append_event(tmp_path, Requeued(job_id="9", step=40, by="signal"))
     failure = requeue(tmp_path, "9", 40, read_events(tmp_path))
     verdict = read_events(tmp_path)[-1]
     assert (verdict["event"], verdict["final"], verdict["short"]) == ("failed", True, "no progress") == (
-        "failed", failure["final"], failure["short"])
+        "failed", failure.final, failure.short)
     assert "3 attempts in a row ended at step 40" in verdict["error"] and not calls.exists()
-    append_event(tmp_path, "requeued", job_id="9", step=41, by="signal")  # progress: the count starts again
+    append_event(tmp_path, Requeued(job_id="9", step=41, by="signal"))  # progress: the count starts again
     assert requeue(tmp_path, "9", 41, read_events(tmp_path)) is None
 
 
@@ -185,8 +186,8 @@ def test_a_rank_that_dies_after_the_run_finished_does_not_fail_the_attempt(tmp_p
 
     requeue_scene(tmp_path, monkeypatch, "exit 1")  # no Slurm to ask: the answer must not depend on it
     monkeypatch.setenv("SLURM_JOB_ID", "9")
-    append_event(tmp_path, "attempt", attempt=1, job_id="9")
-    append_event(tmp_path, "finished", step=40, loss=2.0)
+    append_event(tmp_path, Attempt(attempt=1, job_id="9"))
+    append_event(tmp_path, Finished(step=40, loss=2.0))
     assert main(["end", str(tmp_path), "143"]) == 0
     ended = read_events(tmp_path)[-1]
     assert (ended["event"], ended["outcome"], ended["exit_code"]) == ("attempt_ended", "COMPLETED", 143)

@@ -21,6 +21,7 @@ from support.helpers import REPO, run_launcher
 from support.planter import PLANTER, as_planter, directory, planted, victim_file
 
 from launcher import cli
+from launcher.core.events import Submitted
 from launcher.core.rundir import append_event
 from launcher.core.safepath import UnsafePath, check_run_root
 from launcher.status.index import (
@@ -89,7 +90,7 @@ def test_an_event_log_that_is_a_symlink_is_refused_not_appended_to(tmp_path):
     run_dir.mkdir()
     (run_dir / "events.jsonl").symlink_to(victim)
     with pytest.raises(UnsafePath) as err:
-        append_event(run_dir, "submitted", job_id="1")
+        append_event(run_dir, Submitted(job_id="1"))
     assert str(err.value) == (f"{run_dir / 'events.jsonl'} is a symlink, which the launcher does not follow there "
                               "(another user may have planted it): remove it")
     assert victim.read_text() == "root's own file\n"

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from launcher.core.events import Attempt, AttemptEnded, Outcome, Retrying, decode
 from launcher.core.rundir import TRIAL, append_event, append_jsonl, read_events
 from launcher.search import hook
 from launcher.search.study import load, open_study
@@ -29,7 +30,7 @@ from support.searches import Submitted, make_search
 ])  # fmt: skip
 def test_only_a_final_outcome_is_reported(events, outcome, tmp_path):
     for event, fields in events:
-        append_event(tmp_path, event, **fields)
+        append_event(tmp_path, decode({"event": event, **fields}))
     assert hook.final_outcome(read_events(tmp_path)) == outcome
 
 
@@ -42,14 +43,14 @@ def test_a_trials_last_step_reports_it_and_submits_the_next(tmp_path, monkeypatc
     run = tmp_path / "run-0"
     run.mkdir()
     (run / TRIAL).write_text(json.dumps({"search": path.name, "trial": 0}))
-    append_event(run, "attempt", attempt=1)
-    append_event(run, "attempt_ended", outcome="FAILED")
-    append_event(run, "retrying")
+    append_event(run, Attempt(attempt=1))
+    append_event(run, AttemptEnded(outcome=Outcome.FAILED))
+    append_event(run, Retrying())
     hook.trial_ended(run)  # a retry is on its way: nothing told
     assert tally_of(open_study(path, load(path))) == Tally(asked=2, ended=0, failed=0)
-    append_event(run, "attempt", attempt=2)
+    append_event(run, Attempt(attempt=2))
     append_jsonl(run / "metrics.jsonl", {"step": 5, "loss": 3.1, "eval_loss": 3.25})
-    append_event(run, "attempt_ended", outcome="COMPLETED")
+    append_event(run, AttemptEnded(outcome=Outcome.COMPLETED))
     hook.trial_ended(run)
     study = open_study(path, load(path))
     assert study.trials[0].value == 3.25 and submit.numbers == [0, 1, 2]

@@ -1,0 +1,284 @@
+"""The run's life as types: one dataclass per kind of line in ``events.jsonl``, and the codec to and from a line.
+
+Every writer, on the login node, in the job's batch script and in the ranks, builds one of these and appends it
+with :func:`launcher.core.rundir.append_event`; the line stays JSON with the kind under ``event`` and the time
+under ``time``, so files written before the types still read. A field the writer left unset is written as null,
+so a reader finds every field of its kind. A line of a kind these types do not know, or a field they do not
+declare, is kept (:class:`UnknownEvent`, ``extra``) and shown, never a crash: an older launcher reads a newer
+run's record. ``docs/design-contract.md`` lists the kinds and their fields; a test checks it against
+:data:`KINDS`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar, Optional
+
+
+class Outcome(str, Enum):
+    """How an attempt ended (``attempt_ended``'s ``outcome``). A str, so a line reads as its value."""
+
+    COMPLETED = "COMPLETED"  # every step trained, the final checkpoint whole
+    REQUEUED = "REQUEUED"  # the time limit's or a preemption's signal, or a requeue from outside: not a failure
+    CANCELLED = "CANCELLED"  # by the user or an administrator
+    FAILED = "FAILED"  # a rank died or raised
+    STALLED = "STALLED"  # the watchdog found no step advancing (a hung rank)
+    LOST = "LOST"  # a node stopped responding
+    PREFLIGHT = "PREFLIGHT"  # the pre-training check refused a node
+
+
+@dataclass(kw_only=True)
+class Event:
+    """What every line has: when it was written, and the fields a newer writer added that this kind does not
+    declare (kept so that they are shown and written back unchanged)."""
+
+    kind: ClassVar[str] = ""
+    time: float = field(default_factory=time.time)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class Submitted(Event):
+    """The launcher submitted the run's job."""
+    kind: ClassVar[str] = "submitted"
+    job_id: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class Attempt(Event):
+    """The job's batch script began an attempt: the first start, or a requeue or retry of it."""
+    kind: ClassVar[str] = "attempt"
+    attempt: Optional[int] = None
+    job_id: Optional[str] = None
+    nodes: Optional[str] = None  # Slurm's node list of the attempt
+    restart: int = 0  # SLURM_RESTART_COUNT
+    log_offset: int = 0  # where this attempt's part of the batch log begins
+
+
+@dataclass(kw_only=True)
+class Preflight(Event):
+    """Every rank passed the pre-training check (an all-reduce, timed)."""
+    kind: ClassVar[str] = "preflight"
+    job_id: Optional[str] = None
+    allreduce_mb: Optional[float] = None
+    bus_gbps: dict = field(default_factory=dict)  # by rank
+    median_gbps: Optional[float] = None
+    slow_ranks: list = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class PreflightFailed(Event):
+    """A rank's pre-training check found its node unfit."""
+    kind: ClassVar[str] = "preflight_failed"
+    job_id: Optional[str] = None
+    rank: Optional[int] = None
+    node: Optional[str] = None
+    problem: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class Started(Event):
+    """The ranks began training (rank 0 writes it)."""
+    kind: ClassVar[str] = "started"
+    job_id: Optional[str] = None
+    world_size: Optional[int] = None
+    nodes: list = field(default_factory=list)
+    code: Optional[str] = None  # where the task imported the launcher from (the frozen copy)
+
+
+@dataclass(kw_only=True)
+class Resumed(Event):
+    """Training resumed from a checkpoint."""
+    kind: ClassVar[str] = "resumed"
+    step: Optional[int] = None
+    checkpoint: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class CheckpointDamaged(Event):
+    """A checkpoint failed its check and was set aside; the one before it is used."""
+    kind: ClassVar[str] = "checkpoint_damaged"
+    step: Optional[int] = None
+    damage: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class Stalled(Event):
+    """The watchdog found the attempt's steps stopped, and the ranks to blame."""
+    kind: ClassVar[str] = "stalled"
+    job_id: Optional[str] = None
+    cause: Optional[str] = None
+    ranks: list = field(default_factory=list)
+    nodes: list = field(default_factory=list)
+    step: Optional[int] = None
+
+
+@dataclass(kw_only=True)
+class Failed(Event):
+    """A rank's own failure, or (``final``) the run's verdict: it will not be retried."""
+    kind: ClassVar[str] = "failed"
+    job_id: Optional[str] = None
+    rank: Optional[int] = None
+    node: Optional[str] = None
+    step: Optional[int] = None
+    error: Optional[str] = None  # the failure in full
+    short: Optional[str] = None  # the words `runs` shows beside FAILED
+    final: bool = False
+    reason: Optional[str] = None  # why it is not retried (a verdict)
+
+
+@dataclass(kw_only=True)
+class AttemptEnded(Event):
+    """The batch script (or the next attempt, for one Slurm ended first) judged an attempt."""
+    kind: ClassVar[str] = "attempt_ended"
+    attempt: Optional[int] = None
+    job_id: Optional[str] = None
+    outcome: Optional[Outcome] = None
+    cause: Optional[str] = None
+    short: Optional[str] = None
+    rank: Optional[int] = None  # the rank, node and step to blame
+    node: Optional[str] = None
+    step: Optional[int] = None
+    nodes: Optional[list] = None  # every node to blame
+    exclude: Optional[list] = None  # the nodes Slurm holds down (a lost node)
+    exit_code: Optional[int] = None  # srun's
+    trained: Optional[bool] = None  # whether the attempt trained a step
+    note: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class Retrying(Event):
+    """A retry was submitted as a new job."""
+    kind: ClassVar[str] = "retrying"
+    attempt: Optional[int] = None
+    job_id: Optional[str] = None  # the retry's
+    previous_job_id: Optional[str] = None
+    exclude: list = field(default_factory=list)
+    allowed: Optional[list] = None  # exclusions dropped so that the retry can be scheduled
+    reason: Optional[str] = None
+    free: bool = False  # the node's fault: no retry spent
+
+
+@dataclass(kw_only=True)
+class Resubmitted(Event):
+    """``launcher resume`` submitted a new job for the run."""
+    kind: ClassVar[str] = "resubmitted"
+    job_id: Optional[str] = None
+    previous_job_id: Optional[str] = None
+    by: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class Requeued(Event):
+    """The job is to start again: the ranks saved on Slurm's signal (``by`` signal, at ``step``), or submitit
+    requeued it."""
+    kind: ClassVar[str] = "requeued"
+    job_id: Optional[str] = None
+    step: Optional[int] = None
+    by: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class Finished(Event):
+    """Training ended: every step, or a search pruned the trial."""
+    kind: ClassVar[str] = "finished"
+    step: Optional[int] = None
+    loss: Optional[float] = None
+    pruned: Optional[bool] = None
+
+
+@dataclass(kw_only=True)
+class Cancelled(Event):
+    """``launcher stop`` cancelled the run's job."""
+    kind: ClassVar[str] = "cancelled"
+    job_id: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class Evaluated(Event):
+    """``launcher evaluate`` measured a checkpoint's held-out loss."""
+    kind: ClassVar[str] = "evaluated"
+    step: Optional[int] = None
+    data: Optional[str] = None
+    split: Optional[str] = None
+    tokens: Optional[int] = None
+    loss: Optional[float] = None
+    perplexity: Optional[float] = None
+    seconds: Optional[float] = None
+    device: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class Exported(Event):
+    """A checkpoint was exported to Hugging Face's format."""
+    kind: ClassVar[str] = "exported"
+    step: Optional[int] = None
+    path: Optional[str] = None
+    bytes: Optional[int] = None
+    seconds: Optional[float] = None
+
+
+@dataclass(kw_only=True)
+class ExportFailed(Event):
+    """An export during or after training failed (training goes on)."""
+    kind: ClassVar[str] = "export_failed"
+    step: Optional[int] = None
+    error: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class TrialReported(Event):
+    """A search's trial reported its value (or why it has none) to the study."""
+    kind: ClassVar[str] = "trial_reported"
+    value: Optional[float] = None
+    cause: Optional[str] = None
+    submitted: Optional[int] = None  # the next trials submitted
+
+
+@dataclass(kw_only=True)
+class SearchFailed(Event):
+    """A search's trial could not report to its study, or submit the next trials."""
+    kind: ClassVar[str] = "search_failed"
+    error: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class UnknownEvent(Event):
+    """A line of a kind these types do not know (a newer launcher's): its kind and fields, kept as they were."""
+    name: str = ""
+
+
+KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
+    Submitted, Attempt, Preflight, PreflightFailed, Started, Resumed, CheckpointDamaged, Stalled, Failed,
+    AttemptEnded, Retrying, Resubmitted, Requeued, Finished, Cancelled, Evaluated, Exported, ExportFailed,
+    TrialReported, SearchFailed)}
+
+
+def fields_of(kind: type[Event]) -> list[str]:
+    """The fields a kind declares, in order (without ``time`` and ``extra``)."""
+    return [f.name for f in dataclasses.fields(kind) if f.name not in ("time", "extra")]
+
+
+def encode(event: Event) -> dict[str, Any]:
+    """The line's object: ``time``, ``event`` (the kind) and every field, unset ones null."""
+    if isinstance(event, UnknownEvent):
+        return {"time": event.time, "event": event.name, **event.extra}
+    values = {name: getattr(event, name) for name in fields_of(type(event))}
+    return {"time": event.time, "event": event.kind, **event.extra, **values}
+
+
+def decode(line: dict[str, Any]) -> Event:
+    """The event of a line's object (as read from JSON): its kind's type, or :class:`UnknownEvent`."""
+    rest = {k: v for k, v in line.items() if k not in ("time", "event")}
+    stamp = line.get("time")
+    stamp = float(stamp) if isinstance(stamp, (int, float)) else 0.0
+    kind = KINDS.get(line.get("event"))  # type: ignore[arg-type]
+    if kind is None:
+        return UnknownEvent(time=stamp, name=str(line.get("event")), extra=rest)
+    declared = set(fields_of(kind))
+    known = {k: v for k, v in rest.items() if k in declared}
+    if kind is AttemptEnded and known.get("outcome") in Outcome._value2member_map_:
+        known["outcome"] = Outcome(known["outcome"])
+    return kind(time=stamp, extra={k: v for k, v in rest.items() if k not in declared}, **known)
