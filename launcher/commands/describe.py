@@ -4,6 +4,7 @@ which trial of which search it is. ``launcher describe SWEEP_ID`` of a search: i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -16,14 +17,14 @@ from launcher.commands.search_view import describe_lines, metric_text, named_sea
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
 from launcher.core.config import load_run_config
-from launcher.core.events import Evaluated, Event, ExportFailed, Exported, decode, encode
+from launcher.core.events import Evaluated, Event, ExportFailed, Exported, encode
 from launcher.core.rundir import (CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, TRIAL, WANDB, is_search,
                                   read_events, read_metrics)
 from launcher.errors import LaunchError
 from launcher.status.index import RunRecord
 from launcher.core.rundir import code_source
 from launcher.slurm.client import Slurm, SlurmError
-from launcher.status.attempt_log import history
+from launcher.core.attempt_log import AttemptLog
 from launcher.status.goodput import goodput
 from launcher.status.job_state import JobState, job_states
 
@@ -58,7 +59,6 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
     final = next((m for m in reversed(metrics) if m.get("final")), None)
     latest = next((m for m in reversed(metrics) if not m.get("final")), None)
     events = state.files.events if state.files else read_events(run_dir)
-    record = [decode(e) for e in events]
     measured = goodput(events, metrics, time.time())
     return {
         "name": rec.name, "job_id": rec.job_id, "cluster": rec.cluster, "sweep": rec.sweep,
@@ -71,7 +71,8 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
         },
         "plan": plan,
         "nodes": node_states(rec, state.nodes),
-        "events": events,
+        "events": [encode(e) for e in events],
+        "attempts": [dataclasses.asdict(row) for row in AttemptLog(events).history()],
         "goodput": None if measured is None else {"fraction": round(measured.fraction, 3), "wall_s": measured.wall_s,
                                                   "kept_s": measured.kept_s, "lost_s": measured.lost_s,
                                                   "line": measured.line()},
@@ -82,8 +83,8 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
         "code": code_source(run_dir),
         "curves": curves(run_dir, config),
         "trial": trial_info(run_dir),
-        "evaluations": [_fields(e) for e in record if isinstance(e, Evaluated)],
-        "exports": [_fields(e) for e in record if isinstance(e, (Exported, ExportFailed))],
+        "evaluations": [_fields(e) for e in events if isinstance(e, Evaluated)],
+        "exports": [_fields(e) for e in events if isinstance(e, (Exported, ExportFailed))],
     }
 
 
@@ -138,15 +139,14 @@ def code_line(code: Optional[Dict[str, Any]], run_dir: str) -> str:
 
 def event_line(event: Dict[str, Any]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.get("time", 0)))
-    details = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("time", "event"))
+    details = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("time", "event") and v is not None)
     return f"  {when}  {event.get('event', '?'):<10} {details}"
 
 
-def attempt_lines(events: List[Dict[str, Any]]) -> List[str]:
+def attempt_lines(rows: List[Dict[str, Any]]) -> List[str]:
     """The attempts table (a run that never started an attempt has none), then a blank line."""
     from tabulate import tabulate
 
-    rows = history(events)
     if not rows:
         return []
     when = lambda t: time.strftime("%H:%M:%S", time.localtime(t)) if t else ""  # noqa: E731
@@ -180,7 +180,7 @@ def render(info: Dict[str, Any]) -> str:
         "Nodes:" if info["nodes"] else "Nodes: none yet",
         *(f"  {node:<16}{node_state}" for node, node_state in info["nodes"].items()),
         "",
-        *attempt_lines(info["events"]),
+        *attempt_lines(info["attempts"]),
         *([info["goodput"]["line"], ""] if info["goodput"] else []),
         "Events:",
         *(event_line(e) for e in info["events"]),

@@ -1,5 +1,6 @@
 """The contract the launcher and the training tasks share (docs/design-contract.md): the config's typed shape
-(config), the run's Plan as plan.json holds it (plan), a run directory's files (rundir, damage, privacy),
+(config), the run's Plan as plan.json holds it (plan), a run directory's files (rundir, damage, privacy), the
+run's record of events as types (events) and read as attempts (attempt_log),
 checkpoints' layout and size (checkpoints), heartbeats, the preemption signal, the dataset layout and the
 GPU table (gpus).
 

@@ -28,6 +28,9 @@ class Outcome(str, Enum):
     LOST = "LOST"  # a node stopped responding
     PREFLIGHT = "PREFLIGHT"  # the pre-training check refused a node
 
+    def __str__(self) -> str:
+        return self.value
+
 
 @dataclass(kw_only=True)
 class Event:

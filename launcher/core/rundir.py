@@ -140,14 +140,11 @@ def append_event(run_dir: Path, event: Event) -> None:
     append_jsonl(Path(run_dir) / EVENTS, encode(event))
 
 
-def read_events(run_dir: Path) -> list[dict]:
-    """The event log, skipping damaged lines (an event must have a numeric time)."""
-    return [e for e in read_jsonl(os.path.join(run_dir, EVENTS)) if isinstance(e.get("time", 0), (int, float))]
-
-
-def read_record(run_dir: Path) -> list[Event]:
-    """The event log as typed events (launcher/core/events.py), oldest first, damaged lines skipped."""
-    return [decode(e) for e in read_events(run_dir)]
+def read_events(run_dir: Path) -> list[Event]:
+    """The event log as typed events (launcher/core/events.py), oldest first, skipping damaged lines (an event
+    must have a kind and a numeric time)."""
+    return [decode(e) for e in read_jsonl(os.path.join(run_dir, EVENTS))
+            if isinstance(e.get("event"), str) and isinstance(e.get("time", 0), (int, float))]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -18,7 +18,7 @@ this order:
 
 The evidence is this attempt's only: its events, and heartbeats written since it began. Everything here is
 pure (evidence in, words out), so the teardown step of the batch script and the tests share it. The event log
-read as attempts (which is this one, the attempts table) is launcher/status/attempt_log.py.
+read as attempts (which is this one, the attempts table) is launcher/core/attempt_log.py.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from launcher.core.events import Event, Failed, PreflightFailed, Stalled
 from launcher.core.heartbeats import EXIT_STALLED, Pulse
 from launcher.slurm.output import TaskEnd
 
@@ -56,36 +57,35 @@ def is_peer_loss(error: str) -> bool:
     return bool(PEER_LOSS.search(error))
 
 
-def attribute(events: List[dict], task_ends: List[TaskEnd], pulses: Sequence[Pulse],
+def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pulse],
               exit_code: Optional[int] = None, lost: Sequence[str] = ()) -> Cause:
     """The cause of an attempt's end from its events, srun's reports, its ranks' heartbeats and the nodes found
     lost (all of this attempt's only)."""
     steps = {p.rank: p.step for p in pulses}
     for event in events:
-        if event.get("event") == "preflight_failed":
-            node = event.get("node")
-            return Cause("PREFLIGHT", f"node {node} failed its preflight check: {event.get('problem')}",
-                         rank=_int(event.get("rank")), node=node, short=f"{node} failed preflight", nodes=(node,))
+        if isinstance(event, PreflightFailed):
+            node = event.node
+            return Cause("PREFLIGHT", f"node {node} failed its preflight check: {event.problem}",
+                         rank=_int(event.rank), node=node, short=f"{node} failed preflight", nodes=(node,))
     if lost:
         step = max(steps.values(), default=None)
         at = f" at step {step}" if step is not None else " during start-up"
         return Cause("LOST", f"node {', '.join(lost)} lost{at}: Slurm could not reach it", node=lost[0], step=step,
                      short=f"{lost[0]} lost", nodes=tuple(lost))
     for event in events:
-        if event.get("event") == "stalled":
-            ranks, nodes = event.get("ranks") or [], event.get("nodes") or []
-            return Cause("STALLED", f"stalled: {event.get('cause', 'no step advanced')}",
-                         rank=ranks[0] if ranks else None, node=nodes[0] if nodes else None, step=event.get("step"),
+        if isinstance(event, Stalled):
+            ranks, nodes = event.ranks or [], event.nodes or []
+            return Cause("STALLED", f"stalled: {event.cause or 'no step advanced'}",
+                         rank=ranks[0] if ranks else None, node=nodes[0] if nodes else None, step=event.step,
                          short=f"rank {ranks[0]} hung" if ranks else "hung", nodes=tuple(dict.fromkeys(nodes)))
-    failures = [e for e in events if e.get("event") == "failed"]
-    own = [e for e in failures if not is_peer_loss(str(e.get("error", "")))]
+    failures = [e for e in events if isinstance(e, Failed)]
+    own = [e for e in failures if not is_peer_loss(e.error or "")]
     if own:
-        first = min(own, key=lambda e: e.get("time", 0))
-        rank = _int(first.get("rank"))
-        error = str(first.get("error", "unknown error"))
-        return Cause("FAILED", _where(rank, first.get("node"), first.get("step")) + error, rank=rank,
-                     node=first.get("node"), step=first.get("step"), short=first.get("short") or error.split(":")[0],
-                     error=error)
+        first = min(own, key=lambda e: e.time)
+        rank = _int(first.rank)
+        error = first.error or "unknown error"
+        return Cause("FAILED", _where(rank, first.node, first.step) + error, rank=rank,
+                     node=first.node, step=first.step, short=first.short or error.split(":")[0], error=error)
     watchdogs = [r for end in task_ends if end.how == f"Exited with exit code {EXIT_STALLED}" for r in end.ranks]
     if watchdogs and pulses:
         hung = min(pulses, key=lambda p: p.alive)  # its heartbeat stopped first: the others waited for it
@@ -93,7 +93,7 @@ def attribute(events: List[dict], task_ends: List[TaskEnd], pulses: Sequence[Pul
         return Cause("STALLED", f"stalled: rank {hung.rank} on {hung.node} stopped first, at step {hung.step} "
                      f"(the watchdog of rank {fired} ended the attempt)", rank=hung.rank, node=hung.node,
                      step=hung.step, short=f"rank {hung.rank} hung", nodes=(hung.node,))
-    reported = {_int(e.get("rank")) for e in failures}
+    reported = {_int(e.rank) for e in failures}
     silent = [(rank, end) for end in task_ends for rank in end.ranks
               if rank not in reported and rank not in watchdogs]
     killed = [(rank, end.node) for rank, end in silent if end.how == "Killed"]
@@ -111,10 +111,10 @@ def attribute(events: List[dict], task_ends: List[TaskEnd], pulses: Sequence[Pul
         return Cause("FAILED", _where(rank, end.node, steps.get(rank)) + end.how.lower(), rank=rank, node=end.node,
                      step=steps.get(rank), short=f"rank {rank} died")
     if failures:
-        first = min(failures, key=lambda e: e.get("time", 0))
-        rank = _int(first.get("rank"))
-        return Cause("FAILED", _where(rank, first.get("node"), first.get("step")) + str(first.get("error")),
-                     rank=rank, node=first.get("node"), step=first.get("step"), short="lost a peer")
+        first = min(failures, key=lambda e: e.time)
+        rank = _int(first.rank)
+        return Cause("FAILED", _where(rank, first.node, first.step) + str(first.error),
+                     rank=rank, node=first.node, step=first.step, short="lost a peer")
     return Cause("FAILED", f"srun exited with status {exit_code}" if exit_code else "ended without a record",
                  short=f"exit {exit_code}" if exit_code else "no record")
 

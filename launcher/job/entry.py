@@ -16,7 +16,7 @@ import submitit
 from launcher.core.heartbeats import steps_by_rank
 from launcher.core import preemption
 from launcher.core.events import Failed, Requeued
-from launcher.core.rundir import append_event, read_record
+from launcher.core.rundir import append_event, read_events
 from launcher.job.attempts import NO_TORCH
 from launcher.job.secret_store import inject, secrets_dir
 
@@ -36,7 +36,7 @@ class NoTorch(RuntimeError):
 def being_requeued(run_dir: Path) -> bool:
     """True when rank 0 has requeued this job: the other ranks then die of their lost peer, which is
     part of the preemption, not a failure of the run."""
-    record = read_record(run_dir)
+    record = read_events(run_dir)
     return bool(record) and isinstance(record[-1], Requeued) and record[-1].job_id == os.environ.get("SLURM_JOB_ID")
 
 

@@ -34,11 +34,12 @@ from typing import Callable, List, Optional, Sequence
 
 from launcher.core.dataset import DatasetError
 from launcher.core.heartbeats import Pulse, read_pulses
-from launcher.core.events import Attempt, AttemptEnded, Failed, Outcome, Retrying
+from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Event, Failed, Finished, Outcome, Requeued,
+                                   Resumed, Retrying, Stalled)
 from launcher.core.rundir import append_event, last_metrics, read_events
 from launcher.job.attempts import NO_TORCH, Cause, attribute
 from launcher.slurm.output import srun_lost_nodes, srun_task_ends
-from launcher.status.attempt_log import AttemptLog
+from launcher.core.attempt_log import AttemptLog
 
 
 # Exceptions that may pass on another try or another node: I/O, network, device and collective errors.
@@ -73,25 +74,25 @@ class Evidence:
     lost: List[str]
 
     @classmethod
-    def of(cls, run_dir: Path, attempt: Optional[dict], job_id: str) -> "Evidence":
+    def of(cls, run_dir: Path, attempt: Optional[Attempt], job_id: str) -> "Evidence":
         stderr = ""
         log = batch_log(run_dir, job_id)
         if log.exists():
             with open(log, errors="replace") as f:
-                f.seek(attempt.get("log_offset", 0) if attempt else 0)
+                f.seek(attempt.log_offset if attempt else 0)
                 stderr = f.read()
         lost = srun_lost_nodes(stderr)
-        if attempt and attempt.get("nodes"):
-            lost += [node for node in unanswering(job_id, attempt["nodes"]) if node not in lost]
-        return cls(stderr, read_pulses(run_dir, since=attempt.get("time") if attempt else None), lost)
+        if attempt and attempt.nodes:
+            lost += [node for node in unanswering(job_id, attempt.nodes) if node not in lost]
+        return cls(stderr, read_pulses(run_dir, since=attempt.time if attempt else None), lost)
 
 
-def trained(since: List[dict], pulses: List[Pulse]) -> bool:
+def trained(since: List[Event], pulses: List[Pulse]) -> bool:
     """Whether this attempt trained a step: a rank got past the step it started from (a ``resumed`` checkpoint's,
     else 0), by its heartbeat or the step its failure was recorded at."""
-    start = next((e.get("step") or 0 for e in since if e.get("event") == "resumed"), 0)
-    reached = [p.step for p in pulses] + [e["step"] for e in since if e.get("event") in ("failed", "stalled")
-                                           and isinstance(e.get("step"), int)]
+    start = next((e.step or 0 for e in since if isinstance(e, Resumed)), 0)
+    reached = [p.step for p in pulses] + [e.step for e in since if isinstance(e, (Failed, Stalled))
+                                           and isinstance(e.step, int)]
     return max(reached, default=start) > start
 
 
@@ -102,14 +103,14 @@ def batch_log(run_dir: Path, job_id: str) -> Path:
     return Path(run_dir) / "submitit" / f"{'_'.join(element) if all(element) else job_id}_0_log.err"
 
 
-def begin(run_dir: Path) -> dict:
+def begin(run_dir: Path) -> Attempt:
     job_id = os.environ.get("SLURM_JOB_ID", "")
     log = AttemptLog(read_events(run_dir))
     previous, since = log.this_attempt()
-    if previous and not any(e.get("event") == "attempt_ended" for e in since):
+    if previous and not any(isinstance(e, AttemptEnded) for e in since):
         # Its batch script was ended before it could judge: by a requeue, or with its node.
-        if any(e.get("event") == "requeued" for e in since):
-            append_event(run_dir, AttemptEnded(attempt=previous.get("attempt"), job_id=previous.get("job_id"),
+        if any(isinstance(e, Requeued) for e in since):
+            append_event(run_dir, AttemptEnded(attempt=previous.attempt, job_id=previous.job_id,
                                                outcome=Outcome.REQUEUED, cause=""))
         else:
             append_event(run_dir, unjudged(run_dir, previous))
@@ -122,18 +123,18 @@ def begin(run_dir: Path) -> dict:
     return attempt
 
 
-def unjudged(run_dir: Path, attempt: dict) -> dict:
+def unjudged(run_dir: Path, attempt: Attempt) -> AttemptEnded:
     """The ``attempt_ended`` fields of an attempt whose batch script never judged it because Slurm requeued
     the job itself: LOST when one of its nodes stopped responding (NODE_FAIL; the nodes to blame are those
     Slurm now holds down, and the requeued job runs without them), else REQUEUED from outside the run."""
-    nodes = sick_nodes(attempt.get("nodes"))
-    pulses = read_pulses(run_dir, since=attempt.get("time"))
+    nodes = sick_nodes(attempt.nodes)
+    pulses = read_pulses(run_dir, since=attempt.time)
     step = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *(p.step for p in pulses)])
     if not nodes:
-        return AttemptEnded(attempt=attempt.get("attempt"), job_id=attempt.get("job_id"), step=step,
+        return AttemptEnded(attempt=attempt.attempt, job_id=attempt.job_id, step=step,
                             outcome=Outcome.REQUEUED, short="requeued", cause=f"requeued from outside the run at step "
                             f"{step} (scontrol requeue, or a node that came back)")
-    return AttemptEnded(attempt=attempt.get("attempt"), job_id=attempt.get("job_id"), step=step, outcome=Outcome.LOST,
+    return AttemptEnded(attempt=attempt.attempt, job_id=attempt.job_id, step=step, outcome=Outcome.LOST,
                         node=nodes[0], exclude=nodes, short=f"{nodes[0]} lost",
                         cause=f"node {', '.join(nodes)} lost at step {step}: Slurm holds it down and requeued the job")
 
@@ -150,32 +151,31 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
         queued = queue_state(job_id)
         if not queued.startswith("CANCELLED") and queued not in REQUEUED_STATES:
             if requeue(run_dir, job_id, asked, events) is None:
-                append_event(run_dir, AttemptEnded(attempt=attempt.get("attempt") if attempt else None,
+                append_event(run_dir, AttemptEnded(attempt=attempt.attempt if attempt else None,
                                                    job_id=job_id, outcome=Outcome.REQUEUED))
                 return None
             events = read_events(run_dir)  # with the failure just recorded, judged below
             attempt, since = AttemptLog(events).this_attempt()
-    kinds = {e.get("event") for e in since}
-    if "requeued" in kinds and [e for e in since if e.get("event") in ("requeued", "failed")][-1]["event"] == "failed":
-        kinds.discard("requeued")  # the signal was heard but Slurm could not requeue: judged as a failure
-    number = attempt.get("attempt") if attempt else None
-    verdict = next((e for e in since if e.get("event") == "failed" and e.get("final")), None)
+    kinds = {type(e) for e in since}
+    if Requeued in kinds and isinstance([e for e in since if isinstance(e, (Requeued, Failed))][-1], Failed):
+        kinds.discard(Requeued)  # the signal was heard but Slurm could not requeue: judged as a failure
+    number = attempt.attempt if attempt else None
+    verdict = next((e for e in since if isinstance(e, Failed) and e.final), None)
     if verdict:  # the ranks already ended the run (a requeue budget spent): nothing to decide
         append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=Outcome.FAILED,
-                                           cause=verdict.get("error"), short=verdict.get("short"),
-                                           step=verdict.get("step")))
+                                           cause=verdict.error, short=verdict.short, step=verdict.step))
         return None
-    if "finished" in kinds:  # the final checkpoint is whole: what a rank did after it does not matter
+    if Finished in kinds:  # the final checkpoint is whole: what a rank did after it does not matter
         append_event(run_dir, AttemptEnded(
             attempt=number, job_id=job_id, outcome=Outcome.COMPLETED, exit_code=exit_code or None,
             note=f"a rank ended badly after the run finished (srun {exit_code})" if exit_code else None))
         return COMPLETED
     queued = queue_state(job_id) if queued is None else queued
     if queued.startswith("CANCELLED"):  # by the user or an administrator (`launcher stop` records it too)
-        kinds.add("cancelled")
-    if "requeued" in kinds or "cancelled" in kinds:  # preemption, time limit, or the user: not a failure
+        kinds.add(Cancelled)
+    if Requeued in kinds or Cancelled in kinds:  # preemption, time limit, or the user: not a failure
         append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id,
-                                           outcome=Outcome.REQUEUED if "requeued" in kinds else Outcome.CANCELLED))
+                                           outcome=Outcome.REQUEUED if Requeued in kinds else Outcome.CANCELLED))
         return None
     if queued in REQUEUED_STATES:
         # Slurm requeued the job itself (its node was lost) while this batch script lived on: the next attempt
@@ -195,7 +195,7 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     from launcher.core.plan import read_plan
 
     cfg = load_run_config(Path(run_dir) / "config.yaml")
-    unwell = sick_nodes(attempt.get("nodes") if attempt else None)
+    unwell = sick_nodes(attempt.nodes if attempt else None)
     progressed = began or (last_metrics(Path(run_dir)) or {}).get("step", 0) > 0
     decision = decide(events, cause, cfg.cluster.max_retries, unwell, progressed=progressed, trained=began)
     if decision.retry:
@@ -251,11 +251,11 @@ COMPLETED = Decision(False, "the run completed")
 REQUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 
 
-def requeue_asked(since: List[dict]) -> Optional[int]:
+def requeue_asked(since: List[Event]) -> Optional[int]:
     """The step saved for a requeue the ranks asked for in this attempt (``requeued`` by the signal, nothing
     failed after it), or None."""
-    last = next((e for e in reversed(since) if e.get("event") in ("requeued", "failed")), None)
-    return last.get("step") if last and last["event"] == "requeued" and last.get("by") == "signal" else None
+    last = next((e for e in reversed(since) if isinstance(e, (Requeued, Failed))), None)
+    return last.step if isinstance(last, Requeued) and last.by == "signal" else None
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,7 @@ class Clock:
     sleep: Callable[[float], None] = time.sleep
 
 
-def requeue(run_dir: Path, job_id: str, step: int, events: List[dict], clock: Clock = Clock()) -> Optional[Failed]:
+def requeue(run_dir: Path, job_id: str, step: int, events: List[Event], clock: Clock = Clock()) -> Optional[Failed]:
     """Requeue this job (same job id, a new attempt) after its ranks saved ``step`` on Slurm's signal.
 
     Here, in the batch shell on the host, not in a rank: ranks may run in a container without Slurm's client or
@@ -279,7 +279,7 @@ def requeue(run_dir: Path, job_id: str, step: int, events: List[dict], clock: Cl
     from launcher.slurm.output import SlurmError
 
     cluster = load_run_config(Path(run_dir) / "config.yaml").cluster
-    earlier = [e.get("step") for e in events if e.get("event") == "requeued" and e.get("by") == "signal"][:-1]
+    earlier = [e.step for e in events if isinstance(e, Requeued) and e.by == "signal"][:-1]
     stuck = next((n for n, seen in enumerate(reversed(earlier)) if seen != step), len(earlier))
     node = os.environ.get("SLURMD_NODENAME")
     if stuck >= cluster.max_requeues:
@@ -394,7 +394,7 @@ def slurmd_timeout_s() -> int:
 CERTAINTY = ("STALLED", "PREFLIGHT", "DOWN", "LOST")
 
 
-def schedulable(decision: Decision, events: List[dict], down: Sequence[str], partition: Sequence[str],
+def schedulable(decision: Decision, events: List[Event], down: Sequence[str], partition: Sequence[str],
                 needed: int, settle_s: int = 0) -> Decision:
     """The decision with exclusions allowed again, least certain first, when excluding them all would leave
     fewer nodes in the partition than the run needs (sbatch would refuse the retry). A node allowed again that
@@ -405,9 +405,10 @@ def schedulable(decision: Decision, events: List[dict], down: Sequence[str], par
         return decision
     why = {}
     for event in events:
-        if event.get("event") == "attempt_ended" and event.get("outcome") in CERTAINTY:
-            for node in event.get("nodes") or [event.get("node")]:
-                why[node] = max(why.get(node, event["outcome"]), event["outcome"], key=CERTAINTY.index)
+        if isinstance(event, AttemptEnded) and event.outcome in CERTAINTY:
+            outcome = str(event.outcome)
+            for node in event.nodes or [event.node]:
+                why[node] = max(why.get(node, outcome), outcome, key=CERTAINTY.index)
     why.update({node: "DOWN" for node in down if why.get(node) != "LOST"})
     kept = sorted(decision.exclude, key=lambda node: CERTAINTY.index(why.get(node, "STALLED")))
     allowed: List[str] = []
@@ -426,7 +427,7 @@ def schedulable(decision: Decision, events: List[dict], down: Sequence[str], par
     return Decision(True, reason, sorted(kept), decision.free, allowed, begin_s)
 
 
-def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[str] = (),
+def decide(events: List[Event], cause: Cause, max_retries: int, sick: Sequence[str] = (),
            progressed: bool = True, trained: bool = True) -> Decision:
     """Retry or not, and which nodes the next attempt must avoid (``events`` hold every attempt so far,
     the ending one's ``attempt_ended`` not yet among them).
@@ -439,12 +440,11 @@ def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[st
     code's own (any other exception), a failure before the first step of the first attempt, the same error at
     the same step in two attempts that each trained (``trained``: this one did), or a run whose
     ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or heartbeats)."""
-    excluded = {node for e in events if e.get("event") in ("retrying", "attempt_ended")
-                for node in e.get("exclude") or []}
+    excluded = {node for e in events if isinstance(e, (Retrying, AttemptEnded)) for node in e.exclude or []}
     blamed = set(cause.nodes or ([cause.node] if cause.node else [])) \
         if cause.outcome in ("STALLED", "LOST", "PREFLIGHT") else set()
-    before = {node for e in events if e.get("event") == "attempt_ended" and e.get("outcome") in ("LOST", "PREFLIGHT")
-              for node in e.get("nodes") or [e.get("node")]}
+    before = {node for e in events if isinstance(e, AttemptEnded) and e.outcome in (Outcome.LOST, Outcome.PREFLIGHT)
+              for node in e.nodes or [e.node]}
     if cause.outcome in ("LOST", "PREFLIGHT") and not blamed & before:
         what = "was lost" if cause.outcome == "LOST" else "failed its preflight check"
         return Decision(True, f"{', '.join(sorted(blamed))} {what}: retried without it, not counted as a retry",
@@ -453,16 +453,16 @@ def decide(events: List[dict], cause: Cause, max_retries: int, sick: Sequence[st
         return Decision(False, "the tasks' Python has no torch: the same on every node and every try, not retried")
     if cause.outcome == "FAILED" and cause.short == DatasetError.short:
         return Decision(False, "the data is damaged: every node and try would read it alike, not retried")
-    first = not any(e.get("event") == "attempt_ended" for e in events)
+    first = not any(isinstance(e, AttemptEnded) for e in events)
     if first and not progressed and cause.outcome not in ("LOST", "PREFLIGHT"):
         return Decision(False, "it failed before its first step: a problem of the code, config or data, not retried")
     if cause.outcome == "FAILED" and cause.error and not INFRASTRUCTURE.search(cause.error):
         return Decision(False, "an error of the code's own, not retried")
-    ended = [e for e in events if e.get("event") == "attempt_ended" and e.get("outcome") in ("FAILED", "STALLED")
-             and e.get("trained", True)]
-    if trained and ended and (ended[-1].get("short"), ended[-1].get("step")) == (cause.short, cause.step):
+    ended = [e for e in events if isinstance(e, AttemptEnded) and e.outcome in (Outcome.FAILED, Outcome.STALLED)
+             and e.trained is not False]
+    if trained and ended and (ended[-1].short, ended[-1].step) == (cause.short, cause.step):
         return Decision(False, f"the same failure at step {cause.step} twice, not retried again")
-    retries = sum(e.get("event") == "retrying" and not (e.get("free") or e.get("preflight")) for e in events)
+    retries = sum(isinstance(e, Retrying) and not e.free for e in events)
     if retries >= max_retries:
         return Decision(False, f"all cluster.max_retries={max_retries} retries spent")
     return Decision(True, f"retry {retries + 1} of {max_retries} from the newest good checkpoint",

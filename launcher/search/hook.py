@@ -15,23 +15,24 @@ import traceback
 from pathlib import Path
 from typing import List, Optional
 
+from launcher.core.attempt_log import AttemptLog
+from launcher.core.events import AttemptEnded, Event, Failed, Finished, Outcome
 from launcher.core.rundir import TRIAL
 
 
-def final_outcome(events: List[dict]) -> Optional[str]:
+def final_outcome(events: List[Event]) -> Optional[str]:
     """``COMPLETED``, ``PRUNED at step N``, or why the run failed or was stopped, when its current attempt ended
     it; None while it may go on (a retry or requeue is on its way)."""
     from launcher.search.trials import PRUNED
-    from launcher.status.attempt_log import AttemptLog
 
     _, since = AttemptLog(events).this_attempt()
     for event in reversed(since):
-        if event.get("event") == "failed" and event.get("final"):
-            return f"failed: {event.get('error') or event.get('short') or 'no cause recorded'}"
-        if event.get("event") == "attempt_ended" and event.get("outcome") == "COMPLETED":
-            pruned = [e for e in since if e.get("event") == "finished" and e.get("pruned")]
-            return f"{PRUNED} at step {pruned[-1].get('step')}" if pruned else "COMPLETED"
-        if event.get("event") == "attempt_ended" and event.get("outcome") == "CANCELLED":
+        if isinstance(event, Failed) and event.final:
+            return f"failed: {event.error or event.short or 'no cause recorded'}"
+        if isinstance(event, AttemptEnded) and event.outcome == Outcome.COMPLETED:
+            pruned = [e for e in since if isinstance(e, Finished) and e.pruned]
+            return f"{PRUNED} at step {pruned[-1].step}" if pruned else "COMPLETED"
+        if isinstance(event, AttemptEnded) and event.outcome == Outcome.CANCELLED:
             return "stopped: its job was cancelled"
     return None
 

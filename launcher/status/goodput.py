@@ -2,7 +2,7 @@
 went. ``describe`` shows it; scripts/bench_goodput.py compares a run under faults with one without.
 
 It is read from the run's own record alone (events and timed metrics records, pure: no Slurm), attempt by
-attempt (an attempt is one start of the run's job, launcher/status/attempt_log.py):
+attempt (an attempt is one start of the run's job, launcher/core/attempt_log.py):
 
 - **queue**: from the submission, or the previous attempt's end, to the attempt's start (sbatch, the
   scheduler, a requeued job's begin time);
@@ -21,6 +21,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
+
+from launcher.core.events import Attempt, AttemptEnded, Event, Finished, Requeued, Resumed, Started, Submitted
 
 # The parts of the time not spent on kept steps, in the order they are shown.
 LOST = ("queue", "start-up", "re-trained", "checkpoints and evaluation", "detection and ending")
@@ -53,10 +55,10 @@ class _Attempt:
     end_step: Optional[int] = None
 
 
-def goodput(events: Sequence[dict], metrics: Sequence[dict], now: float) -> Optional[Goodput]:
+def goodput(events: Sequence[Event], metrics: Sequence[dict], now: float) -> Optional[Goodput]:
     """The run's goodput up to its last attempt's end (``now`` while an attempt runs); None before any attempt
     or without timed metrics (a run trained by a launcher before 0.3)."""
-    submitted = next((e["time"] for e in events if e.get("event") == "submitted"), None)
+    submitted = next((e.time for e in events if isinstance(e, Submitted)), None)
     timed = [m for m in metrics if isinstance(m.get("time"), (int, float)) and not m.get("final")]
     attempts = _attempts(events, timed)
     if submitted is None or not attempts or not timed:
@@ -86,24 +88,23 @@ def goodput(events: Sequence[dict], metrics: Sequence[dict], now: float) -> Opti
     return Goodput(wall_s=previous_end - submitted, kept_s=kept_steps * step_time, lost_s=lost)
 
 
-def _attempts(events: Sequence[dict], metrics: Sequence[dict]) -> List[_Attempt]:
+def _attempts(events: Sequence[Event], metrics: Sequence[dict]) -> List[_Attempt]:
     attempts: List[_Attempt] = []
     for event in events:
-        kind = event.get("event")
-        if kind == "attempt":
-            attempts.append(_Attempt(begin=event["time"]))
+        if isinstance(event, Attempt):
+            attempts.append(_Attempt(begin=event.time))
         elif not attempts:
             continue
-        elif kind == "resumed":
-            attempts[-1].start_step, attempts[-1].first_step = event.get("step") or 0, event["time"]
-        elif kind == "started" and attempts[-1].first_step is None:
-            attempts[-1].first_step = event["time"]
-        elif kind in ("finished", "requeued") and isinstance(event.get("step"), int):
-            attempts[-1].end_step = event["step"]
-        elif kind == "attempt_ended":
-            attempts[-1].end = event["time"]
-            if attempts[-1].end_step is None and isinstance(event.get("step"), int):
-                attempts[-1].end_step = event["step"]
+        elif isinstance(event, Resumed):
+            attempts[-1].start_step, attempts[-1].first_step = event.step or 0, event.time
+        elif isinstance(event, Started) and attempts[-1].first_step is None:
+            attempts[-1].first_step = event.time
+        elif isinstance(event, (Finished, Requeued)) and isinstance(event.step, int):
+            attempts[-1].end_step = event.step
+        elif isinstance(event, AttemptEnded):
+            attempts[-1].end = event.time
+            if attempts[-1].end_step is None and isinstance(event.step, int):
+                attempts[-1].end_step = event.step
     for attempt, following in zip(attempts, [*attempts[1:], None]):
         until = following.begin if following else float("inf")
         attempt.records = [m for m in metrics if attempt.begin <= m["time"] < until]

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from launcher.core.damage import DamagedRun, read_json_object
+from launcher.core.events import (Attempt, Cancelled, Failed, Finished, Requeued, Resubmitted, Resumed, Retrying,
+                                   Started, Submitted)
 from launcher.core.heartbeats import stalled_for
 from launcher.core.rundir import write_json_atomic
 from launcher.core.safepath import is_safe_root
@@ -119,30 +121,29 @@ def from_run_dir(run_dir: Path, files: Optional[RunFiles] = None) -> Optional[Jo
     files = files or RunFiles(run_dir)
     judged = files.attempts.count > 0
     for event in reversed(files.events):
-        kind = event.get("event")
-        if kind == "finished":
+        if isinstance(event, Finished):
             return JobState("COMPLETED", finished_early(event), "run directory", files=files)
-        if kind == "failed" and (event.get("final") or not judged):
+        if isinstance(event, Failed) and (event.final or not judged):
             return JobState("FAILED", in_a_word(event), "run directory", files=files)
-        if kind == "cancelled":
+        if isinstance(event, Cancelled):
             return JobState("CANCELLED", "stopped by the user", "run directory", files=files)
-        if kind in ("submitted", "started", "requeued", "resumed", "retrying", "resubmitted", "attempt"):
+        if isinstance(event, (Submitted, Started, Requeued, Resumed, Retrying, Resubmitted, Attempt)):
             return None
     return None
 
 
-def finished_early(finished: dict) -> str:
+def finished_early(finished: Finished) -> str:
     """Why a run that finished ended before its last step, or "": a search trial its study pruned (it completed
     as asked: launcher/train/trial.py)."""
-    return f"pruned at step {finished.get('step')}" if finished.get("pruned") else ""
+    return f"pruned at step {finished.step}" if finished.pruned else ""
 
 
-def in_a_word(failure: dict) -> str:
+def in_a_word(failure: Failed) -> str:
     """A ``failed`` event as `runs` shows it beside FAILED: its short words ("loss nan", "rank 2 killed"),
     else its exception's name ("FileNotFoundError"), never Slurm's bare exit code."""
-    error = str(failure.get("error", ""))
+    error = failure.error or ""
     head = error.split(":", 1)[0]
-    return str(failure.get("short") or (head if head.isidentifier() else error))
+    return failure.short or (head if head.isidentifier() else error)
 
 
 def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = None) -> JobState:
@@ -154,13 +155,14 @@ def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = Non
     state = dataclasses.replace(state, files=files)
     attempts = files.attempts
     last = attempts.standing()
-    if state.state == "PENDING" and last.get("event") == "retrying":
+    if state.state == "PENDING" and isinstance(last, Retrying):
         ended = attempts.last_ended()
-        why = f"attempt {ended.get('attempt', 0) + 1} after {ended.get('short') or 'a failure'}"
+        number = (ended.attempt or 0) + 1 if ended else 1
+        why = f"attempt {number} after {(ended and ended.short) or 'a failure'}"
         return dataclasses.replace(state, state="RECOVERING", reason=", ".join(r for r in (why, state.reason) if r))
-    if state.state == "FAILED" and last.get("event") == "failed":  # the verdict, or a rank's own if none came
+    if state.state == "FAILED" and isinstance(last, Failed):  # the verdict, or a rank's own if none came
         return dataclasses.replace(state, reason=in_a_word(last))
-    if state.state == "COMPLETED" and last.get("event") == "finished" and finished_early(last):
+    if state.state == "COMPLETED" and isinstance(last, Finished) and finished_early(last):
         return dataclasses.replace(state, reason=finished_early(last))
     if state.state in ("RUNNING", "PENDING") and attempts.ended_complete():
         # The run recorded its end, but the controller lost track of it (a crash that cost it its latest state).

@@ -12,8 +12,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
+from launcher.core.attempt_log import AttemptLog
+from launcher.core.events import Event
 from launcher.core.rundir import last_metrics, read_events
-from launcher.status.attempt_log import AttemptLog
 
 
 class RunFiles:
@@ -26,7 +27,7 @@ class RunFiles:
         return f"RunFiles({str(self.run_dir)!r})"
 
     @cached_property
-    def events(self) -> list[dict]:
+    def events(self) -> list[Event]:
         return read_events(self.run_dir)
 
     @cached_property

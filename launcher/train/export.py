@@ -32,7 +32,7 @@ from launcher.core.config import DataConfig, ModelConfig, RunConfig, load_run_co
 from launcher.core.dataset import read_metadata
 from launcher.core.plan import read_plan
 from launcher.core import events
-from launcher.core.rundir import append_event, code_source, read_metrics, read_record
+from launcher.core.rundir import append_event, code_source, read_metrics, read_events
 from launcher.train.hf import Tensor, generation_config, gpt2_config, gpt2_tensors, save_tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -170,7 +170,7 @@ def model_card(run_dir: Path, cfg: RunConfig, step: int, dtype: str, tokenizer: 
     last = seen[-1] if seen else {}
     evals = [m["eval_loss"] for m in seen if isinstance(m.get("eval_loss"), (int, float))]
     source = code_source(run_dir) or {}
-    held_out = [e for e in read_record(run_dir) if isinstance(e, events.Evaluated) and e.step == step]
+    held_out = [e for e in read_events(run_dir) if isinstance(e, events.Evaluated) and e.step == step]
     lines = [
         f"# {run_dir.name}", "",
         f"A GPT ({cfg.model.name}: {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} "

@@ -35,7 +35,7 @@ from typing import Callable, Collection, Iterator, Optional, Sequence
 from launcher.core.heartbeats import (EXIT_STALLED, SLOW_PHASE_S, STALL_FLOOR_S, Pulse, derived_timeout,
                                       heartbeat_path, read_pulses)
 from launcher.core.events import Stalled
-from launcher.core.rundir import read_record
+from launcher.core.rundir import read_events
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class Watchdog:
         """Whether a ``stalled`` event of this stall (after its step began) appears within ``wait_s``."""
         deadline = time.time() + wait_s
         while True:
-            if any(isinstance(e, Stalled) and e.time >= self.pulse.step_since for e in read_record(self.run_dir)):
+            if any(isinstance(e, Stalled) and e.time >= self.pulse.step_since for e in read_events(self.run_dir)):
                 return True
             if time.time() >= deadline:
                 return False

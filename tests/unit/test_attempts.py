@@ -2,12 +2,12 @@
 local cluster produced it: srun's stderr, ranks' failed events, heartbeats)."""
 import os
 
-from launcher.core.events import Attempt, Finished, Requeued
+from launcher.core.events import Attempt, Finished, Requeued, decode
 from launcher.core.heartbeats import EXIT_STALLED, Pulse
 from launcher.job.attempts import Cause, attribute
 from launcher.job.recovery import Decision, decide, schedulable, trained
 from launcher.slurm.output import TaskEnd, expand_ranks, srun_lost_nodes, srun_task_ends
-from support.helpers import run_launcher
+from support.helpers import events as lines, run_launcher
 
 SRUN_KILLED = """\
 [rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer
@@ -20,7 +20,7 @@ PEER = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Conne
 
 
 def failed(rank, error, node="local-node1", step=40, time=1.0):
-    return {"event": "failed", "rank": rank, "node": node, "error": error, "step": step, "time": time}
+    return decode({"event": "failed", "rank": rank, "node": node, "error": error, "step": step, "time": time})
 
 
 def pulse(rank, step, alive=100.0, node="local-node1"):
@@ -50,7 +50,7 @@ def test_a_rank_own_exception_wins_over_srun_and_peers():
 
 
 def test_a_stall_is_its_own_outcome():
-    events = [{"event": "stalled", "cause": "rank 1 on n2 froze, last seen at step 9", "ranks": [1]},
+    events = [decode({"event": "stalled", "cause": "rank 1 on n2 froze, last seen at step 9", "ranks": [1]}),
               failed(0, PEER)]
     cause = attribute(events, [], [])
     assert (cause.outcome, cause.rank, cause.short) == ("STALLED", 1, "rank 1 hung")
@@ -66,7 +66,7 @@ def test_no_evidence_at_all_says_so_with_the_exit_status():
 
 
 def test_history_has_one_row_per_attempt_with_what_came_next():
-    from launcher.status.attempt_log import history
+    from launcher.core.attempt_log import AttemptLog
 
     events = [{"event": "attempt", "attempt": 1, "job_id": "7", "nodes": "n[1-2]", "time": 10.0},
               failed(2, PEER),
@@ -74,9 +74,9 @@ def test_history_has_one_row_per_attempt_with_what_came_next():
               {"event": "retrying", "job_id": "8", "exclude": ["n2"], "time": 21.0},
               {"event": "attempt", "attempt": 2, "job_id": "8", "nodes": "n[1,3]", "time": 30.0},
               {"event": "attempt_ended", "outcome": "COMPLETED", "time": 90.0}]
-    rows = history(events)
-    assert [(r["attempt"], r["job_id"], r["outcome"]) for r in rows] == [(1, "7", "FAILED"), (2, "8", "COMPLETED")]
-    assert rows[0]["then"] == "retried as job 8, excluding n2" and rows[1]["then"] == ""
+    rows = AttemptLog([e if not isinstance(e, dict) else decode(e) for e in events]).history()
+    assert [(r.attempt, r.job_id, r.outcome) for r in rows] == [(1, "7", "FAILED"), (2, "8", "COMPLETED")]
+    assert rows[0].then == "retried as job 8, excluding n2" and rows[1].then == ""
 
 
 def test_a_running_run_whose_steps_stopped_is_shown_stalled(tmp_path):
@@ -131,8 +131,8 @@ def test_the_batch_shell_requeues_after_the_ranks_saved(tmp_path, monkeypatch):
     assert requeue_asked(events) == 40
     assert requeue(tmp_path, "9", 40, events) is None
     assert calls.read_text() == "requeue 9\n"
-    assert requeue_asked([*events, {"event": "failed", "error": "x"}]) is None  # failed after: not a requeue
-    assert requeue_asked([{"event": "requeued", "step": 3}]) is None  # submitit's own handler requeued it
+    assert requeue_asked([*events, decode({"event": "failed", "error": "x"})]) is None  # failed after: not a requeue
+    assert requeue_asked([decode({"event": "requeued", "step": 3})]) is None  # submitit's own handler requeued it
 
 
 def test_a_requeue_the_controller_refuses_is_recorded_as_an_infrastructure_failure(tmp_path, monkeypatch):
@@ -162,7 +162,7 @@ def test_requeues_without_progress_are_counted_and_end_the_run(tmp_path, monkeyp
     for _ in range(3):  # two earlier attempts ended at step 40, and this third one again
         append_event(tmp_path, Requeued(job_id="9", step=40, by="signal"))
     failure = requeue(tmp_path, "9", 40, read_events(tmp_path))
-    verdict = read_events(tmp_path)[-1]
+    verdict = lines(tmp_path)[-1]
     assert (verdict["event"], verdict["final"], verdict["short"]) == ("failed", True, "no progress") == (
         "failed", failure.final, failure.short)
     assert "3 attempts in a row ended at step 40" in verdict["error"] and not calls.exists()
@@ -181,7 +181,7 @@ def test_a_rank_that_dies_after_the_run_finished_does_not_fail_the_attempt(tmp_p
     """Seen in CI: Slurm's time-limit signal reached a rank while Python shut down after the final checkpoint
     (Python puts the default action back then): srun reported the rank killed. The run is complete, and the job
     must read COMPLETED too (the batch script's exit status)."""
-    from launcher.core.rundir import append_event, read_events
+    from launcher.core.rundir import append_event
     from launcher.job.recovery import main
 
     requeue_scene(tmp_path, monkeypatch, "exit 1")  # no Slurm to ask: the answer must not depend on it
@@ -189,7 +189,7 @@ def test_a_rank_that_dies_after_the_run_finished_does_not_fail_the_attempt(tmp_p
     append_event(tmp_path, Attempt(attempt=1, job_id="9"))
     append_event(tmp_path, Finished(step=40, loss=2.0))
     assert main(["end", str(tmp_path), "143"]) == 0
-    ended = read_events(tmp_path)[-1]
+    ended = lines(tmp_path)[-1]
     assert (ended["event"], ended["outcome"], ended["exit_code"]) == ("attempt_ended", "COMPLETED", 143)
     assert "after the run finished" in ended["note"]
 
@@ -248,17 +248,21 @@ def test_a_stall_left_unrecorded_blames_the_rank_that_stopped_first_not_the_watc
 
 
 def ended(outcome, short="", step=None, trained=True, nodes=(), **more):
-    return {"event": "attempt_ended", "outcome": outcome, "short": short, "step": step, "trained": trained,
-            "nodes": list(nodes), "node": nodes[0] if nodes else None, **more}
+    return decode({"event": "attempt_ended", "outcome": outcome, "short": short, "step": step, "trained": trained,
+                   "nodes": list(nodes), "node": nodes[0] if nodes else None, **more})
+
+
+def retrying(**fields):
+    return decode({"event": "retrying", **fields})
 
 
 def test_a_lost_node_costs_no_retry_the_first_time_and_is_excluded():
     lost = Cause("LOST", "node n2 lost", node="n2", step=52, short="n2 lost", nodes=("n2",))
-    spent = [ended("FAILED", "rank 1 killed", 10), {"event": "retrying", "exclude": []}]
+    spent = [ended("FAILED", "rank 1 killed", 10), retrying(exclude=[])]
     decision = decide(spent, lost, max_retries=1)
     assert (decision.retry, decision.exclude, decision.free) == (True, ["n2"], True)
     # The same node lost again (it came back, then died again) is a counted retry: here none is left.
-    again = [*spent, ended("LOST", "n2 lost", 52, nodes=("n2",)), {"event": "retrying", "exclude": ["n2"], "free": True}]
+    again = [*spent, ended("LOST", "n2 lost", 52, nodes=("n2",)), retrying(exclude=["n2"], free=True)]
     assert decide(again, lost, max_retries=1).reason == "all cluster.max_retries=1 retries spent"
     first = decide([], Cause("LOST", "node n2 lost during start-up", node="n2", nodes=("n2",)), 0, progressed=False)
     assert first.retry and first.free  # before any step: still the node's fault, not the code's
@@ -266,17 +270,17 @@ def test_a_lost_node_costs_no_retry_the_first_time_and_is_excluded():
 
 def test_a_fault_during_start_up_is_retried_and_the_same_failure_twice_needs_two_attempts_that_trained():
     killed = Cause("FAILED", "rank 0 killed", rank=0, node="n1", step=91, short="rank 0 killed")
-    history = [ended("FAILED", "rank 0 killed", 91), {"event": "retrying", "exclude": []}]
+    history = [ended("FAILED", "rank 0 killed", 91), retrying(exclude=[])]
     during = decide(history, killed, max_retries=3, trained=False)
     assert during.retry and during.reason == "retry 2 of 3 from the newest good checkpoint"
     assert decide(history, killed, max_retries=3, trained=True).reason == \
         "the same failure at step 91 twice, not retried again"
-    untrained = [ended("FAILED", "rank 0 killed", 91, trained=False), {"event": "retrying", "exclude": []}]
+    untrained = [ended("FAILED", "rank 0 killed", 91, trained=False), retrying(exclude=[])]
     assert decide(untrained, killed, max_retries=3).retry
 
 
 def test_an_attempt_trained_only_when_a_rank_got_past_the_step_it_started_from():
-    resumed = [{"event": "resumed", "step": 90}]
+    resumed = [decode({"event": "resumed", "step": 90})]
     assert not trained(resumed, [pulse(0, 90)]) and trained(resumed, [pulse(0, 91)])
     assert not trained([], []) and trained([failed(0, PEER, step=3)], [])
 

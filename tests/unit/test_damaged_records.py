@@ -182,7 +182,7 @@ def test_a_damaged_event_line_is_skipped_and_the_rest_used(root, capsys, bad):
     path = root / "alpha" / "events.jsonl"
     middle = bad.rstrip("\n") + "\n"  # a damaged line in the middle, and as the torn last line
     path.write_text(path.read_text() + middle + json.dumps({"time": 2000.0, "event": "finished"}) + "\n" + bad)
-    assert [e["event"] for e in read_events(root / "alpha") if e] == ["submitted", "finished"]
+    assert [e.kind for e in read_events(root / "alpha") if e] == ["submitted", "finished"]
     code, out, _ = run_cli(capsys, "describe", "alpha", root=root)
     assert code == 0 and "finished" in out
     assert listed(capsys, root)["alpha"]["status"] == "COMPLETED"

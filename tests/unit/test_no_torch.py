@@ -69,12 +69,13 @@ def test_a_task_whose_python_has_no_torch_records_the_cause_in_one_line_and_is_n
     assert event["error"] == (f"the tasks' Python {sys.executable} has no torch: install 'slurm-gpt-launcher[train]' "
                               "there (cluster.python, or cluster.container.python in a container)")
 
+    from launcher.core.events import decode
     from launcher.job.attempts import attribute
     from launcher.job.recovery import decide
 
-    cause = attribute([event], [], [])
+    cause = attribute([decode(event)], [], [])
     assert cause.text == f"rank 1 on node7: {event['error']}" and cause.short == "no torch"
-    earlier = [{"event": "attempt", "attempt": 1}, {"event": "attempt_ended", "outcome": "COMPLETED"}]
+    earlier = [decode({"event": "attempt", "attempt": 1}), decode({"event": "attempt_ended", "outcome": "COMPLETED"})]
     for events, progressed in (([], False), (earlier, True)):
         decision = decide(events, cause, max_retries=3, progressed=progressed)
         assert not decision.retry

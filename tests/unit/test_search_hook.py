@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from launcher.core.events import Attempt, AttemptEnded, Outcome, Retrying, decode
+from launcher.core.events import Attempt, AttemptEnded, Outcome, Retrying, decode, encode
 from launcher.core.rundir import TRIAL, append_event, append_jsonl, read_events
 from launcher.search import hook
 from launcher.search.study import load, open_study
@@ -54,5 +54,5 @@ def test_a_trials_last_step_reports_it_and_submits_the_next(tmp_path, monkeypatc
     hook.trial_ended(run)
     study = open_study(path, load(path))
     assert study.trials[0].value == 3.25 and submit.numbers == [0, 1, 2]
-    assert read_events(run)[-1]["event"] == "trial_reported" and read_events(run)[-1]["submitted"] == [2]
+    assert encode(read_events(run)[-1])["event"] == "trial_reported" and read_events(run)[-1].submitted == [2]
     hook.trial_ended(tmp_path / "not-a-trial")  # no trial.json: nothing to do, and no error

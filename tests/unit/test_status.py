@@ -230,6 +230,7 @@ def test_watch_on_a_terminal_redraws_in_place_until_the_runs_end(tmp_path, monke
 
 
 def test_goodput_counts_kept_steps_and_where_the_rest_of_the_wall_time_went():
+    from launcher.core.events import decode
     from launcher.status.goodput import goodput
 
     def record(step, at):
@@ -241,6 +242,7 @@ def test_goodput_counts_kept_steps_and_where_the_rest_of_the_wall_time_went():
               {"event": "finished", "step": 200, "time": 322.0}, {"event": "attempt_ended", "outcome": "COMPLETED",
                                                                   "time": 330.0}]
     metrics = [record(s, 15.0 + s) for s in range(10, 101, 10)] + [record(s, 120.0 + s) for s in range(60, 201, 10)]
+    events = [decode(e) for e in events]
     measured = goodput(events, metrics + [{"final": True, "step": 200, "time": 321.0}], now=999.0)
     assert (measured.wall_s, measured.kept_s) == (330.0, 200.0)  # steps 0-50 of the first attempt, 50-200 of the second
     assert measured.lost_s == {"queue": 40.0, "start-up": 15.0, "re-trained": 55.0, "checkpoints and evaluation": 0.0,
