@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from launcher.core.events import Fault
 from launcher.core.config import DataConfig
 
 # Token ids are stored as unsigned integers of this many bytes.
@@ -86,6 +87,7 @@ class DatasetError(ValueError):
     ``launcher runs`` shows beside FAILED)."""
 
     short = "bad data"
+    fault = Fault.DATA
 
 
 def read_metadata(directory: Path) -> Dict[str, Any]:

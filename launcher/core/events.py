@@ -32,6 +32,27 @@ class Outcome(str, Enum):
         return self.value
 
 
+class Fault(str, Enum):
+    """The kind of a failure (``failed``'s and ``attempt_ended``'s ``fault``): what recovery's policy is keyed by
+    (launcher/core/failures.py classifies an exception). A str, so a line reads as its value."""
+
+    CODE = "code"  # an error of the code's own (or its config): the same on every try
+    DATA = "data"  # the dataset is damaged: every node and try reads it alike
+    NO_TORCH = "no torch"  # the tasks' Python cannot import torch
+    DISK_FULL = "disk full"  # no space left (a later try may find room: old checkpoints pruned, quota freed)
+    INFRASTRUCTURE = "infrastructure"  # I/O, network, device, a collective, Slurm: may pass on another try or node
+    PEER_LOST = "peer lost"  # a rank lost a peer: another rank's failure, not its own
+    KILLED = "killed"  # a rank killed by a signal (often the kernel's out-of-memory killer)
+    DIED = "died"  # a rank ended without an error of its own
+    HUNG = "hung"  # no step advanced: the watchdog ended the attempt
+    NODE_LOST = "node lost"  # a node stopped answering
+    NODE_UNFIT = "node unfit"  # a node failed its preflight check
+    UNKNOWN = "unknown"  # nothing but srun's exit status, or no record at all
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(kw_only=True)
 class Event:
     """What every line has: when it was written, and the fields a newer writer added that this kind does not
@@ -128,6 +149,8 @@ class Failed(Event):
     step: Optional[int] = None
     error: Optional[str] = None  # the failure in full
     short: Optional[str] = None  # the words `runs` shows beside FAILED
+    fault: Optional[Fault] = None  # its kind (launcher/core/failures.py)
+    exception: Optional[str] = None  # the exception's type, where one was raised
     final: bool = False
     reason: Optional[str] = None  # why it is not retried (a verdict)
 
@@ -141,6 +164,8 @@ class AttemptEnded(Event):
     outcome: Optional[Outcome] = None
     cause: Optional[str] = None
     short: Optional[str] = None
+    fault: Optional[Fault] = None  # the kind of failure (FAILED, STALLED, LOST, PREFLIGHT)
+    exception: Optional[str] = None  # the exception's type, where a rank raised one
     rank: Optional[int] = None  # the rank, node and step to blame
     node: Optional[str] = None
     step: Optional[int] = None
@@ -282,6 +307,7 @@ def decode(line: dict[str, Any]) -> Event:
         return UnknownEvent(time=stamp, name=str(line.get("event")), extra=rest)
     declared = set(fields_of(kind))
     known = {k: v for k, v in rest.items() if k in declared}
-    if kind is AttemptEnded and known.get("outcome") in Outcome._value2member_map_:
-        known["outcome"] = Outcome(known["outcome"])
+    for name, enum in (("outcome", Outcome), ("fault", Fault)):  # a value a newer launcher added stays a str
+        if name in declared and known.get(name) in enum._value2member_map_:
+            known[name] = enum(known[name])
     return kind(time=stamp, extra={k: v for k, v in rest.items() if k not in declared}, **known)

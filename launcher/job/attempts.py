@@ -22,21 +22,12 @@ read as attempts (which is this one, the attempts table) is launcher/core/attemp
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from launcher.core.events import Event, Failed, PreflightFailed, Stalled
+from launcher.core.events import AttemptEnded, Event, Failed, Fault, PreflightFailed, Stalled
 from launcher.core.heartbeats import EXIT_STALLED, Pulse
 from launcher.slurm.output import TaskEnd
-
-# What a rank reports when it lost a peer rather than failed itself (gloo, NCCL, torch.distributed).
-PEER_LOSS = re.compile(r"connection reset by peer|connection closed by peer|broken pipe|remote process exited|"
-                       r"socket.*closed|Connection refused|DistNetworkError|NCCL communicator was aborted",
-                       re.IGNORECASE)
-# The short words of a failure of the tasks' environment, not of the run: the tasks' Python has no torch (the
-# cluster's environment lacks the [train] extra). launcher/job/entry.py records it; recovery does not retry it.
-NO_TORCH = "no torch"
 
 
 @dataclass(frozen=True)
@@ -45,16 +36,20 @@ class Cause:
 
     outcome: str  # FAILED, STALLED, LOST or PREFLIGHT
     text: str
+    fault: Fault = Fault.UNKNOWN  # the kind, what recovery's policy is keyed by
     rank: Optional[int] = None
     node: Optional[str] = None
     step: Optional[int] = None
     short: str = ""  # a word or two for `runs`: "rank 2 killed", "stalled", "OSError"
     error: str = ""  # the rank's own exception ("OSError: ..."), where the cause is one
     nodes: Tuple[str, ...] = ()  # every node to blame (LOST: each lost node), ``node`` first
+    exception: Optional[str] = None  # the type of the rank's own exception, where the cause is one
 
-
-def is_peer_loss(error: str) -> bool:
-    return bool(PEER_LOSS.search(error))
+    def repeats(self, ended: AttemptEnded) -> bool:
+        """Whether this is the failure that ended an earlier attempt (``ended``) again: of the same kind, at
+        the same step, by the same exception (or, without one, on the same rank)."""
+        return (self.fault, self.step, self.exception or self.rank) == (ended.fault, ended.step,
+                                                                        ended.exception or ended.rank)
 
 
 def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pulse],
@@ -65,33 +60,35 @@ def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pu
     for event in events:
         if isinstance(event, PreflightFailed):
             node = event.node
-            return Cause("PREFLIGHT", f"node {node} failed its preflight check: {event.problem}",
+            return Cause("PREFLIGHT", f"node {node} failed its preflight check: {event.problem}", Fault.NODE_UNFIT,
                          rank=_int(event.rank), node=node, short=f"{node} failed preflight", nodes=(node,))
     if lost:
         step = max(steps.values(), default=None)
         at = f" at step {step}" if step is not None else " during start-up"
-        return Cause("LOST", f"node {', '.join(lost)} lost{at}: Slurm could not reach it", node=lost[0], step=step,
+        return Cause("LOST", f"node {', '.join(lost)} lost{at}: Slurm could not reach it", Fault.NODE_LOST,
+                     node=lost[0], step=step,
                      short=f"{lost[0]} lost", nodes=tuple(lost))
     for event in events:
         if isinstance(event, Stalled):
             ranks, nodes = event.ranks or [], event.nodes or []
-            return Cause("STALLED", f"stalled: {event.cause or 'no step advanced'}",
+            return Cause("STALLED", f"stalled: {event.cause or 'no step advanced'}", Fault.HUNG,
                          rank=ranks[0] if ranks else None, node=nodes[0] if nodes else None, step=event.step,
                          short=f"rank {ranks[0]} hung" if ranks else "hung", nodes=tuple(dict.fromkeys(nodes)))
     failures = [e for e in events if isinstance(e, Failed)]
-    own = [e for e in failures if not is_peer_loss(e.error or "")]
+    own = [e for e in failures if e.fault != Fault.PEER_LOST]
     if own:
         first = min(own, key=lambda e: e.time)
         rank = _int(first.rank)
         error = first.error or "unknown error"
-        return Cause("FAILED", _where(rank, first.node, first.step) + error, rank=rank,
-                     node=first.node, step=first.step, short=first.short or error.split(":")[0], error=error)
+        return Cause("FAILED", _where(rank, first.node, first.step) + error, first.fault or Fault.CODE, rank=rank,
+                     node=first.node, step=first.step, short=first.short or error.split(":")[0], error=error,
+                     exception=first.exception)
     watchdogs = [r for end in task_ends if end.how == f"Exited with exit code {EXIT_STALLED}" for r in end.ranks]
     if watchdogs and pulses:
         hung = min(pulses, key=lambda p: p.alive)  # its heartbeat stopped first: the others waited for it
         fired = ", ".join(map(str, sorted(watchdogs)))
         return Cause("STALLED", f"stalled: rank {hung.rank} on {hung.node} stopped first, at step {hung.step} "
-                     f"(the watchdog of rank {fired} ended the attempt)", rank=hung.rank, node=hung.node,
+                     f"(the watchdog of rank {fired} ended the attempt)", Fault.HUNG, rank=hung.rank, node=hung.node,
                      step=hung.step, short=f"rank {hung.rank} hung", nodes=(hung.node,))
     reported = {_int(e.rank) for e in failures}
     silent = [(rank, end) for end in task_ends for rank in end.ranks
@@ -100,22 +97,26 @@ def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pu
     if killed:  # killed from outside (the kernel's OOM killer, an administrator): each one is named
         rank, node = killed[0]
         if len(killed) == 1:
-            return Cause("FAILED", _where(rank, node, steps.get(rank)) + "killed by a signal (SIGKILL)", rank=rank,
+            return Cause("FAILED", _where(rank, node, steps.get(rank)) + "killed by a signal (SIGKILL)", Fault.KILLED,
+                         rank=rank,
                          node=node, step=steps.get(rank), short=f"rank {rank} killed")
         where = "; ".join(f"rank {r} on {n}" + (f" at step {steps[r]}" if r in steps else "") for r, n in killed)
-        return Cause("FAILED", f"{len(killed)} ranks killed by a signal (SIGKILL): {where}", rank=rank, node=node,
+        return Cause("FAILED", f"{len(killed)} ranks killed by a signal (SIGKILL): {where}", Fault.KILLED,
+                     rank=rank, node=node,
                      step=steps.get(rank), short=f"ranks {','.join(str(r) for r, _ in killed)} killed",
                      nodes=tuple(dict.fromkeys(n for _, n in killed)))
     if silent:
         rank, end = silent[0]
-        return Cause("FAILED", _where(rank, end.node, steps.get(rank)) + end.how.lower(), rank=rank, node=end.node,
+        return Cause("FAILED", _where(rank, end.node, steps.get(rank)) + end.how.lower(), Fault.DIED, rank=rank,
+                     node=end.node,
                      step=steps.get(rank), short=f"rank {rank} died")
     if failures:
         first = min(failures, key=lambda e: e.time)
         rank = _int(first.rank)
-        return Cause("FAILED", _where(rank, first.node, first.step) + str(first.error),
+        return Cause("FAILED", _where(rank, first.node, first.step) + str(first.error), Fault.PEER_LOST,
                      rank=rank, node=first.node, step=first.step, short="lost a peer")
     return Cause("FAILED", f"srun exited with status {exit_code}" if exit_code else "ended without a record",
+                 Fault.UNKNOWN,
                  short=f"exit {exit_code}" if exit_code else "no record")
 
 

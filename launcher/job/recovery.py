@@ -23,35 +23,39 @@ The design is in docs/recovery.md.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from launcher.core.dataset import DatasetError
 from launcher.core.heartbeats import Pulse, read_pulses
-from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Event, Failed, Finished, Outcome, Requeued,
-                                   Resumed, Retrying, Stalled)
+from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Event, Failed, Fault, Finished, Outcome,
+                                   Requeued, Resumed, Retrying, Stalled)
 from launcher.core.rundir import append_event, last_metrics, read_events
-from launcher.job.attempts import NO_TORCH, Cause, attribute
+from launcher.job.attempts import Cause, attribute
 from launcher.slurm.output import srun_lost_nodes, srun_task_ends
 from launcher.core.attempt_log import AttemptLog
 
 
-# Exceptions that may pass on another try or another node: I/O, network, device and collective errors.
-# The words are matched as words and in their own case: a file name holding "ecc" or "nccl" says nothing.
-INFRASTRUCTURE = re.compile(r"^(OSError|IOError|ConnectionError|ConnectionResetError|BrokenPipeError|TimeoutError|"
-                            r"CheckpointSaveError|DistBackendError|DistNetworkError|DistStoreError)\b|"
-                            r"\bCUDA error\b|\bNCCL\b|\bECC\b|Input/output error|No space left|Read-only file system")
-
-
-# Slurm's words for a controller that did not answer (a retry's sbatch is asked again, with backoff).
-TRANSIENT = re.compile(r"Unable to contact slurm controller|Socket timed out|did not answer in|Connection refused|"
-                       r"Zero Bytes were transmitted|Resource temporarily unavailable|try again", re.IGNORECASE)
+# Recovery's policy: whether an attempt that ended with a failure of this kind is retried, and why. A node's
+# own fault (NODE_LOST, NODE_UNFIT) is also free the first time that node is blamed (decide()).
+POLICY: Dict[Fault, Tuple[bool, str]] = {
+    Fault.CODE: (False, "an error of the code's own, not retried"),
+    Fault.DATA: (False, "the data is damaged: every node and try would read it alike, not retried"),
+    Fault.NO_TORCH: (False, "the tasks' Python has no torch: the same on every node and every try, not retried"),
+    Fault.DISK_FULL: (True, "a full disk: the retry's saves prune older checkpoints first"),
+    Fault.INFRASTRUCTURE: (True, "an I/O, network, device or collective error may pass on another try or node"),
+    Fault.PEER_LOST: (True, "a rank lost its peers and no other cause was found"),
+    Fault.KILLED: (True, "a rank killed by a signal (often out of memory) may pass on another try"),
+    Fault.DIED: (True, "a rank that died without an error of its own may pass on another try"),
+    Fault.HUNG: (True, "a hung rank: retried without its node"),
+    Fault.NODE_LOST: (True, "a lost node: retried without it"),
+    Fault.NODE_UNFIT: (True, "a node that failed its preflight: retried without it"),
+    Fault.UNKNOWN: (True, "no cause was recorded: retried"),
+}
 SUBMIT_BACKOFF_S = (2, 4, 8, 16, 30, 60, 60, 60, 60)  # about five minutes of asking a silent controller
 
 
@@ -188,7 +192,8 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     began = trained(since, evidence.pulses)
     text = cause.text if began or cause.outcome in ("LOST", "PREFLIGHT") else f"failed during start-up: {cause.text}"
     append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=Outcome(cause.outcome), cause=text,
-                                       short=cause.short, rank=cause.rank, node=cause.node, step=cause.step,
+                                       short=cause.short, fault=cause.fault, exception=cause.exception,
+                                       rank=cause.rank, node=cause.node, step=cause.step,
                                        exit_code=exit_code, trained=began,
                                        nodes=list(cause.nodes) if cause.nodes else None))
     from launcher.core.config import load_run_config
@@ -205,6 +210,7 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
             new_job = submit_retry(Path(run_dir), decision.exclude, decision.begin_s)
         except RetryRefused as err:
             append_event(run_dir, Failed(final=True, job_id=job_id, short="retry refused", step=cause.step,
+                                         fault=Fault.INFRASTRUCTURE,
                                          error=f"{text}; its retry could not be submitted: {err}", node=cause.node,
                                          rank=cause.rank, reason="the retry could not be submitted"))
             return Decision(False, f"the retry could not be submitted: {err}")
@@ -212,7 +218,8 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
                                        exclude=decision.exclude, reason=decision.reason, free=decision.free,
                                        allowed=decision.allowed or None))
     else:
-        append_event(run_dir, Failed(final=True, job_id=job_id, error=text, short=cause.short,
+        append_event(run_dir, Failed(final=True, job_id=job_id, error=text, short=cause.short, fault=cause.fault,
+                                     exception=cause.exception,
                                      rank=cause.rank, node=cause.node, step=cause.step, reason=decision.reason))
     return decision
 
@@ -234,7 +241,7 @@ def submit_retry(run_dir: Path, exclude: Sequence[str], begin_s: int = 0) -> str
         try:
             return resubmit(run_dir, exclude=exclude, begin_s=begin_s)
         except SlurmError as err:
-            if not TRANSIENT.search(str(err)):
+            if not err.transient:
                 raise RetryRefused(f"Slurm refused it: {err}") from None
             if not delays:
                 raise RetryRefused(f"Slurm did not answer for {sum(SUBMIT_BACKOFF_S)} s: {err}") from None
@@ -299,8 +306,8 @@ def requeue(run_dir: Path, job_id: str, step: int, events: List[Event], clock: C
             if clock.now() > deadline:
                 break
             clock.sleep(3)
-        failure = Failed(job_id=job_id, short="requeue failed", step=step, node=node,
-                         error=f"ConnectionError: scontrol requeue {job_id} failed: {error}")
+        failure = Failed(job_id=job_id, short="requeue failed", step=step, node=node, fault=Fault.INFRASTRUCTURE,
+                         error=f"scontrol requeue {job_id} failed: {error}")
     append_event(run_dir, failure)
     return failure
 
@@ -449,18 +456,17 @@ def decide(events: List[Event], cause: Cause, max_retries: int, sick: Sequence[s
         what = "was lost" if cause.outcome == "LOST" else "failed its preflight check"
         return Decision(True, f"{', '.join(sorted(blamed))} {what}: retried without it, not counted as a retry",
                         sorted(excluded | blamed | set(sick)), free=True)
-    if cause.outcome == "FAILED" and cause.short == NO_TORCH:
-        return Decision(False, "the tasks' Python has no torch: the same on every node and every try, not retried")
-    if cause.outcome == "FAILED" and cause.short == DatasetError.short:
-        return Decision(False, "the data is damaged: every node and try would read it alike, not retried")
+    retried, why = POLICY[cause.fault]
+    if not retried and cause.fault != Fault.CODE:  # the same on every node and try, whenever it happens
+        return Decision(False, why)
     first = not any(isinstance(e, AttemptEnded) for e in events)
     if first and not progressed and cause.outcome not in ("LOST", "PREFLIGHT"):
         return Decision(False, "it failed before its first step: a problem of the code, config or data, not retried")
-    if cause.outcome == "FAILED" and cause.error and not INFRASTRUCTURE.search(cause.error):
-        return Decision(False, "an error of the code's own, not retried")
+    if not retried:
+        return Decision(False, why)
     ended = [e for e in events if isinstance(e, AttemptEnded) and e.outcome in (Outcome.FAILED, Outcome.STALLED)
              and e.trained is not False]
-    if trained and ended and (ended[-1].short, ended[-1].step) == (cause.short, cause.step):
+    if trained and ended and cause.repeats(ended[-1]):
         return Decision(False, f"the same failure at step {cause.step} twice, not retried again")
     retries = sum(isinstance(e, Retrying) and not e.free for e in events)
     if retries >= max_retries:

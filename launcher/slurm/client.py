@@ -65,7 +65,7 @@ class Slurm:
         except FileNotFoundError:
             raise SlurmError(f"'{args[0]}' is not installed; run scripts/setup.sh or load your site's Slurm") from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"'{' '.join(args[:2])}' did not answer in {timeout:.0f} s") from None
+            raise SlurmError(f"'{' '.join(args[:2])}' did not answer in {timeout:.0f} s", transient=True) from None
         if proc.returncode != 0:
             errors = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
             said = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]  # scontrol ping: "... is DOWN"
@@ -217,7 +217,7 @@ class Slurm:
         except FileNotFoundError:
             raise SlurmError("'sbatch' is not installed; run scripts/setup.sh or load your site's Slurm") from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"sbatch did not answer in {self.timeout:.0f} s") from None
+            raise SlurmError(f"sbatch did not answer in {self.timeout:.0f} s", transient=True) from None
         if proc.returncode != 0:
             raise SlurmError(sbatch_reason(proc.stderr))
         return proc.stdout.strip().split(";")[0]

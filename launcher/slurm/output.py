@@ -11,8 +11,20 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 
+# Slurm's words for a controller that did not answer (rather than one that refused): asked again, with backoff.
+CONTROLLER_SILENT = re.compile(r"Unable to contact slurm controller|Socket timed out|Connection refused|"
+                               r"Zero Bytes were transmitted|Resource temporarily unavailable|try again",
+                               re.IGNORECASE)
+
+
 class SlurmError(RuntimeError):
-    """A Slurm client tool failed or could not be reached; the message is one line for the user."""
+    """A Slurm client tool failed or could not be reached; the message is one line for the user.
+    ``transient``: the controller did not answer (a tool that timed out, or Slurm's words for it,
+    :data:`CONTROLLER_SILENT`), so the same request may pass when asked again; else Slurm refused it."""
+
+    def __init__(self, message: str, transient: Optional[bool] = None) -> None:
+        super().__init__(message)
+        self.transient = bool(CONTROLLER_SILENT.search(message)) if transient is None else transient
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from launcher.core.events import Fault
 from launcher.core.checkpoints import DAMAGED, META, checkpoint_root, complete_checkpoints, step_dir, step_of
 from launcher.train import manifest
 from launcher.train.dist import DistEnv
@@ -90,7 +91,10 @@ FULL_DISK_BYTES = 1 << 20  # less free than this on a failed save: the disk is f
 
 class CheckpointSaveError(RuntimeError):
     """A save failed (disk full, I/O error): earlier checkpoints are intact and no partial files are left.
-    The run must not train on without checkpoints, so this ends the attempt with the cause."""
+    The run must not train on without checkpoints, so this ends the attempt with the cause, which is retried
+    (a full disk too: the failed save left no partial files, and the retry's saves prune older ones)."""
+
+    fault = Fault.INFRASTRUCTURE
 
 
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -14,11 +14,15 @@ import os
 import time
 from typing import Optional
 
+from launcher.core.events import Fault
+
 VARIABLE = "LAUNCHER_FAULT"
 
 
 class InjectedFault(RuntimeError):
     """The error a drill asked for: an error of the code's own, which recovery must not retry."""
+
+    fault = Fault.CODE
 
 
 def _spec() -> str:

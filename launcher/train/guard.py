@@ -13,12 +13,16 @@ import math
 
 import torch
 
-# The words `runs` shows beside FAILED (the exception's ``short``, recorded by launcher/job/entry.py).
+from launcher.core.events import Fault
+
+# The words `runs` shows beside FAILED (the exception's ``short``, recorded by launcher/core/failures.py).
 SHORT = {"loss": "loss", "gradient norm": "grad norm"}
 
 
 class NonFiniteError(RuntimeError):
     """A loss or gradient norm that is NaN or infinite: the run diverged (or its data or model is broken)."""
+
+    fault = Fault.CODE  # the same seed, data and settings diverge the same way again
 
     def __init__(self, what: str, value: float, step: int) -> None:
         super().__init__(f"{what} is {value} at step {step}: training diverged; lower train.lr, lengthen "

@@ -122,10 +122,10 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
     """Train to ``cfg.train.steps``, resuming from the newest good checkpoint; returns the final record.
 
     ``exports`` (the main rank's) starts the Hugging Face exports asked for after their checkpoints' saves.
-    ``watchdog`` hears of every step; an exception leaves the loop with the step it happened at
-    (``train_step``), for the failure's record. When ``interrupt`` says Slurm's signal came, every rank saves
-    the step just done and :class:`Requeue` ends the loop. A first step after a resume that does not fit the
-    checkpoint's record sets that checkpoint aside and starts again from the one before (launcher/train/resume.py)."""
+    ``watchdog`` hears of every step (the step a failure is recorded at, launcher/train/task.py). When
+    ``interrupt`` says Slurm's signal came, every rank saves the step just done and :class:`Requeue` ends the
+    loop. A first step after a resume that does not fit the checkpoint's record sets that checkpoint aside and
+    starts again from the one before (launcher/train/resume.py)."""
     tc = cfg.train
     batching = Batching.from_plan(plan, tc, env.world_size)
     data = TokenData(token_file(cfg.data), cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction,
@@ -210,9 +210,6 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
                  "micro_batch": batching.micro_batch, "grad_accum": batching.grad_accum}
         metrics.write(final)
         return final
-    except BaseException as err:
-        err.train_step = watchdog.pulse.step  # type: ignore[attr-defined]
-        raise
     finally:
         metrics.close()
 

@@ -47,6 +47,8 @@ SLOW = 3.0  # a rank this many times slower than the median is flagged
 class PreflightFailed(RuntimeError):
     """A node failed its preflight check; the attempt ends so that the run goes on without it."""
 
+    fault = events.Fault.NODE_UNFIT
+
 
 def device_problem(env: DistEnv, virtual_gpus: bool = True) -> Optional[str]:
     """What is wrong with this rank's device, or None. On a cluster of real GPUs (not ``virtual_gpus``), a

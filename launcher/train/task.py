@@ -12,10 +12,11 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch.distributed as dist
 
+from launcher.core import failures
 from launcher.core.config import load_run_config
 from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.plan import read_plan
@@ -34,14 +35,17 @@ log = logging.getLogger(__name__)
 CODE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def run(run_dir: str | Path) -> dict[str, Any]:
-    """Bring up the process group, check it, train, and record the outcome; returns the final metrics."""
+def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> dict[str, Any]:
+    """Bring up the process group, check it, train, and record the outcome; returns the final metrics. A
+    failure is recorded with the step it happened at (the watchdog's, once training began) and its kind
+    (launcher/core/failures.py), ``secrets`` (the names of the variables holding the user's) masked."""
     run_dir = Path(run_dir)
     rank = global_rank_from_environ()
-    setup_logging(run_dir, rank)
-    cfg = load_run_config(run_dir / "config.yaml")
-    plan = read_plan(run_dir)
+    watchdog: Watchdog | None = None
     try:
+        setup_logging(run_dir, rank)
+        cfg = load_run_config(run_dir / "config.yaml")
+        plan = read_plan(run_dir)
         env = init_distributed()
         check_allreduce(env)
         preflight(env, run_dir, plan, cfg.model, cfg.cluster.virtual_gpus)
@@ -71,8 +75,9 @@ def run(run_dir: str | Path) -> dict[str, Any]:
                                            pruned=True if final.get("pruned") else None))
             exports.wait()  # the job step would end them: after training, with the watchdog stopped
         return final
-    except BaseException:
+    except BaseException as err:
         log.exception("rank %d failed", rank)
+        failures.record(run_dir, err, watchdog.pulse.step if watchdog else None, secrets)
         raise
     finally:
         if dist.is_initialized():

@@ -2,7 +2,8 @@
 local cluster produced it: srun's stderr, ranks' failed events, heartbeats)."""
 import os
 
-from launcher.core.events import Attempt, Finished, Requeued, decode
+from launcher.core.events import Attempt, Fault, Finished, Requeued, decode
+from launcher.core.failures import classify
 from launcher.core.heartbeats import EXIT_STALLED, Pulse
 from launcher.job.attempts import Cause, attribute
 from launcher.job.recovery import Decision, decide, schedulable, trained
@@ -19,8 +20,12 @@ srun: error: local-node2: task 3: Exited with exit code 1
 PEER = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer [127.0.0.1]:4242"
 
 
-def failed(rank, error, node="local-node1", step=40, time=1.0):
-    return decode({"event": "failed", "rank": rank, "node": node, "error": error, "step": step, "time": time})
+def failed(rank, error, node="local-node1", step=40, time=1.0, fault=None):
+    """A rank's ``failed`` event as launcher/core/failures.py records it: of a RuntimeError with this message,
+    unless ``fault`` says otherwise."""
+    fault = fault or classify(RuntimeError(error))
+    return decode({"event": "failed", "rank": rank, "node": node, "error": error, "step": step, "time": time,
+                   "fault": fault})
 
 
 def pulse(rank, step, alive=100.0, node="local-node1"):
@@ -37,7 +42,8 @@ def test_srun_reports_are_parsed_in_order():
 def test_a_killed_rank_is_blamed_not_the_peers_that_lost_it():
     events = [failed(0, PEER), failed(1, PEER), failed(3, PEER, node="local-node2")]
     cause = attribute(events, srun_task_ends(SRUN_KILLED), [pulse(2, 37, node="local-node2")])
-    assert cause == Cause("FAILED", "rank 2 on local-node2 at step 37: killed by a signal (SIGKILL)", rank=2,
+    assert cause == Cause("FAILED", "rank 2 on local-node2 at step 37: killed by a signal (SIGKILL)", Fault.KILLED,
+                          rank=2,
                           node="local-node2", step=37, short="rank 2 killed")
 
 
@@ -138,7 +144,7 @@ def test_the_batch_shell_requeues_after_the_ranks_saved(tmp_path, monkeypatch):
 def test_a_requeue_the_controller_refuses_is_recorded_as_an_infrastructure_failure(tmp_path, monkeypatch):
     from launcher.core.rundir import append_event, read_events
     from launcher.job.attempts import attribute
-    from launcher.job.recovery import INFRASTRUCTURE, Clock, requeue
+    from launcher.job.recovery import Clock, requeue
 
     calls = requeue_scene(tmp_path, monkeypatch,
                           'echo "scontrol: error: Unable to contact slurm controller" >&2; exit 1')
@@ -148,10 +154,10 @@ def test_a_requeue_the_controller_refuses_is_recorded_as_an_infrastructure_failu
     failure = requeue(tmp_path, "9", 40, read_events(tmp_path), clock)
     assert elapsed[0] >= 5  # asked again for max(5, signal_delay_s - 15) s
     assert len(calls.read_text().splitlines()) >= 2
-    assert failure.error == ("ConnectionError: scontrol requeue 9 failed: scontrol: error: Unable to contact slurm "
+    assert failure.error == ("scontrol requeue 9 failed: scontrol: error: Unable to contact slurm "
                              "controller") and not failure.final
     cause = attribute(read_events(tmp_path), [], [])
-    assert (cause.short, cause.node, cause.step) == ("requeue failed", "n1", 40) and INFRASTRUCTURE.search(cause.error)
+    assert (cause.short, cause.node, cause.step) == ("requeue failed", "n1", 40) and cause.fault == Fault.INFRASTRUCTURE
 
 
 def test_requeues_without_progress_are_counted_and_end_the_run(tmp_path, monkeypatch):
@@ -226,7 +232,8 @@ def test_a_lost_node_is_the_cause_whatever_its_ranks_and_peers_reported():
     events = [failed(0, PEER, step=52), failed(1, PEER, step=52)]
     cause = attribute(events, srun_task_ends(SRUN_NODE_DIED), [pulse(0, 52), pulse(2, 41, node="local-node2")],
                       lost=["local-node2"])
-    assert cause == Cause("LOST", "node local-node2 lost at step 52: Slurm could not reach it", node="local-node2",
+    assert cause == Cause("LOST", "node local-node2 lost at step 52: Slurm could not reach it", Fault.NODE_LOST,
+                          node="local-node2",
                           step=52, short="local-node2 lost", nodes=("local-node2",))
     assert attribute([], [], [], lost=["n2", "n3"]).text == "node n2, n3 lost during start-up: Slurm could not reach it"
 
@@ -247,9 +254,9 @@ def test_a_stall_left_unrecorded_blames_the_rank_that_stopped_first_not_the_watc
                           "ended the attempt)")
 
 
-def ended(outcome, short="", step=None, trained=True, nodes=(), **more):
+def ended(outcome, short="", step=None, trained=True, nodes=(), fault=None, rank=None, **more):
     return decode({"event": "attempt_ended", "outcome": outcome, "short": short, "step": step, "trained": trained,
-                   "nodes": list(nodes), "node": nodes[0] if nodes else None, **more})
+                   "nodes": list(nodes), "node": nodes[0] if nodes else None, "fault": fault, "rank": rank, **more})
 
 
 def retrying(**fields):
@@ -257,25 +264,26 @@ def retrying(**fields):
 
 
 def test_a_lost_node_costs_no_retry_the_first_time_and_is_excluded():
-    lost = Cause("LOST", "node n2 lost", node="n2", step=52, short="n2 lost", nodes=("n2",))
+    lost = Cause("LOST", "node n2 lost", Fault.NODE_LOST, node="n2", step=52, short="n2 lost", nodes=("n2",))
     spent = [ended("FAILED", "rank 1 killed", 10), retrying(exclude=[])]
     decision = decide(spent, lost, max_retries=1)
     assert (decision.retry, decision.exclude, decision.free) == (True, ["n2"], True)
     # The same node lost again (it came back, then died again) is a counted retry: here none is left.
     again = [*spent, ended("LOST", "n2 lost", 52, nodes=("n2",)), retrying(exclude=["n2"], free=True)]
     assert decide(again, lost, max_retries=1).reason == "all cluster.max_retries=1 retries spent"
-    first = decide([], Cause("LOST", "node n2 lost during start-up", node="n2", nodes=("n2",)), 0, progressed=False)
+    first = decide([], Cause("LOST", "node n2 lost during start-up", Fault.NODE_LOST, node="n2", nodes=("n2",)), 0,
+                   progressed=False)
     assert first.retry and first.free  # before any step: still the node's fault, not the code's
 
 
 def test_a_fault_during_start_up_is_retried_and_the_same_failure_twice_needs_two_attempts_that_trained():
-    killed = Cause("FAILED", "rank 0 killed", rank=0, node="n1", step=91, short="rank 0 killed")
-    history = [ended("FAILED", "rank 0 killed", 91), retrying(exclude=[])]
+    killed = Cause("FAILED", "rank 0 killed", Fault.KILLED, rank=0, node="n1", step=91, short="rank 0 killed")
+    history = [ended("FAILED", "rank 0 killed", 91, fault="killed", rank=0), retrying(exclude=[])]
     during = decide(history, killed, max_retries=3, trained=False)
     assert during.retry and during.reason == "retry 2 of 3 from the newest good checkpoint"
     assert decide(history, killed, max_retries=3, trained=True).reason == \
         "the same failure at step 91 twice, not retried again"
-    untrained = [ended("FAILED", "rank 0 killed", 91, trained=False), retrying(exclude=[])]
+    untrained = [ended("FAILED", "rank 0 killed", 91, trained=False, fault="killed", rank=0), retrying(exclude=[])]
     assert decide(untrained, killed, max_retries=3).retry
 
 
@@ -297,15 +305,16 @@ def test_exclusions_that_would_leave_too_few_nodes_are_allowed_again_least_certa
 
 
 def test_damaged_data_is_not_retried_whatever_its_path_says():
-    from launcher.job.recovery import INFRASTRUCTURE
+    from launcher.core.dataset import DatasetError
 
-    error = "DatasetError: shard /data/rebecca/nccl-peer/tokens_00001.bin has 10,000 bytes, not the 20,000"
-    cause = attribute([failed(0, error, step=9), failed(1, error, step=9)], [], [pulse(0, 9)])
-    assert (cause.rank, cause.error) == (0, error)  # the rank's own error, not a lost peer
-    decision = decide([], Cause("FAILED", cause.text, short="bad data", error=error, step=9), max_retries=3)
+    message = "shard /data/rebecca/nccl-peer/tokens_00001.bin has 10,000 bytes, not the 20,000"
+    error, fault = f"DatasetError: {message}", classify(DatasetError(message))
+    cause = attribute([failed(0, error, step=9, fault=fault), failed(1, error, step=9, fault=fault)], [], [pulse(0, 9)])
+    assert (cause.rank, cause.error, cause.fault) == (0, error, Fault.DATA)  # the rank's own error, not a lost peer
+    decision = decide([], cause, max_retries=3)
     assert (decision.retry, decision.reason) == (
         False, "the data is damaged: every node and try would read it alike, not retried")
-    assert not INFRASTRUCTURE.search(error) and INFRASTRUCTURE.search("RuntimeError: NCCL error in: x.cpp")
+    assert classify(RuntimeError("NCCL error in: x.cpp")) == Fault.INFRASTRUCTURE
 
 
 def test_a_lost_node_slurm_still_reads_idle_is_allowed_again_only_after_slurm_can_mark_it_down():
