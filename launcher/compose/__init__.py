@@ -2,6 +2,8 @@
 
 Owns the override grammar and sweeps (overrides), run files (runfile), the schema and conf/'s choices
 (schema, catalog), Hydra's compose call (runs), value checks (validate, ranges) and the layout of a config
-as a Plan (layout). Imports core/, dataset checks and errors; never the Slurm adapter, submission, a
-job's life, status or the commands. Only ``runs`` and ``overrides`` import Hydra.
+as a Plan (layout). The Slurm adapter only for what a run asks of Slurm and the checks of a job name;
+only ``runs`` and ``overrides`` import Hydra.
+
+Imports: core, dataset, errors, slurm.
 """

@@ -6,4 +6,6 @@ GPU table (gpus).
 
 launcher/train/ imports only this package from the launcher, so it imports only itself, the standard library,
 omegaconf and yaml: never torch, Hydra, submitit or another launcher package.
+
+Imports: none.
 """

@@ -1,4 +1,6 @@
 """Datasets: ``launcher data prepare`` (inputs, tokenizers, shards) and the launch-time checks of ``data.path``.
 
-Imports core/ and errors only; composition calls its checks.
+Composition calls its checks.
+
+Imports: core, errors.
 """

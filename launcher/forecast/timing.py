@@ -42,6 +42,26 @@ def _collective_s(size: float, ranks: int, nodes: int, opts: Assumptions) -> flo
     return max(intra, inter)
 
 
+def _formulas(plan: Plan, opts: Assumptions, kept: int, gathers: int, cb: int, n: int,
+              allreduce: bool) -> Dict[str, str]:
+    """How each figure of :class:`Timing` was worked out, in words: the tables of ``launcher plan``."""
+    ga = plan.grad_accum
+    return {
+        "model_flops": f"({FLOPS_PER_TOKEN}) x tokens",
+        "hardware_flops": f"+ forward of {kept} checkpointed blocks again",
+        "compute_s": f"hardware FLOPs / {plan.world_size} GPUs / ({opts.mfu:g} x peak)",
+        "allgather_bytes": f"{ga} x {gathers} x {cb} B x P x (n-1)/n, n = {n}",
+        "reduce_scatter_bytes": f"{ga} x 4 B x P x (n-1)/n",
+        "allreduce_bytes": (f"hybrid: {ga} x 2 x 4 B x P/n x (m-1)/m across {plan.nodes} nodes" if allreduce
+                            else "none (no replicas across nodes)"),
+        "comm_s": f"NVLink {opts.intra_gbps:g} GB/s/GPU, network {opts.inter_gbps:g} GB/s/node",
+        "exposed_comm_s": "first all-gather and last reduction of each micro-batch",
+        "step_s": "exposed + max(compute, rest of comm)",
+        "tokens_per_s_per_gpu": "tokens / GPUs / step time",
+        "mfu": "model FLOPs / GPUs / step time / peak",
+    }
+
+
 def timing(cfg: RunConfig, plan: Plan, hw: TargetGpu, opts: Assumptions) -> Timing:
     model, sharding = cfg.model, cfg.parallel.sharding
     tokens = plan.tokens_per_step
@@ -84,23 +104,8 @@ def timing(cfg: RunConfig, plan: Plan, hw: TargetGpu, opts: Assumptions) -> Timi
     exposed = min(comm_s, first * ag_s + last * (rs_s + ar_s))
     step_s = exposed + max(compute_s, comm_s - exposed)
     per_gpu = tokens / plan.world_size / step_s
-    ga = plan.grad_accum
-    formulas = {
-        "model_flops": f"({FLOPS_PER_TOKEN}) x tokens",
-        "hardware_flops": f"+ forward of {kept} checkpointed blocks again",
-        "compute_s": f"hardware FLOPs / {plan.world_size} GPUs / ({opts.mfu:g} x peak)",
-        "allgather_bytes": f"{ga} x {gathers} x {cb} B x P x (n-1)/n, n = {n}",
-        "reduce_scatter_bytes": f"{ga} x 4 B x P x (n-1)/n",
-        "allreduce_bytes": (f"hybrid: {ga} x 2 x 4 B x P/n x (m-1)/m across {plan.nodes} nodes" if allreduce_bytes
-                            else "none (no replicas across nodes)"),
-        "comm_s": f"NVLink {opts.intra_gbps:g} GB/s/GPU, network {opts.inter_gbps:g} GB/s/node",
-        "exposed_comm_s": "first all-gather and last reduction of each micro-batch",
-        "step_s": "exposed + max(compute, rest of comm)",
-        "tokens_per_s_per_gpu": "tokens / GPUs / step time",
-        "mfu": "model FLOPs / GPUs / step time / peak",
-    }
     return Timing(model_flops=model_flops, hardware_flops=hardware_flops, compute_s=compute_s,
                   allgather_bytes=allgather_bytes, reduce_scatter_bytes=reduce_scatter_bytes,
                   allreduce_bytes=allreduce_bytes, comm_s=comm_s, exposed_comm_s=exposed, step_s=step_s,
                   tokens_per_s_per_gpu=per_gpu, mfu=model_flops / plan.world_size / step_s / hw.peak_flops,
-                  formulas=formulas)
+                  formulas=_formulas(plan, opts, kept, gathers, cb, n, bool(allreduce_bytes)))

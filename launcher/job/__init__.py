@@ -2,6 +2,9 @@
 the batch script's recovery steps around srun (recovery), resubmission (submission), and the secrets
 injected into the tasks (secret_store).
 
-This is the in-job path: it imports core/, the Slurm adapter and status's run index, and never Hydra,
-composition, submission, the CLI or a command (tests/unit/test_architecture.py checks what it loads).
+This is the in-job path: it never loads Hydra, composition, submission, the CLI or a command
+(tests/unit/test_architecture.py checks what it loads). launcher/train/ is imported by a task when it starts,
+and a search's hook by a trial's last step.
+
+Imports: core, errors, search, slurm, status, train.
 """

@@ -66,8 +66,7 @@ def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pu
         step = max(steps.values(), default=None)
         at = f" at step {step}" if step is not None else " during start-up"
         return Cause("LOST", f"node {', '.join(lost)} lost{at}: Slurm could not reach it", Fault.NODE_LOST,
-                     node=lost[0], step=step,
-                     short=f"{lost[0]} lost", nodes=tuple(lost))
+                     node=lost[0], step=step, short=f"{lost[0]} lost", nodes=tuple(lost))
     for event in events:
         if isinstance(event, Stalled):
             ranks, nodes = event.ranks or [], event.nodes or []
@@ -90,6 +89,13 @@ def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pu
         return Cause("STALLED", f"stalled: rank {hung.rank} on {hung.node} stopped first, at step {hung.step} "
                      f"(the watchdog of rank {fired} ended the attempt)", Fault.HUNG, rank=hung.rank, node=hung.node,
                      step=hung.step, short=f"rank {hung.rank} hung", nodes=(hung.node,))
+    return _from_srun(failures, task_ends, watchdogs, {p.rank: p.step for p in pulses}, exit_code)
+
+
+def _from_srun(failures: List[Failed], task_ends: List[TaskEnd], watchdogs: List[int], steps: dict,
+               exit_code: Optional[int]) -> Cause:
+    """The cause when no rank's own error, stall or lost node explains the end: srun's report of the ranks
+    that died without an error of their own, else a lost peer, else srun's exit status (5 and 6 above)."""
     reported = {_int(e.rank) for e in failures}
     silent = [(rank, end) for end in task_ends for rank in end.ranks
               if rank not in reported and rank not in watchdogs]
@@ -98,26 +104,23 @@ def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pu
         rank, node = killed[0]
         if len(killed) == 1:
             return Cause("FAILED", _where(rank, node, steps.get(rank)) + "killed by a signal (SIGKILL)", Fault.KILLED,
-                         rank=rank,
-                         node=node, step=steps.get(rank), short=f"rank {rank} killed")
+                         rank=rank, node=node, step=steps.get(rank), short=f"rank {rank} killed")
         where = "; ".join(f"rank {r} on {n}" + (f" at step {steps[r]}" if r in steps else "") for r, n in killed)
         return Cause("FAILED", f"{len(killed)} ranks killed by a signal (SIGKILL): {where}", Fault.KILLED,
-                     rank=rank, node=node,
-                     step=steps.get(rank), short=f"ranks {','.join(str(r) for r, _ in killed)} killed",
+                     rank=rank, node=node, step=steps.get(rank),
+                     short=f"ranks {','.join(str(r) for r, _ in killed)} killed",
                      nodes=tuple(dict.fromkeys(n for _, n in killed)))
     if silent:
         rank, end = silent[0]
         return Cause("FAILED", _where(rank, end.node, steps.get(rank)) + end.how.lower(), Fault.DIED, rank=rank,
-                     node=end.node,
-                     step=steps.get(rank), short=f"rank {rank} died")
+                     node=end.node, step=steps.get(rank), short=f"rank {rank} died")
     if failures:
         first = min(failures, key=lambda e: e.time)
         rank = _int(first.rank)
         return Cause("FAILED", _where(rank, first.node, first.step) + str(first.error), Fault.PEER_LOST,
                      rank=rank, node=first.node, step=first.step, short="lost a peer")
     return Cause("FAILED", f"srun exited with status {exit_code}" if exit_code else "ended without a record",
-                 Fault.UNKNOWN,
-                 short=f"exit {exit_code}" if exit_code else "no record")
+                 Fault.UNKNOWN, short=f"exit {exit_code}" if exit_code else "no record")
 
 
 def _where(rank: Optional[int], node: Optional[str], step: Optional[int]) -> str:

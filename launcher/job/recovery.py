@@ -160,31 +160,10 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
                 return None
             events = read_events(run_dir)  # with the failure just recorded, judged below
             attempt, since = AttemptLog(events).this_attempt()
-    kinds = {type(e) for e in since}
-    if Requeued in kinds and isinstance([e for e in since if isinstance(e, (Requeued, Failed))][-1], Failed):
-        kinds.discard(Requeued)  # the signal was heard but Slurm could not requeue: judged as a failure
     number = attempt.attempt if attempt else None
-    verdict = next((e for e in since if isinstance(e, Failed) and e.final), None)
-    if verdict:  # the ranks already ended the run (a requeue budget spent): nothing to decide
-        append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=Outcome.FAILED,
-                                           cause=verdict.error, short=verdict.short, step=verdict.step))
-        return None
-    if Finished in kinds:  # the final checkpoint is whole: what a rank did after it does not matter
-        append_event(run_dir, AttemptEnded(
-            attempt=number, job_id=job_id, outcome=Outcome.COMPLETED, exit_code=exit_code or None,
-            note=f"a rank ended badly after the run finished (srun {exit_code})" if exit_code else None))
-        return COMPLETED
-    queued = queue_state(job_id) if queued is None else queued
-    if queued.startswith("CANCELLED"):  # by the user or an administrator (`launcher stop` records it too)
-        kinds.add(Cancelled)
-    if Requeued in kinds or Cancelled in kinds:  # preemption, time limit, or the user: not a failure
-        append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id,
-                                           outcome=Outcome.REQUEUED if Requeued in kinds else Outcome.CANCELLED))
-        return None
-    if queued in REQUEUED_STATES:
-        # Slurm requeued the job itself (its node was lost) while this batch script lived on: the next attempt
-        # records this one (unjudged()), and a retry from here would run the run twice.
-        return None
+    settled, decision = without_failure(run_dir, since, number, job_id, exit_code, queued)
+    if settled:
+        return decision
     evidence = Evidence.of(Path(run_dir), attempt, job_id)
     if evidence.lost and queue_state(job_id) in REQUEUED_STATES:  # Slurm marked the node down while it was probed
         return None
@@ -196,31 +175,69 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
                                        rank=cause.rank, node=cause.node, step=cause.step,
                                        exit_code=exit_code, trained=began,
                                        nodes=list(cause.nodes) if cause.nodes else None))
+    return respond(Path(run_dir), events, attempt, cause, text, began)
+
+
+def without_failure(run_dir: Path, since: List[Event], number: Optional[int], job_id: str, exit_code: int,
+                    queued: Optional[str]) -> Tuple[bool, Optional[Decision]]:
+    """Record the end of an attempt that did not fail: the run's verdict already given by the ranks, the run
+    finished, requeued or cancelled, or Slurm requeued the job itself. ``(True, decision)`` when it was one of
+    those; ``(False, None)`` for a failure, to be judged. ``queued``: Slurm's state of the job, if asked."""
+    kinds = {type(e) for e in since}
+    if Requeued in kinds and isinstance([e for e in since if isinstance(e, (Requeued, Failed))][-1], Failed):
+        kinds.discard(Requeued)  # the signal was heard but Slurm could not requeue: judged as a failure
+    verdict = next((e for e in since if isinstance(e, Failed) and e.final), None)
+    if verdict:  # the ranks already ended the run (a requeue budget spent): nothing to decide
+        append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=Outcome.FAILED, fault=verdict.fault,
+                                           cause=verdict.error, short=verdict.short, step=verdict.step))
+        return True, None
+    if Finished in kinds:  # the final checkpoint is whole: what a rank did after it does not matter
+        append_event(run_dir, AttemptEnded(
+            attempt=number, job_id=job_id, outcome=Outcome.COMPLETED, exit_code=exit_code or None,
+            note=f"a rank ended badly after the run finished (srun {exit_code})" if exit_code else None))
+        return True, COMPLETED
+    queued = queue_state(job_id) if queued is None else queued
+    if queued.startswith("CANCELLED"):  # by the user or an administrator (`launcher stop` records it too)
+        kinds.add(Cancelled)
+    if Requeued in kinds or Cancelled in kinds:  # preemption, time limit, or the user: not a failure
+        append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id,
+                                           outcome=Outcome.REQUEUED if Requeued in kinds else Outcome.CANCELLED))
+        return True, None
+    # Slurm requeued the job itself (its node was lost) while this batch script lived on: the next attempt
+    # records this one (unjudged()), and a retry from here would run the run twice.
+    return queued in REQUEUED_STATES, None
+
+
+def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], cause: Cause, text: str,
+            began: bool) -> Decision:
+    """Retry the failed attempt as a new job without the nodes to blame, or give the run's verdict (a ``failed``
+    event that is ``final``); ``text`` is the cause as recorded, ``began`` whether the attempt trained a step."""
     from launcher.core.config import load_run_config
     from launcher.core.plan import read_plan
 
-    cfg = load_run_config(Path(run_dir) / "config.yaml")
+    job_id, number = os.environ.get("SLURM_JOB_ID", ""), attempt.attempt if attempt else None
+    cfg = load_run_config(run_dir / "config.yaml")
     unwell = sick_nodes(attempt.nodes if attempt else None)
-    progressed = began or (last_metrics(Path(run_dir)) or {}).get("step", 0) > 0
+    progressed = began or (last_metrics(run_dir) or {}).get("step", 0) > 0
     decision = decide(events, cause, cfg.cluster.max_retries, unwell, progressed=progressed, trained=began)
-    if decision.retry:
-        decision = schedulable(decision, events, unwell, partition_nodes(cfg.cluster.partition),
-                               read_plan(Path(run_dir)).nodes, slurmd_timeout_s())
-        try:
-            new_job = submit_retry(Path(run_dir), decision.exclude, decision.begin_s)
-        except RetryRefused as err:
-            append_event(run_dir, Failed(final=True, job_id=job_id, short="retry refused", step=cause.step,
-                                         fault=Fault.INFRASTRUCTURE,
-                                         error=f"{text}; its retry could not be submitted: {err}", node=cause.node,
-                                         rank=cause.rank, reason="the retry could not be submitted"))
-            return Decision(False, f"the retry could not be submitted: {err}")
-        append_event(run_dir, Retrying(attempt=number, job_id=new_job, previous_job_id=job_id,
-                                       exclude=decision.exclude, reason=decision.reason, free=decision.free,
-                                       allowed=decision.allowed or None))
-    else:
+    if not decision.retry:
         append_event(run_dir, Failed(final=True, job_id=job_id, error=text, short=cause.short, fault=cause.fault,
-                                     exception=cause.exception,
-                                     rank=cause.rank, node=cause.node, step=cause.step, reason=decision.reason))
+                                     exception=cause.exception, rank=cause.rank, node=cause.node, step=cause.step,
+                                     reason=decision.reason))
+        return decision
+    decision = schedulable(decision, events, unwell, partition_nodes(cfg.cluster.partition),
+                           read_plan(run_dir).nodes, slurmd_timeout_s())
+    try:
+        new_job = submit_retry(run_dir, decision.exclude, decision.begin_s)
+    except RetryRefused as err:
+        append_event(run_dir, Failed(final=True, job_id=job_id, short="retry refused", step=cause.step,
+                                     fault=Fault.INFRASTRUCTURE, error=f"{text}; its retry could not be submitted: "
+                                     f"{err}", node=cause.node, rank=cause.rank,
+                                     reason="the retry could not be submitted"))
+        return Decision(False, f"the retry could not be submitted: {err}")
+    append_event(run_dir, Retrying(attempt=number, job_id=new_job, previous_job_id=job_id,
+                                   exclude=decision.exclude, reason=decision.reason, free=decision.free,
+                                   allowed=decision.allowed or None))
     return decision
 
 

@@ -2,5 +2,7 @@
 launcher's own code shipped once per content hash (ship.py), and on the cluster's side the same launcher run
 with the cluster's interpreter (agent.py), its answers read back as JSON.
 
-May import everything below the commands (submit, status, compose, slurm, core); the commands import it.
+The commands import it.
+
+Imports: compose, core, dataset, errors, slurm, status, submit.
 """

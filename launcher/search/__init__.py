@@ -11,4 +11,6 @@
   submits the next ones (launcher/job/recovery.py calls it when the run's outcome is final).
 
 Optuna is imported only here, and only when a search is used.
+
+Imports: compose, core, errors, forecast, slurm, status, submit, train.
 """

@@ -2,6 +2,7 @@
 
 ``client`` runs sinfo, squeue, sacct, scontrol and scancel (with timeouts, one-line errors) and hands
 submitit its executor; ``output`` parses their answers; ``batch`` turns a run into sbatch parameters and
-the batch script; ``fit`` says whether a request can ever run on a partition. Imports core/, errors and
-``compose.validate`` (a run name is checked before it becomes a job name); nothing above it.
+the batch script; ``fit`` says whether a request can ever run on a partition.
+
+Imports: core, errors.
 """

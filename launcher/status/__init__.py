@@ -2,6 +2,7 @@
 
 ``index`` is the run root as an index of runs (records, listing, lookup by name or prefix), ``job_state``
 each run's Slurm state told in the run's own words, ``scaling`` the speed and scaling figures of
-``launcher compare``. Imports core/, the Slurm adapter and ``job.attempts``; never composition, submission,
-the CLI or a command.
+``launcher compare``.
+
+Imports: core, slurm.
 """

@@ -1,1 +1,4 @@
-"""The training side: what runs on every GPU of a job (see docs/design-contract.md)."""
+"""The training side: what runs on every GPU of a job (see docs/design-contract.md).
+
+Imports: core.
+"""

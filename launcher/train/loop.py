@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from launcher.train.tracking import open_tracker
 from launcher.train.trial import Pruning
 from launcher.train.optim import build_optimizer, optimizer_step
 from launcher.train.parallel import parallelize
-from launcher.train.resume import Starter
+from launcher.train.resume import Start, Starter
 from launcher.train.watchdog import Watchdog
 from launcher.core.rundir import METRICS
 
@@ -121,102 +122,202 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
           interrupt: Interrupt, exports: Exports | None = None) -> dict[str, Any]:
     """Train to ``cfg.train.steps``, resuming from the newest good checkpoint; returns the final record.
 
-    ``exports`` (the main rank's) starts the Hugging Face exports asked for after their checkpoints' saves.
-    ``watchdog`` hears of every step (the step a failure is recorded at, launcher/train/task.py). When
-    ``interrupt`` says Slurm's signal came, every rank saves the step just done and :class:`Requeue` ends the
-    loop. A first step after a resume that does not fit the checkpoint's record sets that checkpoint aside and
-    starts again from the one before (launcher/train/resume.py)."""
+    The loop is the step; the components around it own their cadence: :class:`Guards` (the watchdog's beat,
+    fault drills, finiteness), :class:`Evaluator`, :class:`Progress` (timing and the metrics records) and
+    :class:`Checkpointer` (saves, exports, and Slurm's signal, on which every rank saves the step just done and
+    :class:`Requeue` ends the loop). The first step after a resume is checked before the loop
+    (:func:`first_step`), so the loop never rewinds."""
     tc = cfg.train
     batching = Batching.from_plan(plan, tc, env.world_size)
     data = TokenData(token_file(cfg.data), cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction,
                      cfg.model.vocab_size)
     if tc.eval_every > 0:
         data.require("val")
-    sampler = StepSampler(data.num_samples("train"), batching.global_batch, tc.seed)
     starter = Starter(run_dir, env, tc.seed, functools.partial(_build, cfg, env))
     begun = starter.start()
-    model, optimizer, scheduler, start = begun.model, begun.optimizer, begun.scheduler, begun.step
-    if start >= tc.steps:
-        log.info("nothing to do: step %d of %d already reached", start, tc.steps)
-        return {"final": True, "step": start, "steps_run": 0}
-
-    metrics = MetricsLog(Path(run_dir) / METRICS, open_tracker(cfg, run_dir, start)) if env.is_main \
-        else MetricsLog(None)
-    fpt = flops_per_token(cfg.model)
-    peak = peak_flops(env.device, compute_precision(cfg.parallel.precision, env.device.type == "cuda"))
-    tokens_per_step = batching.global_batch * cfg.model.seq_len
-    intervals: list[dict[str, Any]] = []
-    record: dict[str, Any] = {}
-    timer = _IntervalTimer(env.device)
-    pruning = Pruning.of(run_dir, env.is_main)  # a search trial whose study may stop it early
+    if begun.step >= tc.steps:
+        log.info("nothing to do: step %d of %d already reached", begun.step, tc.steps)
+        return {"final": True, "step": begun.step, "steps_run": 0}
+    guards = Guards(watchdog, env)
+    steps = Steps(begun, batching, data, StepSampler(data.num_samples("train"), batching.global_batch, tc.seed), tc,
+                  env, guards)
+    progress = Progress(cfg, batching, env, watchdog, MetricsLog(Path(run_dir) / METRICS, open_tracker(
+        cfg, run_dir, begun.step)) if env.is_main else MetricsLog(None))
+    evaluator, pruning = Evaluator(tc, data, env, batching, progress.timer), Pruning.of(run_dir, env.is_main)
+    checkpointer = Checkpointer(run_dir, tc, env, interrupt, watchdog, exports, progress.timer)
     try:
-        step = start
-        while step < tc.steps:
-            watchdog.step(step)
-            faults.at_step(step, env.rank)
-            batches = functools.partial(_rank_batches, data, sampler, env, step)
-            lr = scheduler.get_last_lr()[0]
-            if batching.auto and step < start + AUTO_PROBE_STEPS:
-                loss, grad_norm = _step_fitting_memory(model, optimizer, scheduler, batches, batching, tc, env)
-            else:
-                loss = forward_backward(model, batches(batching.micro_batch))
-                grad_norm = optimizer_step(model, optimizer, scheduler, tc.grad_clip)
-            problem = begun.judge_first_step(step, loss, grad_norm, env)
-            if problem:  # the checkpoint resumed from is damaged
-                model = optimizer = scheduler = None  # freed before the previous checkpoint is loaded
-                begun = starter.fall_back(begun, problem)
-                model, optimizer, scheduler, start = begun.model, begun.optimizer, begun.scheduler, begun.step
-                step = start
-                timer.reset()
-                continue
-            check_finite(step, loss, grad_norm)  # before anything of this step is saved
-            done, last = step + 1, step + 1 == tc.steps
-            timer.steps += 1
-
-            eval_loss = None
-            if tc.eval_every > 0 and (done % tc.eval_every == 0 or last):
-                with timer.paused():
-                    eval_loss = evaluate(model, data, env, batching.micro_batch, tc.eval_batches)
-
-            if last or eval_loss is not None or (tc.log_every > 0 and done % tc.log_every == 0):
-                steps, seconds = timer.steps, timer.seconds()
-                record = {"step": done, "loss": global_mean(loss, env), "eval_loss": eval_loss, "lr": lr,
-                          "grad_norm": grad_norm.item(), "step_time": seconds / steps,
-                          **throughput(tokens_per_step * steps, seconds, env.world_size, fpt, peak),
-                          "peak_mem_gb": peak_memory_gb(env.device)}
-                metrics.write(record)
-                watchdog.measured(record["step_time"])
-                intervals.append({"steps": steps, "seconds": seconds})
-                timer.reset()
+        first = first_step(starter, steps, progress.timer)
+        for result in itertools.chain([first], map(steps.run, range(first.step + 1, tc.steps))):
+            guards.check(result)  # before anything of this step is saved
+            done, last = result.step + 1, result.step + 1 == tc.steps
+            eval_loss = evaluator.after(done, last, steps.begun.model)
+            record = progress.after(result, done, last, eval_loss)
             if pruning and eval_loss is not None and pruning_said(pruning, done, record, env) and not last:
-                record = {**record, "pruned": True}
+                progress.record = {**record, "pruned": True}
                 break
-
-            interrupted = not last and interrupt.agreed()  # Slurm's time-limit or preemption signal
-            if last or interrupted or (tc.checkpoint_every > 0 and done % tc.checkpoint_every == 0):
-                with timer.paused(), watchdog.phase(SLOW_PHASE_S):
-                    save_checkpoint(run_dir, done, model, optimizer, scheduler, env, tc.keep_checkpoints,
-                                    record={"loss": global_mean(loss, env), "grad_norm": grad_norm.item()})
-                if exports and not interrupted and ((tc.export_every and done % tc.export_every == 0)
-                                                    or (last and tc.export_final)):
-                    exports.start(done)
-            if interrupted:
-                raise Requeue(done)
-            step = done
-
-        final = {"final": True, **record, **_overall(intervals, tokens_per_step, env, fpt, peak),
-                 "steps_run": record.get("step", tc.steps) - start,
-                 "resumed_from": start if begun.checkpoint is not None else None,
-                 "micro_batch": batching.micro_batch, "grad_accum": batching.grad_accum}
-        metrics.write(final)
-        return final
+            checkpointer.after(result, done, last, steps.begun)
+        return progress.final(steps.begun, batching)
     finally:
-        metrics.close()
+        progress.close()
+
+
+@dataclass
+class StepResult:
+    """One optimizer step: which (``step`` optimizer steps were done before it), its learning rate, this rank's
+    loss and the gradient norm (the same on every rank)."""
+
+    step: int
+    lr: float
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+
+
+@dataclass
+class Guards:
+    """What every step is checked by: the watchdog hears it begin and a fault drill may strike (before), and
+    its loss and gradient norm must be finite (after: launcher/train/guard.py)."""
+
+    watchdog: Watchdog
+    env: DistEnv
+
+    def before(self, step: int) -> None:
+        self.watchdog.step(step)
+        faults.at_step(step, self.env.rank)
+
+    def check(self, result: StepResult) -> None:
+        check_finite(result.step, result.loss, result.grad_norm)
+
+
+@dataclass
+class Steps:
+    """Trains one step of ``begun``'s model at a time: this rank's micro-batches, forward and backward, the
+    optimizer's step. With ``micro_batch`` auto, the first steps after the start halve the micro-batch until it
+    fits in memory."""
+
+    begun: Start
+    batching: Batching
+    data: TokenData
+    sampler: StepSampler
+    tc: TrainConfig
+    env: DistEnv
+    guards: Guards
+
+    def run(self, step: int) -> StepResult:
+        self.guards.before(step)
+        begun, batching = self.begun, self.batching
+        batches = functools.partial(_rank_batches, self.data, self.sampler, self.env, step)
+        lr = begun.scheduler.get_last_lr()[0]
+        if batching.auto and step < begun.step + AUTO_PROBE_STEPS:
+            loss, grad_norm = _step_fitting_memory(begun.model, begun.optimizer, begun.scheduler, batches, batching,
+                                                   self.tc, self.env)
+        else:
+            loss = forward_backward(begun.model, batches(batching.micro_batch))
+            grad_norm = optimizer_step(begun.model, begun.optimizer, begun.scheduler, self.tc.grad_clip)
+        return StepResult(step, lr, loss, grad_norm)
+
+
+def first_step(starter: Starter, steps: Steps, timer: _IntervalTimer) -> StepResult:
+    """Train the first step from where ``steps`` begins, checked against the checkpoint resumed from
+    (launcher/train/resume.py): a step that does not fit sets that checkpoint aside, and training starts again
+    from the one before, until a first step fits. The step that fits is the first trained step."""
+    while True:
+        result = steps.run(steps.begun.step)
+        problem = steps.begun.judge_first_step(result.step, result.loss, result.grad_norm, steps.env)
+        if not problem:
+            return result
+        del result
+        steps.begun = starter.fall_back(steps.begun, problem)
+        timer.reset()
+
+
+class Evaluator:
+    """Evaluates every ``train.eval_every`` steps and after the last one, its time left out of the step times."""
+
+    def __init__(self, tc: TrainConfig, data: TokenData, env: DistEnv, batching: Batching, timer: _IntervalTimer):
+        self.tc, self.data, self.env, self.batching, self.timer = tc, data, env, batching, timer
+
+    def after(self, done: int, last: bool, model: nn.Module) -> float | None:
+        """The held-out loss after ``done`` steps, when one is due."""
+        every = self.tc.eval_every
+        if every <= 0 or not (done % every == 0 or last):
+            return None
+        with self.timer.paused():
+            return evaluate(model, self.data, self.env, self.batching.micro_batch, self.tc.eval_batches)
+
+
+class Progress:
+    """The run's timing and its metrics records: one every ``train.log_every`` steps, at each evaluation and
+    after the last step, and the final summary."""
+
+    def __init__(self, cfg: RunConfig, batching: Batching, env: DistEnv, watchdog: Watchdog, metrics: MetricsLog):
+        self.tc, self.env, self.watchdog, self.metrics = cfg.train, env, watchdog, metrics
+        self.fpt = flops_per_token(cfg.model)
+        self.peak = peak_flops(env.device, compute_precision(cfg.parallel.precision, env.device.type == "cuda"))
+        self.tokens_per_step = batching.global_batch * cfg.model.seq_len
+        self.timer = _IntervalTimer(env.device)
+        self.intervals: list[dict[str, Any]] = []
+        self.record: dict[str, Any] = {}
+
+    def after(self, result: StepResult, done: int, last: bool, eval_loss: float | None) -> dict[str, Any]:
+        """Count the step; write a record when one is due. Returns the newest record."""
+        self.timer.steps += 1
+        every = self.tc.log_every
+        if last or eval_loss is not None or (every > 0 and done % every == 0):
+            steps, seconds = self.timer.steps, self.timer.seconds()
+            self.record = {"step": done, "loss": global_mean(result.loss, self.env), "eval_loss": eval_loss,
+                           "lr": result.lr, "grad_norm": result.grad_norm.item(), "step_time": seconds / steps,
+                           **throughput(self.tokens_per_step * steps, seconds, self.env.world_size, self.fpt,
+                                        self.peak),
+                           "peak_mem_gb": peak_memory_gb(self.env.device)}
+            self.metrics.write(self.record)
+            self.watchdog.measured(self.record["step_time"])
+            self.intervals.append({"steps": steps, "seconds": seconds})
+            self.timer.reset()
+        return self.record
+
+    def final(self, begun: Start, batching: Batching) -> dict[str, Any]:
+        """The final record (written, and returned): the last record, the whole run's throughput, where it
+        resumed from and the micro-batch it trained with."""
+        final = {"final": True, **self.record,
+                 **_overall(self.intervals, self.tokens_per_step, self.env, self.fpt, self.peak),
+                 "steps_run": self.record.get("step", self.tc.steps) - begun.step,
+                 "resumed_from": begun.step if begun.checkpoint is not None else None,
+                 "micro_batch": batching.micro_batch, "grad_accum": batching.grad_accum}
+        self.metrics.write(final)
+        return final
+
+    def close(self) -> None:
+        self.metrics.close()
+
+
+class Checkpointer:
+    """Saves every ``train.checkpoint_every`` steps, after the last step, and when Slurm's signal came (every
+    rank agrees at each step boundary whether any rank heard it: then the step just done is saved and
+    :class:`Requeue` ends training); starts the exports asked for after their checkpoints' saves."""
+
+    def __init__(self, run_dir: Path, tc: TrainConfig, env: DistEnv, interrupt: Interrupt, watchdog: Watchdog,
+                 exports: Exports | None, timer: _IntervalTimer):
+        self.run_dir, self.tc, self.env, self.interrupt, self.watchdog = run_dir, tc, env, interrupt, watchdog
+        self.exports, self.timer = exports, timer
+
+    def after(self, result: StepResult, done: int, last: bool, begun: Start) -> None:
+        tc = self.tc
+        interrupted = not last and self.interrupt.agreed()  # Slurm's time-limit or preemption signal
+        if last or interrupted or (tc.checkpoint_every > 0 and done % tc.checkpoint_every == 0):
+            with self.timer.paused(), self.watchdog.phase(SLOW_PHASE_S):
+                save_checkpoint(self.run_dir, done, begun.model, begun.optimizer, begun.scheduler, self.env,
+                                tc.keep_checkpoints, record={"loss": global_mean(result.loss, self.env),
+                                                             "grad_norm": result.grad_norm.item()})
+            if self.exports and not interrupted and ((tc.export_every and done % tc.export_every == 0)
+                                                     or (last and tc.export_final)):
+                self.exports.start(done)
+        if interrupted:
+            raise Requeue(done)
 
 
 def pruning_said(pruning: Pruning, step: int, record: dict[str, Any], env: DistEnv) -> bool:
-    """Whether the main rank's study pruned the trial at this evaluation, the same answer on every rank (a
-    broadcast: every rank leaves the loop together, or none does)."""
+    """Tell the main rank's study of this evaluation (the last one too); whether it pruned the trial, the same
+    answer on every rank (a broadcast: every rank leaves the loop together, or none does)."""
     said = torch.tensor([pruning.pruned(step, record)], dtype=torch.int32, device=env.device)
     dist.broadcast(said, src=0)
     return bool(said.item())

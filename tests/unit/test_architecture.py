@@ -1,12 +1,14 @@
 """The boundaries the design promises, checked on the source so that they cannot erode unnoticed: no import
 cycle among our modules (imports inside functions count), packages that import only the layers below them,
 launcher/train/ that reaches the launcher only through its torch-free contract (launcher/core), an in-job path that
-never loads Hydra or the CLI, and lines a reader takes in. (That one package speaks to Slurm is checked in
+never loads Hydra or the CLI, package docstrings that name the packages they import truly, functions of at most
+60 lines, a training loop that reads as the step, and lines a reader takes in. (That one package speaks to Slurm is checked in
 test_slurm_units.py.) The layers and what each package owns are in README.md, "How the code is laid out".
 """
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import warnings
@@ -204,3 +206,38 @@ def test_long_modules_are_named():
         lines = len(path.read_text().splitlines())
         if lines > SOFT_MODULE_LINES:
             warnings.warn(f"{path.relative_to(REPO)} has {lines} lines (over {SOFT_MODULE_LINES}: worth a look)")
+
+
+FUNCTION_LINES = 60
+PACKAGES = sorted(REPO.glob("launcher/*/__init__.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_function_is_longer_than_60_lines(path):
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > FUNCTION_LINES]
+    assert not long, f"{path.relative_to(REPO)}: {', '.join(long)} over {FUNCTION_LINES} lines"
+
+
+@pytest.mark.parametrize("path", PACKAGES, ids=lambda p: p.parent.name)
+def test_a_package_docstring_names_the_packages_it_imports(path):
+    """Each package's docstring ends with ``Imports: a, b.`` (or ``Imports: none.``), the launcher's packages its
+    modules import (inside functions too): the claim a reader takes the layout from is the import graph."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    claim = re.search(r"^Imports: (.*)\.$", doc, re.MULTILINE)
+    assert claim, f"{path.relative_to(REPO)}: its docstring has no 'Imports: ...' line"
+    declared = set() if claim.group(1) == "none" else set(claim.group(1).split(", "))
+    package = module_name(path)
+    actual = {package_of(dep).removeprefix("launcher.") for module, deps in GRAPH.items()
+              if package_of(module) == package for dep in deps
+              if package_of(dep) not in (package, "launcher")}
+    assert declared == actual, f"{path.relative_to(REPO)} says it imports {sorted(declared)}; it imports {sorted(actual)}"
+
+
+def test_the_training_loop_reads_as_the_step():
+    """train()'s loop body is the step and its components, at most about 30 lines (launcher/train/loop.py)."""
+    tree = ast.parse((REPO / "launcher/train/loop.py").read_text())
+    train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    (loop,) = [n for n in ast.walk(train) if isinstance(n, (ast.For, ast.While))]
+    assert loop.end_lineno - loop.lineno + 1 <= 30
