@@ -75,9 +75,9 @@ def main(args: argparse.Namespace) -> int:
                           overrides=run.overrides) for run in runs]
     set_scaling(estimates)
     for run in runs:  # the launch's warnings, before the figures
-        for warning in (checkpoint_room(run.config, run.plan), run.data.note):
-            if warning:
-                print(f"warning: {sweep_label(run, runs)}{warning}", file=sys.stderr)
+        warning = checkpoint_room(run.config, run.plan)
+        if warning:
+            print(f"warning: {sweep_label(run, runs)}{warning}", file=sys.stderr)
     if args.json:
         for est, run in zip(estimates, runs):
             print(json.dumps({**est.to_dict(), "data": run.data.to_dict()}))

@@ -48,7 +48,7 @@ BYTE_TOKENIZER = {"kind": "byte", "spec": "byte", "vocab_size": BYTE_VOCAB, "fil
                   "end_of_text": None}
 PREPARE_HINT = "make one with 'launcher data prepare OUT INPUT...'"
 
-# What a shard's record holds beyond its file and tokens; a dataset prepared before they existed has none.
+# What a shard's record holds beyond its file and tokens, every one an integer.
 CHECKED = ("bytes", "crc32", "sample_crc32", "max_id")
 SAMPLE_BLOCKS, SAMPLE_BLOCK = 16, 64 << 10  # a sampled checksum reads 1 MiB of a shard, from its first byte to its last
 FULL_CHECK_BYTES = 256 << 20  # a checker reads its shards whole up to this many bytes (0.11 s measured)
@@ -110,9 +110,8 @@ def read_metadata(directory: Path) -> Dict[str, Any]:
 
 
 def _checked_fields(shard: Dict[str, Any]) -> bool:
-    """A shard record has all of CHECKED, integers, or none of them (prepared before checksums)."""
-    present = [key in shard for key in CHECKED]
-    return not any(present) or (all(present) and all(type(shard[key]) is int for key in CHECKED))
+    """A shard record has all of CHECKED, integers."""
+    return all(type(shard.get(key)) is int for key in CHECKED)
 
 
 def shard_files(path: Path) -> List[Path]:
@@ -187,7 +186,6 @@ class Checked:
 
     tokens: int
     tokenizer: Dict[str, Any]
-    note: Optional[str] = None  # why its contents could not be checked, and what to do: a one-line suggestion
 
 
 def data_path(data: DataConfig) -> Path:
@@ -200,8 +198,7 @@ def verify(data: DataConfig, vocab_size: int, share: int = 0, shares: int = 1) -
 
     Every checker checks the layout, the dtype, the vocabulary and every shard's size (a ``stat`` each); the
     checksums are split among ``shares`` checkers (the ranks of an attempt), this one taking every
-    ``shares``-th shard from ``share`` on, read whole when they hold at most FULL_CHECK_BYTES, else sampled.
-    A dataset prepared before checksums is checked by size only, with a note saying so."""
+    ``shares``-th shard from ``share`` on, read whole when they hold at most FULL_CHECK_BYTES, else sampled."""
     path = data_path(data)
     if not path.exists():
         raise DatasetError(f"data.path={path} does not exist; {PREPARE_HINT}")
@@ -234,23 +231,23 @@ def _verify_dataset(directory: Path, data: DataConfig, vocab_size: int, share: i
     check_vocab(meta["tokenizer"], vocab_size)
     # The default corpus is the launcher's to rebuild; a dataset, the user's to prepare again.
     again = f"delete {directory} to have it built again" if data.path is None else "prepare the dataset again"
-    shards, itemsize = meta["shards"], TOKEN_DTYPES[data.dtype]
+    shards = meta["shards"]
     for shard in shards:
         file = directory / shard["file"]
         where = file_label(directory, file)
         if not file.is_file():
             raise DatasetError(f"{where} is missing; {again}")
-        size, expected = file.stat().st_size, shard.get("bytes", shard["tokens"] * itemsize)
+        size, expected = file.stat().st_size, shard["bytes"]
         if size != expected:
             raise DatasetError(f"{where} has {size:,} bytes, not the {expected:,} ({shard['tokens']:,} tokens) "
                                f"that {METADATA} records: cut short, grown or replaced; {again}")
-        if shard.get("max_id", -1) >= vocab_size:
+        if shard["max_id"] >= vocab_size:
             raise DatasetError(f"{where} holds token ids up to {shard['max_id']:,}, not below "
                                f"model.vocab_size={vocab_size:,}; set model.vocab_size={shard['max_id'] + 1} or more")
     tokens = sum(s["tokens"] for s in shards)
     if tokens == 0:
         raise DatasetError(f"data.path={directory} holds no tokens; prepare it again from non-empty inputs")
-    mine = [s for index, s in enumerate(shards) if index % shares == share and "crc32" in s]
+    mine = [s for index, s in enumerate(shards) if index % shares == share]
     whole = sum(s["bytes"] for s in mine) <= FULL_CHECK_BYTES
     for shard in mine:
         file = directory / shard["file"]
@@ -259,7 +256,4 @@ def _verify_dataset(directory: Path, data: DataConfig, vocab_size: int, share: i
             raise DatasetError(f"{file_label(directory, file)} has changed since it was written: its size is right "
                                f"but its CRC-32 {'' if whole else 'of sampled blocks '}is not the one {METADATA} "
                                f"records; {again}")
-    legacy = not all("crc32" in s for s in shards)
-    note = (f"data.path={directory} was prepared before shards had checksums: only their sizes are checked; "
-            "prepare it again (launcher data prepare --overwrite) to have their contents checked") if legacy else None
-    return Checked(tokens, meta["tokenizer"], note)
+    return Checked(tokens, meta["tokenizer"])

@@ -55,12 +55,14 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "Plan":
-        """The plan of a plan.json object. Keys it no longer has (``world_size`` and ``gpus_per_node``
-        of older runs) are ignored; a missing key is a ValueError naming it."""
+        """The plan of a plan.json object; a missing or an unknown key is a ValueError naming it."""
         names = [f.name for f in dataclasses.fields(cls)]
         missing = [name for name in names if name not in data]
         if missing:
             raise ValueError(f"plan.json lacks {', '.join(missing)}")
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"plan.json has keys no plan has: {', '.join(unknown)}")
         return cls(**{name: data[name] for name in names})
 
 

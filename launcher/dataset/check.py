@@ -24,7 +24,6 @@ class DataSummary:
     vocab_size: int
     tokens: Optional[int]  # None: the default corpus, not built yet
     epochs: Optional[float]
-    note: Optional[str] = None  # what could not be checked, and what to do (a launch prints it as a warning)
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -51,7 +50,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> DataSummary:
         raise LaunchError(str(err)) from None
     return DataSummary(source=source, tokenizer=found.tokenizer.get("spec", found.tokenizer["kind"]),
                        vocab_size=found.tokenizer["vocab_size"], tokens=found.tokens,
-                       epochs=_epochs(cfg, plan, found.tokens, source), note=found.note)
+                       epochs=_epochs(cfg, plan, found.tokens, source))
 
 
 def _epochs(cfg: RunConfig, plan: Plan, tokens: int, source: str) -> float:

@@ -69,8 +69,7 @@ def check_launch(runs: Sequence[Any], dry_run: bool) -> List[str]:
 
     GPU memory is checked only where it is known (cluster.gpu_memory_gb, the GPU type, or the local
     cluster's documented stand-in). A run that cannot finish within its time budget, whose run root cannot
-    hold its checkpoints (forecast/disk.py), or whose data could be checked by size only (its ``note``), is
-    only warned of. A run with ``force=true`` passes with a warning;
+    hold its checkpoints (forecast/disk.py), is only warned of. A run with ``force=true`` passes with a warning;
     in a dry run nothing is refused, and the warnings say what a launch would do. Returns the warnings (the
     caller prints them to stderr).
     """
@@ -94,8 +93,6 @@ def check_launch(runs: Sequence[Any], dry_run: bool) -> List[str]:
         room = checkpoint_room(run.config, run.plan)
         if room:
             warnings.append(label + room)
-        if run.data.note:
-            warnings.append(label + run.data.note)
     if refused:
         more = f" ({len(refused)} of {len(runs)} runs do not fit; nothing was submitted)" if len(runs) > 1 else ""
         raise LaunchError(refused[0] + more)

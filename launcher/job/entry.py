@@ -65,7 +65,7 @@ class TrainTask(submitit.helpers.Checkpointable):
         preemption.listen()  # a signal that comes while torch loads is kept for the first step boundary
         try:
             try:
-                names = inject(Path(getattr(self, "secrets_store", None) or secrets_dir()))
+                names = inject(Path(self.secrets_store))
                 if names:
                     print(f"launcher: injected secrets: {', '.join(names)}", flush=True)
                 run = training()
@@ -81,4 +81,4 @@ class TrainTask(submitit.helpers.Checkpointable):
 
     def checkpoint(self, run_dir: str) -> submitit.helpers.DelayedSubmission:  # type: ignore[override]
         append_event(Path(run_dir), Requeued(job_id=os.environ.get("SLURM_JOB_ID")))
-        return submitit.helpers.DelayedSubmission(TrainTask(getattr(self, "secrets_store", None)), run_dir)
+        return submitit.helpers.DelayedSubmission(TrainTask(self.secrets_store), run_dir)

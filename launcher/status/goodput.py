@@ -57,7 +57,7 @@ class _Attempt:
 
 def goodput(events: Sequence[Event], metrics: Sequence[dict], now: float) -> Optional[Goodput]:
     """The run's goodput up to its last attempt's end (``now`` while an attempt runs); None before any attempt
-    or without timed metrics (a run trained by a launcher before 0.3)."""
+    or before its first metrics record."""
     submitted = next((e.time for e in events if isinstance(e, Submitted)), None)
     timed = [m for m in metrics if isinstance(m.get("time"), (int, float)) and not m.get("final")]
     attempts = _attempts(events, timed)

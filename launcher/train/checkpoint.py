@@ -66,16 +66,14 @@ def set_aside(path: Path, problems: list[str], env: DistEnv, on_damage: Callable
 
 
 def recorded(path: Path) -> dict:
-    """What the checkpoint in ``path`` recorded of its step (loss, grad_norm; empty if saved before records
-    existed), for the check of the first step after resuming from it (launcher/train/resume.py)."""
+    """What the checkpoint in ``path`` recorded of its step (loss, grad_norm), for the check of the first step
+    after resuming from it (launcher/train/resume.py)."""
     meta = json.loads((path / META).read_text())
-    return {key: meta[key] for key in ("loss", "grad_norm") if key in meta}
+    return {key: meta[key] for key in ("loss", "grad_norm")}
 
 
 def verify(path: Path, env: DistEnv) -> list[str]:
     """Every problem any rank finds with the checkpoint in ``path`` (empty: it can be trusted)."""
-    if not manifest.has_manifests(path):
-        return []  # written before manifests existed
     try:
         saved_world = int(json.loads((path / META).read_text())["world_size"])
         mine = manifest.damage(path, saved_world, env.rank, env.world_size)
@@ -99,7 +97,7 @@ class CheckpointSaveError(RuntimeError):
 
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: torch.optim.lr_scheduler.LRScheduler, env: DistEnv, keep: int,
-                    record: dict | None = None) -> Path:
+                    record: dict) -> Path:
     """Save the training state after ``step`` optimizer steps; all ranks call this.
 
     ``record`` (the step's loss and gradient norm) is kept in meta.json so that a resume can check its
@@ -120,7 +118,7 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
                                       f"{_first_line(err)}") from err
     dist.barrier()
     try:
-        _write_all(tmp, step, model, optimizer, scheduler, env, record or {})
+        _write_all(tmp, step, model, optimizer, scheduler, env, record)
     except BaseException as err:  # DCP's CheckpointException is a BaseException
         cause = _full_disk(tmp) + _cause(err)  # measured before the partial files go
         if env.is_main:

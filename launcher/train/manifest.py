@@ -88,15 +88,15 @@ def damage(directory: Path, world_size: int, share: int = 0, shares: int = 1) ->
 
 
 def has_manifests(directory: Path) -> bool:
-    """Checkpoints written before manifests existed cannot be verified (they are trusted as before)."""
+    """Whether the checkpoint in ``directory`` has its manifests (written last by every save)."""
     return any(directory.glob("manifest_rank_*.json"))
 
 
 def checkpoint_problems(directory: Path) -> list[str]:
     """What is wrong with a complete checkpoint's files, checked whole in one process ([] when its manifests
-    vouch for it, or it predates them): what ``launcher export`` and ``eval`` refuse a checkpoint for."""
+    vouch for it): what ``launcher export`` and ``eval`` refuse a checkpoint for."""
     try:
         world = int(json.loads((directory / META).read_text())["world_size"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         return [f"{directory / META} is unreadable ({type(err).__name__})"]
-    return damage(directory, world) if has_manifests(directory) else []
+    return damage(directory, world)

@@ -139,10 +139,10 @@ def verify_data(env: DistEnv, cfg: RunConfig) -> None:
     ``world_size``-th shard from ``r`` on; raises DatasetError on every rank, with the problem of the first
     rank that found one, so that the attempt ends at once with the file named. The default corpus is built
     here (by one rank) if this is its first use."""
-    problem, note = None, None
+    problem = None
     try:
         token_file(cfg.data)
-        note = verify(cfg.data, cfg.model.vocab_size, env.rank, env.world_size).note
+        verify(cfg.data, cfg.model.vocab_size, env.rank, env.world_size)
     except DatasetError as err:
         problem = str(err)
     found: list = [None] * env.world_size
@@ -150,5 +150,3 @@ def verify_data(env: DistEnv, cfg: RunConfig) -> None:
     first = next((p for p in found if p), None)
     if first:
         raise DatasetError(first)
-    if note and env.is_main:
-        log.warning(note)

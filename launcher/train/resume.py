@@ -48,10 +48,7 @@ Build = Callable[[], tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_sche
 
 def first_step_problem(record: dict, loss: float, grad_norm: float) -> Optional[str]:
     """Why a first step after a resume with this (all-ranks) ``loss`` and ``grad_norm`` cannot follow the
-    checkpoint whose ``record`` (its step's loss and gradient norm) it was resumed from; None if it can.
-    A checkpoint saved before records existed is not checked."""
-    if "loss" not in record or "grad_norm" not in record:
-        return None
+    checkpoint whose ``record`` (its step's loss and gradient norm) it was resumed from; None if it can."""
     was_loss, was_norm = float(record["loss"]), float(record["grad_norm"])
     if not (math.isfinite(loss) and loss <= was_loss + max(LOSS_RISE * was_loss, LOSS_RISE_MIN)):
         return f"first step after resume: loss {loss:.2f} vs {was_loss:.2f} recorded"

@@ -1,7 +1,7 @@
 """Launch-time data checks: a bad ``data.path`` is refused at composition, one line and exit 2, with nothing
 submitted or recorded; plan and dry runs show the data's tokens and epochs. The faults are real: shards cut
-short (to an even and an odd size), written over keeping their size, holding ids past the vocabulary; a
-dataset prepared before checksums is checked by size and warned of."""
+short (to an even and an odd size), written over keeping their size, holding ids past the vocabulary, shard
+records without checksums."""
 from __future__ import annotations
 
 import json
@@ -36,7 +36,7 @@ def write_over(path: Path, offset: int, data: bytes) -> None:
 
 
 def legacy_copy(source: Path, target: Path) -> None:
-    """``source`` as ``launcher data prepare`` wrote datasets before shards had checksums: tokens and file only."""
+    """``source`` with shard records of file and tokens only (as an unreleased ``data prepare`` wrote them)."""
     shutil.copytree(source, target)
     meta = json.loads((target / "metadata.json").read_text())
     meta["shards"] = [{key: s[key] for key in ("file", "tokens")} for s in meta["shards"]]
@@ -67,7 +67,6 @@ def datasets(tmp_path_factory) -> Path:
     shutil.copytree(root / "bpe", root / "changed")
     write_over(root / "changed" / "tokens_00002.bin", 12_344, b"\x07\x00\x07\x00")  # ids 7, 7: valid, but not these
     legacy_copy(root / "bpe", root / "legacy")
-    legacy_copy(root / "halved", root / "legacy-halved")
     return root
 
 
@@ -85,7 +84,7 @@ BAD = [
      "shard {root}/halved/tokens_00001.bin has 10,000 bytes, not the 20,000 (10,000 tokens) that metadata.json records: cut short, grown or replaced; prepare the dataset again"),
     (["data.path={root}/odd", "model.vocab_size=300"], "shard {root}/odd/tokens_00001.bin has 10,001 bytes, not the 20,000"),
     (["data.path={root}/grown", "model.vocab_size=300"], "shard {root}/grown/tokens_00001.bin has 20,002 bytes, not the 20,000"),
-    (["data.path={root}/legacy-halved", "model.vocab_size=300"], "shard {root}/legacy-halved/tokens_00001.bin has 10,000 bytes, not the 20,000 (10,000 tokens)"),
+    (["data.path={root}/legacy", "model.vocab_size=300"], "{root}/legacy/metadata.json is damaged (ValueError: a field has a wrong value); prepare the dataset again"),
     (["data.path={root}/changed", "model.vocab_size=300"],
      "shard {root}/changed/tokens_00002.bin has changed since it was written: its size is right but its CRC-32 is not the one metadata.json records; prepare the dataset again"),
     (["data.path={root}/lost", "model.vocab_size=300"], "shard {root}/lost/tokens_00000.bin is missing; prepare the dataset again"),
@@ -118,17 +117,6 @@ def test_each_shard_records_its_size_checksums_and_largest_id(datasets):
         assert (shard["tokens"], shard["bytes"], shard["max_id"]) == (len(ids), len(raw), int(ids.max()))
         assert shard["crc32"] == shard["sample_crc32"] == zlib.crc32(raw)  # a shard under 1 MiB is its own sample
     assert max(s["max_id"] for s in meta["shards"]) == 299  # the tokens of bpe:300 are 0..299
-
-
-def test_a_dataset_prepared_before_checksums_is_checked_by_size_with_a_warning(datasets, capsys):
-    assert cli.main([f"data.path={datasets}/legacy", "model.vocab_size=300", "dry_run=true"]) == 0
-    err = capsys.readouterr().err
-    assert err == (f"warning: data.path={datasets}/legacy was prepared before shards had checksums: only their sizes "
-                   "are checked; prepare it again (launcher data prepare --overwrite) to have their contents checked\n")
-    assert cli.main(["plan", f"data.path={datasets}/legacy", "model.vocab_size=300"]) == 0
-    assert capsys.readouterr().err == err
-    assert cli.main([f"data.path={datasets}/bpe", "model.vocab_size=300", "dry_run=true"]) == 0
-    assert capsys.readouterr().err == ""
 
 
 def test_ids_past_the_stated_vocabulary_are_refused(tmp_path, capsys):
@@ -200,7 +188,7 @@ def test_plan_and_dry_runs_show_tokens_and_epochs(datasets, capsys):
     assert cli.main([*args, "dry_run=json"]) == 0
     data = json.loads(capsys.readouterr().out)["data"]
     assert data == {"source": str(datasets / "bpe"), "tokenizer": "bpe:300", "vocab_size": 300, "tokens": tokens,
-                    "epochs": pytest.approx(epochs), "note": None}
+                    "epochs": pytest.approx(epochs)}
     line = f"data: {datasets}/bpe (bpe:300 tokenizer, vocabulary 300); {tokens:,} tokens; {epochs:.3g} epochs"
     assert cli.main([*args, "dry_run=true"]) == 0
     assert line in capsys.readouterr().out.splitlines()

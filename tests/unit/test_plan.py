@@ -71,9 +71,9 @@ def test_plan_json_reads_back_typed(tmp_path):
     plan = plan_of(tiny_run())
     (tmp_path / PLAN).write_text(json.dumps(plan.to_dict()))
     assert read_plan(tmp_path) == plan
-    old = {**plan.to_dict(), "world_size": 8, "gpus_per_node": 8}  # written before those became properties
-    (tmp_path / PLAN).write_text(json.dumps(old))
-    assert read_plan(tmp_path) == plan
+    old = {**plan.to_dict(), "world_size": 8, "gpus_per_node": 8}  # properties of a plan, not its keys
+    with pytest.raises(ValueError, match="plan.json has keys no plan has: gpus_per_node, world_size"):
+        Plan.from_dict(old)
     del old["grad_accum"]
     with pytest.raises(ValueError, match="plan.json lacks grad_accum"):
         Plan.from_dict(old)

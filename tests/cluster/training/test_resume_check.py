@@ -91,7 +91,6 @@ def test_spoiled_weights_with_matching_checksums_fall_back_to_the_previous_check
     ({"loss": 2.60, "grad_norm": 1.0}, math.nan, 1.0, "first step after resume: loss nan vs 2.60 recorded"),
     ({"loss": 2.60, "grad_norm": 1.0}, 2.5, 101.0, "first step after resume: gradient norm 101 vs 1 recorded"),
     ({"loss": 2.60, "grad_norm": 0.25}, 2.5, math.inf, "first step after resume: gradient norm inf vs 0.25 recorded"),
-    ({}, math.nan, math.nan, None),  # saved before checkpoints recorded their step: not checked
 ])  # fmt: skip
 def test_the_rule_allows_measured_noise_and_names_what_broke_it(record, loss, norm, problem):
     assert first_step_problem(record, loss, norm) == problem
