@@ -109,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
 
 def search(overrides: List[str], multirun: bool) -> int:
     """A search launch: its corners' dry run, or the study made and its first trials submitted."""
-    from launcher.search.launch import check_search, start_search
+    from launcher.search.start import check_search, start_search
 
     checked = check_search(overrides, multirun)
     for warning in checked.warnings:

@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-_PACKAGE = Path(__file__).resolve().parents[1]
+from launcher.core.rundir import SOURCE_ROOT
+
 # An installed package carries its config groups inside (launcher/conf, pyproject.toml); a checkout has them
 # at the top, beside launcher/.
-CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf" / "config.yaml").is_file() else _PACKAGE.parent / "conf"
+CONF_DIR = SOURCE_ROOT / "launcher" / "conf" if (SOURCE_ROOT / "launcher" / "conf" / "config.yaml").is_file() \
+    else SOURCE_ROOT / "conf"
 SITE_VARIABLE = "LAUNCHER_SITE_CONFIG"
 PROJECT_DIR = Path(".launcher") / "conf"
 

@@ -131,7 +131,7 @@ def unjudged(run_dir: Path, attempt: Attempt) -> AttemptEnded:
     """The ``attempt_ended`` fields of an attempt whose batch script never judged it because Slurm requeued
     the job itself: LOST when one of its nodes stopped responding (NODE_FAIL; the nodes to blame are those
     Slurm now holds down, and the requeued job runs without them), else REQUEUED from outside the run."""
-    nodes = sick_nodes(attempt.nodes)
+    nodes = held_down(attempt.nodes)
     pulses = read_pulses(run_dir, since=attempt.time)
     step = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *(p.step for p in pulses)])
     if not nodes:
@@ -217,15 +217,15 @@ def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], caus
 
     job_id, number = os.environ.get("SLURM_JOB_ID", ""), attempt.attempt if attempt else None
     cfg = load_run_config(run_dir / "config.yaml")
-    unwell = sick_nodes(attempt.nodes if attempt else None)
+    held = held_down(attempt.nodes if attempt else None)
     progressed = began or (last_metrics(run_dir) or {}).get("step", 0) > 0
-    decision = decide(events, cause, cfg.cluster.max_retries, unwell, progressed=progressed, trained=began)
+    decision = decide(events, cause, cfg.cluster.max_retries, held, progressed=progressed, trained=began)
     if not decision.retry:
         append_event(run_dir, Failed(final=True, job_id=job_id, error=text, short=cause.short, fault=cause.fault,
                                      exception=cause.exception, rank=cause.rank, node=cause.node, step=cause.step,
                                      reason=decision.reason))
         return decision
-    decision = schedulable(decision, events, unwell, partition_nodes(cfg.cluster.partition),
+    decision = schedulable(decision, events, held, partition_nodes(cfg.cluster.partition),
                            read_plan(run_dir).nodes, slurmd_timeout_s())
     try:
         new_job = submit_retry(run_dir, decision.exclude, decision.begin_s)
@@ -366,7 +366,7 @@ def queue_state(job_id: str) -> str:
         return ""
 
 
-def sick_nodes(nodelist: Optional[str]) -> List[str]:
+def held_down(nodelist: Optional[str]) -> List[str]:
     """The attempt's nodes that Slurm now holds down, drained or not responding."""
     if not nodelist:
         return []
@@ -418,11 +418,11 @@ def slurmd_timeout_s() -> int:
 CERTAINTY = ("STALLED", "PREFLIGHT", "DOWN", "LOST")
 
 
-def schedulable(decision: Decision, events: List[Event], down: Sequence[str], partition: Sequence[str],
+def schedulable(decision: Decision, events: List[Event], held: Sequence[str], partition: Sequence[str],
                 needed: int, settle_s: int = 0) -> Decision:
     """The decision with exclusions allowed again, least certain first, when excluding them all would leave
     fewer nodes in the partition than the run needs (sbatch would refuse the retry). A node allowed again that
-    Slurm holds down is still not used by Slurm: the retry then waits in the queue for nodes to come back. A
+    Slurm holds down (``held``) is still not used by Slurm: the retry then waits in the queue for nodes to come back. A
     lost node Slurm does not hold down yet would get the retry at once: the retry then begins ``settle_s`` (the
     cluster's SlurmdTimeout) from now, when Slurm has marked it down and waits for it like the others."""
     if not partition:
@@ -433,7 +433,7 @@ def schedulable(decision: Decision, events: List[Event], down: Sequence[str], pa
             outcome = str(event.outcome)
             for node in event.nodes or [event.node]:
                 why[node] = max(why.get(node, outcome), outcome, key=CERTAINTY.index)
-    why.update({node: "DOWN" for node in down if why.get(node) != "LOST"})
+    why.update({node: "DOWN" for node in held if why.get(node) != "LOST"})
     kept = sorted(decision.exclude, key=lambda node: CERTAINTY.index(why.get(node, "STALLED")))
     allowed: List[str] = []
     while kept and len(set(partition) - set(kept)) < needed:
@@ -444,21 +444,21 @@ def schedulable(decision: Decision, events: List[Event], down: Sequence[str], pa
     reason = (f"{decision.reason}; excluding {', '.join(decision.exclude)} would leave {left} of the {needed} nodes "
               f"the run needs, so {', '.join(allowed)} {'is' if len(allowed) == 1 else 'are'} allowed again "
               "(least certain first)")
-    unmarked = [node for node in allowed if why.get(node) == "LOST" and node not in down]
+    unmarked = [node for node in allowed if why.get(node) == "LOST" and node not in held]
     begin_s = settle_s + 5 if unmarked and settle_s else 0
     if begin_s:
         reason += f"; it begins in {begin_s} s, once Slurm has marked {', '.join(unmarked)} down (SlurmdTimeout)"
     return Decision(True, reason, sorted(kept), decision.free, allowed, begin_s)
 
 
-def decide(events: List[Event], cause: Cause, max_retries: int, sick: Sequence[str] = (),
+def decide(events: List[Event], cause: Cause, max_retries: int, held: Sequence[str] = (),
            progressed: bool = True, trained: bool = True) -> Decision:
     """Retry or not, and which nodes the next attempt must avoid (``events`` hold every attempt so far,
     the ending one's ``attempt_ended`` not yet among them).
 
     Retried: what may pass on another try or another node (a rank killed by a signal, a hang, a lost node,
     I/O, network and device errors). The next attempt avoids the nodes of a hung rank, of a lost node and every
-    node Slurm holds down or drained (``sick``); a rank killed by a signal (often the kernel's out-of-memory
+    node Slurm holds down or drained (``held``); a rank killed by a signal (often the kernel's out-of-memory
     killer) does not make its node suspect. A node's own fault (lost, or failed its preflight) costs the run no
     retry the first time that node is blamed. Not retried: tasks whose Python has no torch, an error of the
     code's own (any other exception), a failure before the first step of the first attempt, the same error at
@@ -472,7 +472,7 @@ def decide(events: List[Event], cause: Cause, max_retries: int, sick: Sequence[s
     if cause.outcome in ("LOST", "PREFLIGHT") and not blamed & before:
         what = "was lost" if cause.outcome == "LOST" else "failed its preflight check"
         return Decision(True, f"{', '.join(sorted(blamed))} {what}: retried without it, not counted as a retry",
-                        sorted(excluded | blamed | set(sick)), free=True)
+                        sorted(excluded | blamed | set(held)), free=True)
     retried, why = POLICY[cause.fault]
     if not retried and cause.fault != Fault.CODE:  # the same on every node and try, whenever it happens
         return Decision(False, why)
@@ -489,7 +489,7 @@ def decide(events: List[Event], cause: Cause, max_retries: int, sick: Sequence[s
     if retries >= max_retries:
         return Decision(False, f"all cluster.max_retries={max_retries} retries spent")
     return Decision(True, f"retry {retries + 1} of {max_retries} from the newest good checkpoint",
-                    sorted(excluded | blamed | set(sick)))
+                    sorted(excluded | blamed | set(held)))
 
 
 def main(argv: List[str]) -> int:

@@ -29,14 +29,15 @@ from launcher.submit.git import TreeState
 
 def request(runs: List[ComposedRun], sweep: bool, argv: List[str]) -> Dict[str, Any]:
     """The launch request for ``runs``, from this machine: what the cluster's side needs to submit them."""
-    from launcher.submit.freeze import REPO, source_state
+    from launcher.core.rundir import SOURCE_ROOT
+    from launcher.submit.freeze import source_state
 
     state = source_state()
     return {"runs": [{"overrides": run.overrides, "resolved": OmegaConf.to_container(run.resolved),
                       "plan": run.plan.to_dict(), "run_file": run.run_file} for run in runs],
             "sweep": sweep, "argv": argv,
             "source": {"commit": state.commit, "changed": state.changed, "diff": state.diff,
-                       "where": f"{socket.gethostname()}:{REPO}"}}
+                       "where": f"{socket.gethostname()}:{SOURCE_ROOT}"}}
 
 
 def composed(item: Dict[str, Any]) -> ComposedRun:

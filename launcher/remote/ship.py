@@ -19,8 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from launcher.errors import LaunchError
 from launcher.remote.ssh import Remote, Stream, run, stream
-from launcher.core.rundir import frozen_files
-from launcher.submit.freeze import REPO
+from launcher.core.rundir import SOURCE_ROOT, frozen_files
 
 CODE_HOME = ".launcher/code"  # under the remote user's home, where ssh's commands start
 MISSING = 97  # the exit status that says the cluster lacks this code
@@ -29,7 +28,7 @@ MISSING = 97  # the exit status that says the cluster lacks this code
 @functools.lru_cache(maxsize=1)
 def code_files() -> Dict[str, bytes]:
     """The files shipped, by path relative to the code's root (the checkout, or site-packages)."""
-    return {path.relative_to(REPO).as_posix(): path.read_bytes() for path in frozen_files(REPO)}
+    return {path.relative_to(SOURCE_ROOT).as_posix(): path.read_bytes() for path in frozen_files(SOURCE_ROOT)}
 
 
 @functools.lru_cache(maxsize=1)

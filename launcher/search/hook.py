@@ -74,13 +74,14 @@ def adopt_frozen_source(run_dir: Path) -> None:
     """Freeze the next trials' code as coming from where this run's frozen code came (its commit, changes and
     diff), not from the copy they are frozen from, which is outside git."""
     from launcher.core.rundir import CODE_DIFF, code_dir, code_source
-    from launcher.submit.freeze import REPO, adopt_source
+    from launcher.core.rundir import SOURCE_ROOT
+    from launcher.submit.freeze import adopt_source
     from launcher.submit.git import TreeState
 
     source = code_source(run_dir)
-    if source is None or Path(REPO).resolve() != code_dir(run_dir).resolve():
+    if source is None or Path(SOURCE_ROOT).resolve() != code_dir(run_dir).resolve():
         return  # not running from the run's frozen copy: the code's own checkout answers for itself
     diff = code_dir(run_dir) / CODE_DIFF
     state = TreeState(source.get("commit"), list(source.get("changed") or []),
                       diff.read_text() if diff.exists() else "")
-    adopt_source(state, source.get("source") or str(REPO))
+    adopt_source(state, source.get("source") or str(SOURCE_ROOT))

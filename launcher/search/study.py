@@ -39,7 +39,7 @@ class Search:
     space: Space
     settings: SearchConfig
     created_at: float
-    environment: Dict[str, str]  # what every trial is composed in, as the launch was (launcher/search/launch.py)
+    environment: Dict[str, str]  # what every trial is composed in, as the launch was (launcher/search/start.py)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"id": self.id, "root": self.root, "space": to_dict(self.space), "settings": asdict(self.settings),

@@ -149,7 +149,7 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
     With the run's directory, the job also records its attempt around the ranks and recovers from a
     failure (launcher/job/recovery.py): ``begin`` before srun, ``end`` with srun's exit status after it (which
     also requeues the job when the ranks saved on Slurm's signal), and the progress comment beside srun
-    (launcher/job/progress.py), all, like the tasks, importing the run's frozen code (:func:`frozen_code_line`); and
+    (launcher/job/comment.py), all, like the tasks, importing the run's frozen code (:func:`frozen_code_line`); and
     srun ends every rank as soon as one dies (``--kill-on-bad-exit``), so an attempt fails in seconds, not
     after a collective's timeout. ``exclude``: nodes the job must not run on (an earlier attempt's culprits).
     ``begin_s``: the job is eligible only that many seconds from now (``--begin``).
@@ -174,10 +174,10 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
 def host_steps(cfg: RunConfig, where: str) -> list:
     """The setup lines, after the cluster's own, of the run whose directory the shell word ``where`` names: its
     frozen code on PYTHONPATH, the attempt's record (launcher/job/recovery.py), and the progress comment, set
-    from here, the host, beside the ranks (launcher/job/progress.py)."""
+    from here, the host, beside the ranks (launcher/job/comment.py)."""
     python = host_python(cfg.cluster)
     return [_frozen_code_export(where), f"{python} -m launcher.job.recovery begin {where}",
-            f"{python} -m launcher.job.progress {where} & {PROGRESS}=$!"]
+            f"{python} -m launcher.job.comment {where} & {PROGRESS}=$!"]
 
 
 # The batch shell's variable holding the progress follower's pid, so that the shell reaps it before it ends: an

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from launcher.core.rundir import SOURCE_ROOT
 from launcher.slurm.output import (NODE_FIELDS, SACCT_FIELDS, SQUEUE_FIELDS, JobRow, Node, Partition, SlurmError,
                                    field_list, field_rows, parse_nodes, parse_sacct, parse_squeue, partitions_of,
                                    sbatch_reason, srun_lost_nodes)
 
-REPO = Path(__file__).resolve().parents[2]
-LOCAL_SLURM_CONF = REPO / ".slurm" / "etc" / "slurm.conf"
+LOCAL_SLURM_CONF = SOURCE_ROOT / ".slurm" / "etc" / "slurm.conf"
 TIMEOUT_S = 20
 PING_TIMEOUT_S = 4
 PARTITIONS_TIMEOUT_S = 10  # a dry run asks for the GPU type and must not wait long on a silent cluster
@@ -33,7 +33,7 @@ def slurm_conf_for(cluster_name: str, slurm_conf: Optional[str]) -> Optional[str
     """The slurm.conf of a cluster: its own (a relative path is relative to the repo), else for ``local``
     $SLURM_CONF or the repo's .slurm/; None means Slurm's own default ($SLURM_CONF, else the site's)."""
     if slurm_conf:
-        return str(REPO / os.path.expanduser(slurm_conf))
+        return str(SOURCE_ROOT / os.path.expanduser(slurm_conf))
     if cluster_name == "local":
         return os.environ.get("SLURM_CONF") or str(LOCAL_SLURM_CONF)
     return None

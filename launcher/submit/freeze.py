@@ -28,10 +28,9 @@ from typing import Any, Dict
 from launcher.core.rundir import CODE_DIFF, CODE_SOURCE, FROZEN, SOURCE_ROOT, code_dir, frozen_files, write_json_atomic
 from launcher.submit.git import TreeState, tree_state
 
-REPO = SOURCE_ROOT
 
 
-def source_state(root: Path = REPO) -> TreeState:
+def source_state(root: Path = SOURCE_ROOT) -> TreeState:
     """The checkout's git state, asked once per launch however many runs a sweep submits."""
     if root in _GIVEN:
         return _GIVEN[root][0]
@@ -43,7 +42,7 @@ def source_state(root: Path = REPO) -> TreeState:
 _GIVEN: Dict[Path, tuple] = {}
 
 
-def adopt_source(state: TreeState, source: str, root: Path = REPO) -> None:
+def adopt_source(state: TreeState, source: str, root: Path = SOURCE_ROOT) -> None:
     """Freeze ``root``'s code as coming from ``source`` in git state ``state``: a launch shipped from another
     machine (launcher/remote/agent.py) runs that machine's code, unpacked here without its git history."""
     _GIVEN[root] = (state, source)
@@ -57,14 +56,14 @@ def _source_state(root: Path) -> TreeState:
 _ASKING: Dict[Path, list] = {}
 
 
-def prefetch_source_state(root: Path = REPO) -> None:
+def prefetch_source_state(root: Path = SOURCE_ROOT) -> None:
     """Start asking git in a thread, so that it answers while Hydra composes a launch."""
     thread = threading.Thread(target=_source_state, args=(root,), daemon=True)
     _ASKING.setdefault(root, []).append(thread)
     thread.start()
 
 
-def freeze(run_dir: Path, root: Path = REPO) -> Dict[str, Any]:
+def freeze(run_dir: Path, root: Path = SOURCE_ROOT) -> Dict[str, Any]:
     """Copy the code into ``run_dir``'s code directory and record its source; returns that record."""
     dest, sizes = code_dir(run_dir), []
     # Contents only, never modes: the copy is as private as the rest of the run directory (the launcher's

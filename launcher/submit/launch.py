@@ -28,7 +28,8 @@ from launcher.status.index import (RunRecord, base_name, create_run_dir, default
                                    ensure_sweep_dir, save_record)
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
 from launcher.slurm.fit import explain_rejection, refusal
-from launcher.job.submission import submit_array, submit_job
+from launcher.job.submission import submit_job
+from launcher.submit.array import submit_array
 from launcher.slurm.batch import array_script, render_sbatch
 from launcher.submit.freeze import dirty_note, freeze, source_state
 from launcher.slurm.client import Partition, SlurmError, for_cluster, slurm_conf_for
@@ -196,7 +197,7 @@ def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Opt
 
 
 def submit_elements(runs: List[ComposedRun], root: Path, sweep_id: str, part: Optional[Partition]) -> List[RunRecord]:
-    """Create the runs' directories and submit them as one job array (launcher/job/submission.py submit_array);
+    """Create the runs' directories and submit them as one job array (launcher/submit/array.py);
     each run's record names its element (``123_4``). On failure every directory is removed."""
     cfg, plan = runs[0].config, runs[0].plan
     with run_umask(cfg.share_group):

@@ -123,7 +123,7 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
     """Train to ``cfg.train.steps``, resuming from the newest good checkpoint; returns the final record.
 
     The loop is the step; the components around it own their cadence: :class:`Guards` (the watchdog's beat,
-    fault drills, finiteness), :class:`Evaluator`, :class:`Progress` (timing and the metrics records) and
+    fault drills, finiteness), :class:`Evaluator`, :class:`Metrics` (timing and the metrics records) and
     :class:`Checkpointer` (saves, exports, and Slurm's signal, on which every rank saves the step just done and
     :class:`Requeue` ends the loop). The first step after a resume is checked before the loop
     (:func:`first_step`), so the loop never rewinds."""
@@ -141,24 +141,24 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
     guards = Guards(watchdog, env)
     steps = Steps(begun, batching, data, StepSampler(data.num_samples("train"), batching.global_batch, tc.seed), tc,
                   env, guards)
-    progress = Progress(cfg, batching, env, watchdog, MetricsLog(Path(run_dir) / METRICS, open_tracker(
+    metrics = Metrics(cfg, batching, env, watchdog, MetricsLog(Path(run_dir) / METRICS, open_tracker(
         cfg, run_dir, begun.step)) if env.is_main else MetricsLog(None))
-    evaluator, pruning = Evaluator(tc, data, env, batching, progress.timer), Pruning.of(run_dir, env.is_main)
-    checkpointer = Checkpointer(run_dir, tc, env, interrupt, watchdog, exports, progress.timer)
+    evaluator, pruning = Evaluator(tc, data, env, batching, metrics.timer), Pruning.of(run_dir, env.is_main)
+    checkpointer = Checkpointer(run_dir, tc, env, interrupt, watchdog, exports, metrics.timer)
     try:
-        first = first_step(starter, steps, progress.timer)
+        first = first_step(starter, steps, metrics.timer)
         for result in itertools.chain([first], map(steps.run, range(first.step + 1, tc.steps))):
             guards.check(result)  # before anything of this step is saved
             done, last = result.step + 1, result.step + 1 == tc.steps
             eval_loss = evaluator.after(done, last, steps.begun.model)
-            record = progress.after(result, done, last, eval_loss)
+            record = metrics.after(result, done, last, eval_loss)
             if pruning and eval_loss is not None and pruning_said(pruning, done, record, env) and not last:
-                progress.record = {**record, "pruned": True}
+                metrics.record = {**record, "pruned": True}
                 break
             checkpointer.after(result, done, last, steps.begun)
-        return progress.final(steps.begun, batching)
+        return metrics.final(steps.begun, batching)
     finally:
-        progress.close()
+        metrics.close()
 
 
 @dataclass
@@ -245,12 +245,12 @@ class Evaluator:
             return evaluate(model, self.data, self.env, self.batching.micro_batch, self.tc.eval_batches)
 
 
-class Progress:
+class Metrics:
     """The run's timing and its metrics records: one every ``train.log_every`` steps, at each evaluation and
     after the last step, and the final summary."""
 
-    def __init__(self, cfg: RunConfig, batching: Batching, env: DistEnv, watchdog: Watchdog, metrics: MetricsLog):
-        self.tc, self.env, self.watchdog, self.metrics = cfg.train, env, watchdog, metrics
+    def __init__(self, cfg: RunConfig, batching: Batching, env: DistEnv, watchdog: Watchdog, writer: MetricsLog):
+        self.tc, self.env, self.watchdog, self.writer = cfg.train, env, watchdog, writer
         self.fpt = flops_per_token(cfg.model)
         self.peak = peak_flops(env.device, compute_precision(cfg.parallel.precision, env.device.type == "cuda"))
         self.tokens_per_step = batching.global_batch * cfg.model.seq_len
@@ -269,7 +269,7 @@ class Progress:
                            **throughput(self.tokens_per_step * steps, seconds, self.env.world_size, self.fpt,
                                         self.peak),
                            "peak_mem_gb": peak_memory_gb(self.env.device)}
-            self.metrics.write(self.record)
+            self.writer.write(self.record)
             self.watchdog.measured(self.record["step_time"])
             self.intervals.append({"steps": steps, "seconds": seconds})
             self.timer.reset()
@@ -283,11 +283,11 @@ class Progress:
                  "steps_run": self.record.get("step", self.tc.steps) - begun.step,
                  "resumed_from": begun.step if begun.checkpoint is not None else None,
                  "micro_batch": batching.micro_batch, "grad_accum": batching.grad_accum}
-        self.metrics.write(final)
+        self.writer.write(final)
         return final
 
     def close(self) -> None:
-        self.metrics.close()
+        self.writer.close()
 
 
 class Checkpointer:

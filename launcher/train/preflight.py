@@ -8,7 +8,7 @@ seconds and left out of the next attempt instead of failing or slowing the run l
   launcher/core/checkpoints.py, the rule ``launcher plan`` warns with).
 
 Rank 0 records one ``preflight`` event with the bandwidth of every rank. A rank whose node fails records a
-``preflight_failed`` event naming the node and the check; every rank then raises :class:`PreflightFailed`,
+``preflight_failed`` event naming the node and the check; every rank then raises :class:`NodeUnfit`,
 and launcher/job/recovery.py retries the run on other nodes without that node.
 
 Then the data (:func:`verify_data`): the checks the launch made (launcher/core/dataset.py), made again because
@@ -44,7 +44,7 @@ ALLREDUCE_MB = 4
 SLOW = 3.0  # a rank this many times slower than the median is flagged
 
 
-class PreflightFailed(RuntimeError):
+class NodeUnfit(RuntimeError):
     """A node failed its preflight check; the attempt ends so that the run goes on without it."""
 
     fault = events.Fault.NODE_UNFIT
@@ -111,7 +111,7 @@ def bandwidth(env: DistEnv) -> float:
 
 
 def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig, virtual_gpus: bool = True) -> None:
-    """Every rank calls this before training; raises PreflightFailed on every rank if any node failed."""
+    """Every rank calls this before training; raises NodeUnfit on every rank if any node failed."""
     problem = device_problem(env, virtual_gpus) or (disk_problem(run_dir, plan, model) if env.local_rank == 0 else None)
     if problem:
         log.error("preflight failed on %s: %s", env.node, problem)
@@ -120,7 +120,7 @@ def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig, virtu
     failed = torch.tensor([int(problem is not None)], device=env.device)
     dist.all_reduce(failed, op=dist.ReduceOp.MAX)
     if failed.item():
-        raise PreflightFailed(problem or "another node failed its preflight check")
+        raise NodeUnfit(problem or "another node failed its preflight check")
     mine = bandwidth(env)
     everyone: list = [None] * env.world_size
     dist.all_gather_object(everyone, (env.node, mine))

@@ -21,7 +21,7 @@ from launcher.core.config import load_run_config
 from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.plan import read_plan
 from launcher.core.events import Finished, Requeued, Stalled, Started
-from launcher.core.rundir import append_event
+from launcher.core.rundir import SOURCE_ROOT, append_event
 from launcher.train.dist import check_allreduce, global_rank_from_environ, init_distributed
 from launcher.train.interrupt import Interrupt, Requeue
 from launcher.train.export import Exports
@@ -30,10 +30,6 @@ from launcher.train.preflight import preflight, verify_data
 from launcher.train.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
-
-# Where this code was imported from: the run's frozen copy when the launcher submitted it (launcher/submit/freeze.py).
-CODE_ROOT = str(Path(__file__).resolve().parents[2])
-
 
 def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> dict[str, Any]:
     """Bring up the process group, check it, train, and record the outcome; returns the final metrics. A
@@ -52,7 +48,7 @@ def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> dict[str, Any]:
         verify_data(env, cfg)
         if env.is_main:
             append_event(run_dir, Started(job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
-                                          nodes=env.nodes, code=CODE_ROOT))
+                                          nodes=env.nodes, code=str(SOURCE_ROOT)))  # the run's frozen copy
         first = env.rank - env.local_rank  # Slurm's block distribution: a node's ranks are consecutive
         watchdog = Watchdog(run_dir, env.rank, env.node, cfg.train.stall_timeout_s,
                             on_stall=functools.partial(_record_stall, run_dir),

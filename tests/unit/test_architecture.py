@@ -184,7 +184,7 @@ def test_train_imports_only_the_contract_from_the_launcher(path):
 def test_the_in_job_path_loads_neither_hydra_nor_the_cli():
     """What a plain run's job imports (the batch script's recovery steps, the task, its resubmission) loads no
     Hydra, no composition, no CLI and no command: a requeue or a retry must not pay for them."""
-    code = ("import sys, launcher.job.recovery, launcher.job.progress, launcher.job.entry, launcher.job.submission, "
+    code = ("import sys, launcher.job.recovery, launcher.job.comment, launcher.job.entry, launcher.job.submission, "
             "launcher.train.task; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'hydra' or m.startswith(("
             "'launcher.cli', 'launcher.commands', 'launcher.compose.runs', 'launcher.compose.overrides', "

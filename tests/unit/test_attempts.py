@@ -296,7 +296,7 @@ def test_an_attempt_trained_only_when_a_rank_got_past_the_step_it_started_from()
 def test_exclusions_that_would_leave_too_few_nodes_are_allowed_again_least_certain_first():
     events = [ended("STALLED", "rank 2 hung", 10, nodes=("n2",)), ended("LOST", "n3 lost", 20, nodes=("n3",))]
     wanted = Decision(True, "retry 2 of 3", ["n2", "n3"])
-    kept = schedulable(wanted, events, down=[], partition=["n1", "n2", "n3"], needed=2)
+    kept = schedulable(wanted, events, held=[], partition=["n1", "n2", "n3"], needed=2)
     assert (kept.exclude, kept.allowed) == (["n3"], ["n2"])  # the hung rank's node, not the lost one
     assert "would leave 1 of the 2 nodes the run needs, so n2 is allowed again" in kept.reason
     assert schedulable(wanted, events, [], ["n1", "n2", "n3", "n4"], 2) == wanted  # room enough: unchanged
@@ -321,7 +321,7 @@ def test_a_lost_node_slurm_still_reads_idle_is_allowed_again_only_after_slurm_ca
     """On a cluster with no node to spare, the retry needs the lost node back; placed at once, it would land on
     the dead node Slurm still reads idle. It begins after SlurmdTimeout instead, and then waits for nodes."""
     events = [ended("LOST", "n2 lost", 20, nodes=("n2",))]
-    waited = schedulable(Decision(True, "n2 was lost", ["n2"], free=True), events, down=[], partition=["n1", "n2"],
+    waited = schedulable(Decision(True, "n2 was lost", ["n2"], free=True), events, held=[], partition=["n1", "n2"],
                          needed=2, settle_s=60)
     assert (waited.exclude, waited.allowed, waited.begin_s, waited.free) == ([], ["n2"], 65, True)
     assert waited.reason.endswith("; it begins in 65 s, once Slurm has marked n2 down (SlurmdTimeout)")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from support.helpers import git
-from launcher.submit.freeze import REPO, dirty_note, freeze, source_state
+from launcher.core.rundir import SOURCE_ROOT as REPO
+from launcher.submit.freeze import dirty_note, freeze, source_state
 from launcher.submit.git import tree_state
 from launcher.slurm.batch import frozen_code_line
 

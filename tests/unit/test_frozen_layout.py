@@ -44,6 +44,16 @@ def test_a_run_frozen_now_has_no_problem_and_an_old_one_is_named(tmp_path):
         resubmit(tmp_path / "old")
 
 
+def test_a_run_frozen_before_an_entry_point_moved_is_named(tmp_path):
+    """The batch script's progress comment was launcher/job/progress.py before it became launcher/job/comment.py:
+    a run frozen then cannot run this launcher's batch script, and resume says which module its code lacks."""
+    freeze(tmp_path / "moved")
+    job = tmp_path / "moved" / "code" / "launcher" / "job"
+    (job / "comment.py").rename(job / "progress.py")
+    assert frozen_layout_problem(tmp_path / "moved").startswith(
+        "run moved was frozen by an older launcher (its code has no launcher/job/comment.py)")
+
+
 def test_resume_of_an_old_run_says_why_in_one_line_and_submits_nothing(tmp_path, capsys):
     run_dir = old_run(tmp_path)
     before = sorted(p.name for p in run_dir.iterdir())

@@ -1,5 +1,5 @@
 """A grid sweep's runs of one resource shape go to Slurm as one job array (launcher/submit/launch.py arrays,
-launcher/slurm/batch.py array_script, launcher/job/submission.py submit_array), each element its run's job: its
+launcher/slurm/batch.py array_script, launcher/submit/array.py submit_array), each element its run's job: its
 own directory, files, record and job name (``123_4``). Without a cluster: Slurm's answers are given here."""
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def test_what_a_job_could_resolve_otherwise_is_pinned_as_the_launch_composed_it(
     """A trial composed in a job's last step sees another environment and current directory, and the frozen code's
     conf/: a relative data.path is made absolute (as run.yaml records it), and the run root and slurm.conf become
     the environment trials are composed in, so that a trial's run.yaml is a plain run's."""
-    from launcher.search.launch import check_search, pinned
+    from launcher.search.start import check_search, pinned
 
     from dataclasses import replace
 
@@ -127,7 +127,7 @@ def test_what_a_job_could_resolve_otherwise_is_pinned_as_the_launch_composed_it(
 
 
 def test_a_launch_whose_first_trial_is_refused_leaves_no_study(root, monkeypatch):
-    from launcher.search import launch, submission
+    from launcher.search import start, submission
     from launcher.submit import launch as submitting
 
     def refused(search, number, values):
@@ -135,7 +135,7 @@ def test_a_launch_whose_first_trial_is_refused_leaves_no_study(root, monkeypatch
 
     monkeypatch.setattr(submitting, "check_runs", lambda runs: ([root] * len(runs), [None] * len(runs)))
     monkeypatch.setattr(submission, "submit_trial", refused)
-    checked = launch.check_search(["search=optuna", LR], multirun=True)
+    checked = start.check_search(["search=optuna", LR], multirun=True)
     with pytest.raises(LaunchError, match="node configuration is not available"):
-        launch.start_search(checked)
+        start.start_search(checked)
     assert list(root.iterdir()) == []

@@ -106,7 +106,7 @@ def test_a_container_runs_the_tasks_with_its_python_and_sees_the_run_data_and_se
     # attempt's record, the squeue comment beside srun, and after it the requeue (the image needs no scontrol).
     host = [line for line in lines(text) if line.startswith("/opt/venv/bin/python ")]
     assert host == [f"/opt/venv/bin/python -m launcher.job.recovery begin {run_dir}",
-                    f"/opt/venv/bin/python -m launcher.job.progress {run_dir} & LAUNCHER_PROGRESS=$!",
+                    f"/opt/venv/bin/python -m launcher.job.comment {run_dir} & LAUNCHER_PROGRESS=$!",
                     f"/opt/venv/bin/python -m launcher.job.recovery end {run_dir} $?"]
     assert lines(text).index(host[1]) < lines(text).index(srun) < lines(text).index(host[2])
 

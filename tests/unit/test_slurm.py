@@ -129,7 +129,7 @@ def test_only_the_adapter_runs_slurm_tools():
     on a remote cluster goes through ssh.py), besides launcher/train/export.py, whose main rank starts its own Python
     to export a checkpoint beside training. The tasks' code (launcher/train/) runs no tool at all: a rank may be in a
     container without Slurm's client, so the requeue and the progress comment are the batch shell's
-    (launcher/job/recovery.py, launcher/job/progress.py)."""
+    (launcher/job/recovery.py, launcher/job/comment.py)."""
     package = Path(launcher.__file__).parent
     tools = [f'["{tool}"' for tool in ("sinfo", "squeue", "sacct", "scontrol", "scancel", "sbatch")]
     offenders = [str(path.relative_to(package)) for path in package.rglob("*.py")

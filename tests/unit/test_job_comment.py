@@ -1,4 +1,4 @@
-"""The job's progress comment, set from the batch host (launcher/job/progress.py): the newest metrics record's
+"""The job's progress comment, set from the batch host (launcher/job/comment.py): the newest metrics record's
 words, rate-limited, the final record at once, and it ends with the batch shell that started it."""
 import json
 import os
@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from support.helpers import REPO, wait_for
 from launcher.core.config import ModelConfig, RunConfig, TrainConfig
-from launcher.job.progress import comment_text
+from launcher.job.comment import comment_text
 
 
 def test_the_comment_says_the_step_the_loss_and_the_speed():
@@ -44,7 +44,7 @@ def write(run_dir, record):
 
 def test_the_comment_follows_the_metrics_and_sends_the_final_record_at_once(tmp_path):
     calls, env = progress_scene(tmp_path)
-    follower = subprocess.Popen([sys.executable, "-m", "launcher.job.progress", str(tmp_path)], env=env,
+    follower = subprocess.Popen([sys.executable, "-m", "launcher.job.comment", str(tmp_path)], env=env,
                                 stderr=subprocess.PIPE, text=True)
     started = time.monotonic()
     for step in range(1, 31):  # 30 records in 3 s: rate-limited to one send every 5 s
@@ -62,7 +62,7 @@ def test_the_comment_follows_the_metrics_and_sends_the_final_record_at_once(tmp_
 def test_the_comment_keeper_ends_with_the_batch_shell(tmp_path):
     calls, env = progress_scene(tmp_path)
     write(tmp_path, {"step": 7, "loss": 3.0})
-    shell = subprocess.run(["sh", "-c", f"{sys.executable} -m launcher.job.progress {tmp_path} & echo $!; sleep 2"],
+    shell = subprocess.run(["sh", "-c", f"{sys.executable} -m launcher.job.comment {tmp_path} & echo $!; sleep 2"],
                            env=env, capture_output=True, text=True, timeout=30)
     pid = int(shell.stdout.split()[0])
     wait_for(lambda: not os.path.exists(f"/proc/{pid}") or " Z " in open(f"/proc/{pid}/stat").read(), 10,
@@ -75,8 +75,8 @@ def test_a_controller_that_refuses_costs_one_warning_and_no_failure(tmp_path):
     (tmp_path / "bin" / "scontrol").write_text(
         '#!/bin/sh\necho "scontrol: error: Unable to contact slurm controller" >&2\nexit 1\n')
     write(tmp_path, {"step": 7, "loss": 3.0})
-    shell = subprocess.run(["sh", "-c", f"{sys.executable} -m launcher.job.progress {tmp_path} & sleep 3"],
+    shell = subprocess.run(["sh", "-c", f"{sys.executable} -m launcher.job.comment {tmp_path} & sleep 3"],
                            env=env, capture_output=True, text=True, timeout=30)  # returns when the keeper has ended
     assert shell.returncode == 0
-    assert shell.stderr.splitlines() == ["launcher.job.progress: cannot set the job's comment: scontrol: error: Unable "
+    assert shell.stderr.splitlines() == ["launcher.job.comment: cannot set the job's comment: scontrol: error: Unable "
                                          "to contact slurm controller"]

@@ -2,7 +2,7 @@
 
 The batch script starts this beside the ranks, on the batch host (launcher/slurm/batch.py)::
 
-    python -m launcher.job.progress RUN_DIR &
+    python -m launcher.job.comment RUN_DIR &
 
 It follows rank 0's metrics.jsonl and sets the comment to its newest record ("step 40/120 loss 3.214 tok/s
 5120", then "done 120/120 loss 2.754"). It runs on the host, not in a rank, because the ranks may run in a
@@ -59,7 +59,7 @@ def follow(run_dir: Path, job_id: str, steps: int, every_s: float = EVERY_S, pol
                 sent = text
             except SlurmError as err:
                 if not warned:  # once: the comment is a convenience, the run goes on without it
-                    print(f"launcher.job.progress: cannot set the job's comment: {err}", file=sys.stderr)
+                    print(f"launcher.job.comment: cannot set the job's comment: {err}", file=sys.stderr)
                     warned = True
             sent_at = time.monotonic()
         if not shell_alive or (final and text == sent):
@@ -70,13 +70,13 @@ def follow(run_dir: Path, job_id: str, steps: int, every_s: float = EVERY_S, pol
 def main(argv: list) -> int:
     job_id = os.environ.get("SLURM_JOB_ID")
     if len(argv) != 1 or not job_id:
-        print("usage: python -m launcher.job.progress RUN_DIR (inside a Slurm job)", file=sys.stderr)
+        print("usage: python -m launcher.job.comment RUN_DIR (inside a Slurm job)", file=sys.stderr)
         return 2
     run_dir = Path(argv[0])
     try:
         follow(run_dir, job_id, load_run_config(run_dir / "config.yaml").train.steps)
     except (OSError, ValueError) as err:  # the run directory gone or its config unreadable: no comment, no harm
-        print(f"launcher.job.progress: {err}", file=sys.stderr)
+        print(f"launcher.job.comment: {err}", file=sys.stderr)
     return 0
 
 
