@@ -1,10 +1,10 @@
 """``launcher compare RUN... | --sweep ID``: how model sizes and GPU counts actually compared.
 
 Everything comes from the runs' own ``metrics.jsonl``, ``run.json`` and ``config.yaml``:
-The figures (launcher/status/scaling.py) as a table, CSV, JSON or a plot (launcher/commands/compare_plot.py);
+The figures (launcher/status/scaling.py) as a table, CSV, JSON or a plot (launcher/views/scaling_plot.py);
 MFU reads "n/a" with the reason where training measured none. Runs still going are compared on their steps
 so far and marked as such. A search's sweep is compared the same way, and its plot is its trials' value against
-each parameter (launcher/commands/search_plot.py) rather than the scaling plot, which trials of one shape do not
+each parameter (launcher/views/search_plot.py) rather than the scaling plot, which trials of one shape do not
 make.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from launcher.commands.common import chosen_runs, duration, roots_of
-from launcher.commands.search_view import best_line, progress_line, search_of
+from launcher.views.lookup import chosen_runs, duration, roots_of
+from launcher.views.search_summary import best_line, progress_line, search_of
 from launcher.errors import LaunchError
 from launcher.status.scaling import RunStats, compare
 
@@ -109,11 +109,11 @@ def main(args: argparse.Namespace) -> int:
         stats, search = compare(records), search_of(roots, records[0].sweep if args.sweep and records else None)
     said = []  # what the plot leaves out of a search: said beside the table, or on stderr beside JSON or CSV
     if args.plot and search is not None:
-        from launcher.commands.search_plot import plot as plot_search
+        from launcher.views.search_plot import plot as plot_search
 
         said = [note for note in [plot_search(search, args.plot).note(search.metric)] if note]
     elif args.plot:
-        from launcher.commands.compare_plot import plot
+        from launcher.views.scaling_plot import plot
 
         plot(stats, args.plot)
     if args.json:

@@ -6,7 +6,7 @@ import shutil
 import sys
 import time
 
-from launcher.commands.common import changeable, chosen_runs, roots_of
+from launcher.views.lookup import changeable, chosen_runs, roots_of
 from launcher.commands.stop import cancel, run_args
 from launcher.errors import LaunchError
 

@@ -1,6 +1,6 @@
 """``launcher describe RUN``: everything about one run, from its directory and from Slurm; of a search's trial, also
 which trial of which search it is. ``launcher describe SWEEP_ID`` of a search: its study, summarised
-(launcher/commands/search_view.py)."""
+(launcher/views/search_summary.py)."""
 from __future__ import annotations
 
 import argparse
@@ -12,8 +12,8 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from launcher.commands.common import lookup, roots_of
-from launcher.commands.search_view import describe_lines, metric_text, named_search
+from launcher.views.lookup import lookup, roots_of
+from launcher.views.search_summary import describe_lines, metric_text, named_search
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
 from launcher.core.config import load_run_config

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import List
 
-from launcher.commands.common import lookup, roots_of
+from launcher.views.lookup import lookup, roots_of
 from launcher.commands.trained import chosen_checkpoint, need_torch, run_config, run_tokenizer
 from launcher.errors import LaunchError
 

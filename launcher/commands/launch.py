@@ -119,7 +119,7 @@ def search(overrides: List[str], multirun: bool) -> int:
         print_runs(checked.corners, mode)
         return 0
     started, settings = start_search(checked), checked.settings
-    from launcher.commands.common import invocation
+    from launcher.views.lookup import invocation
     from launcher.submit.freeze import dirty_note, source_state
 
     note = dirty_note(source_state())
@@ -207,7 +207,7 @@ def print_plan(run: ComposedRun, data: str, first: bool = True) -> None:
 
 def print_submitted(launched: Launched) -> None:
     """What was submitted, with the commands that follow it, as this user runs the launcher."""
-    from launcher.commands.common import invocation
+    from launcher.views.lookup import invocation
 
     records, sweep_id, launcher = launched.records, launched.sweep_id, invocation()
     if launched.note:

@@ -8,7 +8,7 @@ from collections import deque
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from launcher.commands.common import lookup, roots_of
+from launcher.views.lookup import lookup, roots_of
 from launcher.errors import LaunchError
 from launcher.core.plan import read_plan
 from launcher.status.index import RunRecord

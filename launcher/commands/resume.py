@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from launcher.commands.common import changeable, lookup, roots_of
+from launcher.views.lookup import changeable, lookup, roots_of
 from launcher.core.checkpoints import latest_checkpoint, step_of
 from launcher.core.events import Resubmitted
 from launcher.core.rundir import append_event, last_metrics

@@ -1,7 +1,7 @@
 """``launcher runs``: one row per run, newest first, with its true Slurm state and its progress.
 
 ``--sweep ID`` of a search adds, for each trial, its parameters, its state in the study and its value, then the
-best trial so far and the study's progress (launcher/commands/search_view.py); a grid sweep lists as any runs."""
+best trial so far and the study's progress (launcher/views/search_summary.py); a grid sweep lists as any runs."""
 from __future__ import annotations
 
 import argparse
@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, Tuple, Union
 
-from launcher.commands.common import clock, duration, parse_since, roots_of, slurm_seconds, sweep_runs
-from launcher.commands.search_view import best_line, metric_text, param_names, progress_line, search_of, short
+from launcher.views.lookup import clock, duration, parse_since, roots_of, slurm_seconds, sweep_runs
+from launcher.views.search_summary import best_line, metric_text, param_names, progress_line, search_of, short
 from launcher.errors import LaunchError
 from launcher.status.index import RunRecord, load_or_damage, record_names, unique_prefix
 from launcher.core.damage import DamagedRun

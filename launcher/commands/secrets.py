@@ -113,7 +113,7 @@ def _list(directory: Path, as_json: bool) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     if not secrets:
-        from launcher.commands.common import invocation
+        from launcher.views.lookup import invocation
 
         print(f"No secrets in {directory}. Create one with: {invocation()} secrets create env NAME < value.txt")
         return 0

@@ -13,8 +13,8 @@ import argparse
 from pathlib import Path
 from typing import List, Optional
 
-from launcher.commands.common import changeable, chosen_runs, roots_of
-from launcher.commands.search_view import trials_text
+from launcher.views.lookup import changeable, chosen_runs, roots_of
+from launcher.views.search_summary import trials_text
 from launcher.errors import LaunchError
 from launcher.core.events import Cancelled
 from launcher.core.rundir import TRIAL, append_event, is_search, search_path

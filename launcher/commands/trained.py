@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
-from launcher.commands.common import lookup, roots_of
+from launcher.views.lookup import lookup, roots_of
 from launcher.core.checkpoints import complete_checkpoints, step_dir, step_of
 from launcher.core.config import DataConfig, RunConfig, load_run_config
 from launcher.core.dataset import DatasetError, read_metadata

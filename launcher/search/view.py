@@ -1,6 +1,6 @@
 """What a search has done so far, as its study says: each trial's state, value and parameters, the best trial, and
 how far the search has gone. ``runs --sweep``, ``describe`` and ``compare --plot`` print it
-(launcher/commands/search_view.py); nothing here writes.
+(launcher/views/search_summary.py); nothing here writes.
 
 The study is read without the report lock: Optuna's journal is appended whole records at a time, and a view taken
 while a trial reports is the study just before or just after that report.

@@ -34,6 +34,7 @@ LAYERS: List[Set[str]] = [
     {"launcher.submit"},
     {"launcher.search"},  # searches: compose and submit trials, at the launch and from a trial's last step
     {"launcher.remote"},  # clusters over SSH: ships the code and submits there through submit/
+    {"launcher.views"},  # what the commands share: finding runs, a search's tables, the plots
     {"launcher.commands"},
     {"launcher.cli", "launcher.__main__"},
 ]
@@ -241,3 +242,13 @@ def test_the_training_loop_reads_as_the_step():
     train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
     (loop,) = [n for n in ast.walk(train) if isinstance(n, (ast.For, ast.While))]
     assert loop.end_lineno - loop.lineno + 1 <= 30
+
+
+def test_the_wheel_lists_every_package():
+    """pyproject.toml names its packages one by one: a package left out installs without it (the launcher then
+    fails at its first import of it on a site that pip-installed it)."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {module_name(path) for path in REPO.glob("launcher/**/__init__.py")}
+    assert listed - {"launcher.conf"} == packages

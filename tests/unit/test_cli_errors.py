@@ -8,7 +8,7 @@ import types
 import pytest
 
 from launcher import cli
-from launcher.commands import common
+from launcher.views import lookup as common
 from launcher.submit.launch import Launched
 from support.helpers import REPO, run_launcher
 
@@ -160,7 +160,7 @@ def test_hints_name_the_command_as_it_was_invoked(monkeypatch, argv0, on_path, e
 def test_a_pasted_hint_runs(tmp_path):
     """The describe hint printed after a submission works when pasted into a shell elsewhere."""
     env = {**os.environ, "LAUNCHER_RUN_ROOT": str(tmp_path)}
-    hint = subprocess.run([sys.executable, "-c", "from launcher.commands.common import invocation; print(invocation())"],
+    hint = subprocess.run([sys.executable, "-c", "from launcher.views.lookup import invocation; print(invocation())"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60).stdout.strip()
     assert hint == f"{sys.executable} -m launcher"
     result = subprocess.run(f"{hint} runs --json", shell=True, cwd=tmp_path, capture_output=True, text=True,

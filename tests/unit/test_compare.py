@@ -107,7 +107,7 @@ def test_mfu_is_taken_at_the_median_step_time_and_its_absence_explained(tmp_path
 
 def test_the_plot_reads_without_the_table(tmp_path):
     from launcher.status.scaling import compare
-    from launcher.commands.compare_plot import figure
+    from launcher.views.scaling_plot import figure
     from launcher.status.index import list_records
 
     fake_run(tmp_path, "one", "gpt_tiny", 1, [(10, 2.0, 50, 4.0), (20, 1.0, 100, 3.0)], sweep="sweep-p")

@@ -82,7 +82,7 @@ def searched(tmp_path):
 
 
 def test_values_are_short_and_columns_are_named_by_the_keys_last_part():
-    from launcher.commands.search_view import metric_text, param_names, short
+    from launcher.views.search_summary import metric_text, param_names, short
 
     assert [short(v) for v in (3.2e-4, 1e-4, 0.25, 50, "gpt_small", 12345.0, 2.0)] == [
         "3.2e-04", "1e-04", "0.25", "50", "gpt_small", "1.2e+04", "2"]
@@ -110,7 +110,7 @@ def test_the_view_counts_every_state_and_the_best_is_a_completed_trial(searched)
 def test_the_best_follows_the_direction(tmp_path):
     from launcher.search.view import view
 
-    from launcher.commands.search_view import best_line
+    from launcher.views.search_summary import best_line
 
     path = make_search(tmp_path, trials=2, parallel=2, direction="maximize")
     submit = Submitted(tmp_path)
@@ -223,7 +223,7 @@ def test_describe_of_a_trial_run_names_its_search_and_number(searched):
 
 
 def test_the_plot_draws_the_value_against_each_parameter_and_marks_the_best(searched):
-    from launcher.commands.search_plot import figure, plotted
+    from launcher.views.search_plot import figure, plotted
     from launcher.search.view import view
 
     _, path, _ = searched

@@ -12,7 +12,7 @@ import pytest
 
 from launcher import cli
 from launcher.commands import runs
-from launcher.commands.common import duration, parse_since, slurm_seconds
+from launcher.views.lookup import duration, parse_since, slurm_seconds
 from launcher.core.rundir import last_metrics
 from launcher.status.index import RunRecord, find_run, list_records, save_record
 from launcher.slurm.output import JobRow, parse_gres

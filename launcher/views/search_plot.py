@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List
 
-from launcher.commands.compare_plot import pyplot, save
-from launcher.commands.search_view import metric_text, short
+from launcher.views.scaling_plot import pyplot, save
+from launcher.views.search_summary import metric_text, short
 
 if TYPE_CHECKING:
     from launcher.search.space import Param
