@@ -8,7 +8,7 @@ Two cases: "cold", where Slurm must be asked about every listed job (sacct alone
 and "finished", the usual history, where each run's final Slurm state was kept in its directory by an
 earlier listing (launcher/status/job_state.py) and Slurm is not asked again.
 
-The launcher's own code writes the run directories (launcher.status.index.create_run_dir and save_record,
+The launcher's own code writes the run directories (launcher.core.run_index.create_run_dir and save_record,
 launcher.core.rundir's writers), so they are what a launch leaves. The timed processes run with their
 bytecode cached, as an installed launcher does (a warm-up run writes it); ``--no-bytecode`` keeps
 PYTHONDONTWRITEBYTECODE as the environment sets it, where every launcher process compiles its modules from
@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from launcher.core.rundir import METRICS, RECORD, append_jsonl, write_json_atomic  # noqa: E402
 from launcher.slurm.client import slurm_conf_for  # noqa: E402
-from launcher.status.index import RunRecord, create_run_dir, save_record  # noqa: E402
+from launcher.core.run_index import RunRecord, create_run_dir, save_record  # noqa: E402
 from launcher.status.job_state import SETTLED_FILE, JobState  # noqa: E402
 
 

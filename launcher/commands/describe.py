@@ -21,7 +21,7 @@ from launcher.core.events import Evaluated, Event, ExportFailed, Exported, encod
 from launcher.core.rundir import (CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, TRIAL, WANDB, is_search,
                                   read_events, read_metrics)
 from launcher.errors import LaunchError
-from launcher.status.index import RunRecord
+from launcher.core.run_index import RunRecord
 from launcher.core.rundir import code_source
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.core.attempt_log import AttemptLog

@@ -154,7 +154,7 @@ def dry_run_asked(overrides: List[str]) -> bool:
 
 def display_name(run: ComposedRun) -> str:
     """The run's name, or its stem where the launch would add a random suffix."""
-    from launcher.status.index import base_name
+    from launcher.core.run_index import base_name
 
     return run.config.name or base_name(run.plan.model, run.plan.gpus)
 

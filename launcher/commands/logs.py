@@ -11,7 +11,7 @@ from typing import Dict, List, Tuple
 from launcher.views.lookup import lookup, roots_of
 from launcher.errors import LaunchError
 from launcher.core.plan import read_plan
-from launcher.status.index import RunRecord
+from launcher.core.run_index import RunRecord
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.status.job_state import job_states
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, T
 from launcher.views.lookup import clock, duration, parse_since, roots_of, slurm_seconds, sweep_runs
 from launcher.views.search_summary import best_line, metric_text, param_names, progress_line, search_of, short
 from launcher.errors import LaunchError
-from launcher.status.index import RunRecord, load_or_damage, record_names, unique_prefix
+from launcher.core.run_index import RunRecord, load_or_damage, record_names, unique_prefix
 from launcher.core.damage import DamagedRun
 from launcher.core.rundir import search_ids
 from launcher.status.job_state import ACTIVE, DAMAGED, STATES, JobState, job_states

@@ -18,7 +18,7 @@ from launcher.views.search_summary import trials_text
 from launcher.errors import LaunchError
 from launcher.core.events import Cancelled
 from launcher.core.rundir import TRIAL, append_event, is_search, search_path
-from launcher.status.index import RunRecord
+from launcher.core.run_index import RunRecord
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.status.job_state import job_states
 

@@ -17,7 +17,7 @@ from launcher.core.checkpoints import complete_checkpoints, step_dir, step_of
 from launcher.core.config import DataConfig, RunConfig, load_run_config
 from launcher.core.dataset import DatasetError, read_metadata
 from launcher.errors import LaunchError
-from launcher.status.index import RunRecord
+from launcher.core.run_index import RunRecord
 
 
 def with_checkpoint(args: argparse.Namespace, command: str) -> Tuple[RunRecord, RunConfig, Path]:

@@ -1,6 +1,6 @@
 """A run's directory as the launcher and the training tasks share it: its files' names, writes that readers
 never see half of, the event log and the metrics (docs/design-contract.md). The run root as an index of
-runs (records, listing, lookup) is the launcher's alone: launcher/status/index.py.
+runs (records, listing, lookup) is the launcher's alone: launcher/core/run_index.py.
 """
 from __future__ import annotations
 

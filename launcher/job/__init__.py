@@ -6,5 +6,5 @@ This is the in-job path: it never loads Hydra, composition, submission, the CLI 
 (tests/unit/test_architecture.py checks what it loads). launcher/train/ is imported by a task when it starts,
 and a search's hook by a trial's last step.
 
-Imports: core, errors, search, slurm, status, train.
+Imports: core, errors, search, slurm, train.
 """

@@ -13,7 +13,7 @@ from launcher.core.plan import Plan, read_plan
 from launcher.core.privacy import run_umask
 from launcher.core.rundir import CONFIG, RECORD, code_dir, write_json_atomic
 from launcher.errors import LaunchError
-from launcher.status.index import RunRecord, load_or_damage
+from launcher.core.run_index import RunRecord, load_or_damage
 from launcher.slurm.client import for_cluster
 
 # The modules a job of this launcher runs from the run's frozen code: the pickled task (entry), the batch script's

@@ -22,7 +22,7 @@ from launcher.remote.ssh import Remote
 if TYPE_CHECKING:
     from launcher.compose.runs import ComposedRun
     from launcher.core.config import ClusterConfig
-    from launcher.status.index import RunRecord
+    from launcher.core.run_index import RunRecord
     from launcher.submit.launch import Launched
 
 RUNS_INDEX = "remote-runs.json"
@@ -67,7 +67,7 @@ def launch_remote(runs: List["ComposedRun"], sweep: bool) -> "Launched":
     """Submit runs composed here on their remote cluster; what was submitted, as a local launch returns it."""
     from launcher.remote.agent import request
     from launcher.remote.ship import call
-    from launcher.status.index import RunRecord
+    from launcher.core.run_index import RunRecord
     from launcher.submit.launch import Launched
 
     same_remote(runs)

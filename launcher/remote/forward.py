@@ -15,7 +15,7 @@ from typing import List, Optional
 from launcher.remote.clusters import cluster_of_runs, find_remote
 from launcher.remote.ship import run_launcher, stream_launcher
 from launcher.remote.ssh import Remote
-from launcher.status.index import find_run, known_roots
+from launcher.core.run_index import find_run, known_roots
 
 
 def target(parsed: argparse.Namespace) -> Optional[Remote]:

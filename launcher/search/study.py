@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, Optional
 
 from launcher.core.config import SearchConfig
 from launcher.core.rundir import SEARCH, trial_record, trial_search, write_json_atomic
-from launcher.status.index import ensure_sweep_dir
+from launcher.core.run_index import ensure_sweep_dir
 from launcher.train.trial import storage
 from launcher.search.space import Space, from_dict, to_dict
 

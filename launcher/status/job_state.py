@@ -23,7 +23,7 @@ from launcher.core.events import (Attempt, Cancelled, Failed, Finished, Requeued
 from launcher.core.heartbeats import stalled_for
 from launcher.core.rundir import write_json_atomic
 from launcher.core.safepath import is_safe_root
-from launcher.status.index import RunRecord
+from launcher.core.run_index import RunRecord
 from launcher.status.run_files import RunFiles
 from launcher.slurm.client import JobRow, Slurm, SlurmError
 

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 
 from launcher.core.damage import DamagedRun, read_yaml_mapping
 from launcher.core.rundir import CONFIG, read_metrics
-from launcher.status.index import RunRecord
+from launcher.core.run_index import RunRecord
 from launcher.status.job_state import job_states
 
 

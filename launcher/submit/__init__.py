@@ -3,5 +3,5 @@ directory, freezes the code its tasks will import (freeze, git), and submits it 
 
 It is given the composed runs, and the commands print what it returns.
 
-Imports: compose, core, errors, job, slurm, status.
+Imports: compose, core, errors, job, slurm.
 """

@@ -24,7 +24,7 @@ from launcher.core.events import Submitted
 from launcher.core.rundir import (CONFIG, PLAN, append_event, launcher_home, sweep_dir, write_atomic,
                                   write_json_atomic)
 from launcher.core.safepath import check_home
-from launcher.status.index import (RunRecord, base_name, create_run_dir, default_root, ensure_root, remember_root,
+from launcher.core.run_index import (RunRecord, base_name, create_run_dir, default_root, ensure_root, remember_root,
                                    ensure_sweep_dir, save_record)
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
 from launcher.slurm.fit import explain_rejection, refusal

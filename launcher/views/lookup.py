@@ -13,12 +13,12 @@ from typing import List, Optional, Sequence
 
 from launcher.core.safepath import UnsafePath, check_run_root
 from launcher.errors import LaunchError
-from launcher.status.index import RunRecord, default_root, find_run, known_roots, list_records, unique_prefix
+from launcher.core.run_index import RunRecord, default_root, find_run, known_roots, list_records, unique_prefix
 
 
 def roots_of(args: argparse.Namespace) -> List[Path]:
     """The run roots a status command looks in: ``--root``, else ``$LAUNCHER_RUN_ROOT``, else the default root
-    and every other root a launch used (a cluster's ``run_root``: launcher/status/index.py known_roots)."""
+    and every other root a launch used (a cluster's ``run_root``: launcher/core/run_index.py known_roots)."""
     if args.root:
         return [args.root.expanduser()]
     return [default_root()] if os.environ.get("LAUNCHER_RUN_ROOT") else known_roots()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
 from launcher.core.rundir import search_ids, search_path
 from launcher.errors import LaunchError
-from launcher.status.index import unique_prefix
+from launcher.core.run_index import unique_prefix
 
 if TYPE_CHECKING:
     from launcher.search.space import Param

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from launcher.core.config import RunConfig, load_run_config
 from launcher.core.plan import PLAN, Plan
 from launcher.compose.layout import single_node_plan
-from launcher.status.index import RunRecord, save_record
+from launcher.core.run_index import RunRecord, save_record
 from launcher.train.data import encode_bytes, stdlib_sources, write_tokens
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import pytest
 
 from launcher import cli
 from launcher.commands.compare import step_time
-from launcher.status.index import RunRecord, save_record
+from launcher.core.run_index import RunRecord, save_record
 
 
 def fake_run(root, name, model, gpus, intervals, final=True, sweep="sweep-t", cluster="local", mfu_per_step=None):
@@ -108,7 +108,7 @@ def test_mfu_is_taken_at_the_median_step_time_and_its_absence_explained(tmp_path
 def test_the_plot_reads_without_the_table(tmp_path):
     from launcher.status.scaling import compare
     from launcher.views.scaling_plot import figure
-    from launcher.status.index import list_records
+    from launcher.core.run_index import list_records
 
     fake_run(tmp_path, "one", "gpt_tiny", 1, [(10, 2.0, 50, 4.0), (20, 1.0, 100, 3.0)], sweep="sweep-p")
     fake_run(tmp_path, "four", "gpt_tiny", 4, [(10, 2.0, 50, 4.0), (20, 1.25, 320, 3.1)], sweep="sweep-p")

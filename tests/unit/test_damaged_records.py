@@ -13,7 +13,7 @@ from launcher import cli
 from launcher.core.config import ModelConfig, RunConfig
 from launcher.compose.layout import single_node_plan
 from launcher.core.rundir import last_metrics, read_events, read_metrics
-from launcher.status.index import RunRecord, save_record
+from launcher.core.run_index import RunRecord, save_record
 from launcher.slurm.output import JobRow
 
 GOOD = ("alpha", "gamma")  # listed and usable around the damaged one, "beta"

@@ -14,7 +14,7 @@ from launcher.compose.layout import single_node_plan
 from launcher.core.config import ModelConfig, RunConfig
 from launcher.job.submission import frozen_layout_problem, resubmit
 from launcher.errors import LaunchError
-from launcher.status.index import RunRecord, save_record
+from launcher.core.run_index import RunRecord, save_record
 from launcher.submit.freeze import freeze
 
 

@@ -24,7 +24,7 @@ from launcher import cli
 from launcher.core.events import Submitted
 from launcher.core.rundir import append_event
 from launcher.core.safepath import UnsafePath, check_run_root
-from launcher.status.index import (
+from launcher.core.run_index import (
     RunRecord,
     create_run_dir,
     ensure_root,

@@ -97,7 +97,7 @@ def test_cluster_option_is_dropped_when_forwarded():
 
 
 def test_remote_runs_are_found_by_name_or_unique_prefix(tmp_path, monkeypatch):
-    from launcher.status.index import RunRecord
+    from launcher.core.run_index import RunRecord
 
     monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path))
     record = dict(model="gpt_tiny", gpus=2, nodes=1, gpus_per_node=2, steps=10, cluster="site", submitted_at=1.0,

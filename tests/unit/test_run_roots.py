@@ -9,7 +9,7 @@ import pytest
 
 from launcher import cli
 from launcher.compose.runs import compose_runs
-from launcher.status.index import RunRecord, known_roots, remember_root, save_record
+from launcher.core.run_index import RunRecord, known_roots, remember_root, save_record
 
 
 @pytest.fixture

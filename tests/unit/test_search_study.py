@@ -17,7 +17,7 @@ from launcher.core.rundir import SWEEPS
 from launcher.train.trial import JOURNAL
 from launcher.search.study import DEFINITION, load, open_study
 from launcher.search.trials import Result, Tally, ask_owed, owed, report, result_of, start, tally_of
-from launcher.status.index import record_names
+from launcher.core.run_index import record_names
 from support.helpers import REPO
 from support.searches import Submitted, make_search
 

@@ -19,7 +19,7 @@ from launcher.core.rundir import TRIAL
 from launcher.search.space import read_space
 from launcher.search.study import Search, create, load, open_study
 from launcher.search.trials import STOPPED_BY, Result, fail_unended, owed, report, start, stop, tally_of
-from launcher.status.index import RunRecord, save_record
+from launcher.core.run_index import RunRecord, save_record
 
 SEARCH_ID = "sweep-20261201-000000-abcd"
 # Trial n is drawn at POINTS[n]: enqueued, so Optuna's ask() hands these out in order.

@@ -14,7 +14,7 @@ from launcher import cli
 from launcher.commands import runs
 from launcher.views.lookup import duration, parse_since, slurm_seconds
 from launcher.core.rundir import last_metrics
-from launcher.status.index import RunRecord, find_run, list_records, save_record
+from launcher.core.run_index import RunRecord, find_run, list_records, save_record
 from launcher.slurm.output import JobRow, parse_gres
 from launcher.status.job_state import JobState, fold, from_run_dir, in_its_words, job_states, settled_state
 

@@ -4,7 +4,9 @@ listing and finding runs by name, prefix or sweep.
 The directories are the source of truth. A run exists once ``mkdir`` of its directory succeeded (atomic,
 so concurrent launches can never take the same name), and it is listed once its ``run.json`` was written
 (atomically, by rename). Removing a directory by hand removes the run; nothing else needs updating.
-Only the launcher reads and writes these; what the training tasks share with it is launcher/core/rundir.py.
+Only the launcher reads and writes these (the training tasks never do); they live in the core, beside the
+run directory's contract (launcher/core/rundir.py), so that the launch, a job's retry and the status commands
+share one writer and one reader.
 """
 from __future__ import annotations
 
