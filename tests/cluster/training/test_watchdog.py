@@ -31,15 +31,29 @@ def gone(pid: int) -> bool:
         return True
 
 
+def sigterm_pending(pid: int) -> bool:
+    """Whether process ``pid`` holds a SIGTERM it has not handled (a stopped process cannot)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    pending = [int(line.split()[1], 16) for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask & (1 << (signal.SIGTERM - 1)) for mask in pending)
+
+
 def kill_when_stalled(run_dir, rank):
-    """Once the stall is recorded and the other ranks have exited (their watchdogs), SIGKILL the stopped rank
-    (this test's own process), as srun's --kill-on-bad-exit would; torch's harness would otherwise wait 30 s on
-    SIGTERM, which a stopped process ignores. Killed earlier, it could be the exit the harness reports first."""
+    """Once the stall is recorded, the other ranks have exited (their watchdogs) and the harness, having taken the
+    first exit as the attempt's, has asked the stopped rank to terminate, SIGKILL it (this test's own process), as
+    srun's --kill-on-bad-exit would; a stopped process ignores SIGTERM, and torch's harness would wait 30 s. Killed
+    before the harness has chosen, its exit could be the one reported: torch reports the lowest rank among those
+    found gone together."""
     recorded = run_dir / "events.jsonl"
     try:  # a line being written is not yet JSON: the text is searched
         wait_for(lambda: recorded.exists() and "stalled" in recorded.read_text(), 60, "stall", interval=0.2)
         others = [p.pid for p in read_pulses(run_dir) if p.rank != rank]
         wait_for(lambda: all(gone(pid) for pid in others), 60, "the watchdogs' exits", interval=0.1)
+        stopped = [p.pid for p in read_pulses(run_dir) if p.rank == rank]
+        wait_for(lambda: all(gone(pid) or sigterm_pending(pid) for pid in stopped), 60, "the harness's SIGTERM", interval=0.1)
     except AssertionError:
         pass  # the test itself says what is missing
     for pulse in read_pulses(run_dir):
