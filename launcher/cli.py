@@ -19,7 +19,10 @@ from typing import Dict, List, NoReturn, Optional, Sequence
 
 from launcher import __version__
 from launcher.core.damage import DamagedRun
+from launcher.core.rundir import launcher_home
 from launcher.errors import LaunchError, did_you_mean
+from launcher.remote.clusters import RUNS_INDEX
+from launcher.remote.forward import forward, target
 
 
 @dataclass(frozen=True)
@@ -108,8 +111,6 @@ def run_command(args: List[str]) -> int:
     take_extras(parsed, extras, "launcher" if parsed.command == DEFAULT_COMMAND else f"launcher {parsed.command}")
     if COMMANDS[parsed.command].about_runs and parsed.command != "runs" and (
             getattr(parsed, "cluster", None) or remote_runs_known()):
-        from launcher.remote.forward import forward, target
-
         remote = target(parsed)
         if remote is not None and parsed.command == "compare" and parsed.plot:
             parsed.remote = remote  # the figures come from there; the plot is drawn here (commands/compare.py)
@@ -125,9 +126,6 @@ def run_command(args: List[str]) -> int:
 
 def remote_runs_known() -> bool:
     """Whether runs were launched from here to a remote cluster (one stat: a plain local command pays no more)."""
-    from launcher.core.rundir import launcher_home
-    from launcher.remote.clusters import RUNS_INDEX
-
     return (launcher_home() / RUNS_INDEX).exists()
 
 
@@ -147,7 +145,7 @@ def build_parser(command: Optional[str]) -> Parser:
     parser = Parser(prog="launcher", formatter_class=argparse.RawDescriptionHelpFormatter,
                     description="Compose GPT training runs from conf/, submit them to Slurm, and follow them.")
     if command is None:
-        from launcher.commands.launch import epilog
+        from launcher.commands.launch import epilog  # lazy: keeps launcher.commands out of start-up
 
         parser.epilog = epilog()
     parser.add_argument("-V", "--version", action="version", version=f"launcher {__version__}")

@@ -14,10 +14,13 @@ import json
 import os
 import re
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
+from launcher.compose.catalog import beside, option_files, option_path, origin, user_dir
 from launcher.errors import LaunchError
+from launcher.remote.ship import call, remote_error, run_launcher
 from launcher.remote.ssh import Remote
 from launcher.slurm.client import Slurm, SlurmError, slurm_conf_for
 from launcher.status.usage import PartitionUsage, usage
@@ -51,10 +54,9 @@ class Configured:
 def configured() -> Dict[str, Configured]:
     """Every cluster file of every config layer (launcher/compose/catalog.py), by its ``name``, with its
     slurm.conf (a relative one relative to the file) and its layer; ``local`` first."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: keeps omegaconf out of start-up
 
-    from launcher.compose.catalog import beside, option_files, origin
-    from launcher.compose.layers import check_file
+    from launcher.compose.layers import check_file  # lazy: keeps omegaconf out of start-up
 
     found: Dict[str, Configured] = {}
     files = option_files("cluster")
@@ -93,8 +95,6 @@ def survey(clusters: Dict[str, Configured]) -> List[ClusterUsage]:
     def ask(entry: ClusterUsage) -> None:
         try:
             if entry.cluster in remotes:
-                from launcher.remote.ship import call
-
                 answer = call(remotes[entry.cluster], "partitions", {"slurm_conf": entry.slurm_conf},
                               timeout=max(30.0, 4 * remotes[entry.cluster].timeout_s))
                 entry.partitions = [PartitionUsage(**part) for part in answer["partitions"]]
@@ -159,9 +159,7 @@ def proposal(name: str, slurm: Slurm, partition: Optional[str]) -> str:
     """A cluster file for ``name`` from what Slurm says of the partition: its GPUs per node and their type, CPUs
     and memory per GPU, MaxTime, whether its GPUs are virtual (the local cluster's nodes say so with the
     ``virtual_gpus`` feature), and the user's default account."""
-    import time
-
-    import yaml
+    import yaml  # lazy: keeps yaml out of start-up
 
     slurm.ping()
     part = slurm.partition(partition)
@@ -188,9 +186,6 @@ def proposal(name: str, slurm: Slurm, partition: Optional[str]) -> str:
 def remote_proposal(args: argparse.Namespace) -> str:
     """The cluster file of a cluster reached over SSH: what its Slurm says, asked there by the launcher's own
     code (``clusters add --print`` run on the cluster with ``--python``), plus how to reach it."""
-    from launcher.remote.ship import remote_error, run_launcher
-    from launcher.remote.ssh import Remote
-
     remote = Remote(args.name, args.ssh, python=args.python, slurm_conf=args.cluster_conf)
     asked = ["clusters", "add", args.name, "--print", *(["--partition", args.partition] if args.partition else []),
              *(["--cluster-conf", args.cluster_conf] if args.cluster_conf else [])]
@@ -198,7 +193,7 @@ def remote_proposal(args: argparse.Namespace) -> str:
     if proc.returncode != 0:
         raise LaunchError(remote_error(remote, proc.stderr))
     reach = {"ssh": args.ssh, "python": args.python or "python3"}
-    import yaml
+    import yaml  # lazy: keeps yaml out of start-up
 
     return proc.stdout + "# Reached over SSH (docs/remote.md): every path above is the cluster's.\n" + \
         yaml.safe_dump(reach, sort_keys=False)
@@ -206,8 +201,6 @@ def remote_proposal(args: argparse.Namespace) -> str:
 
 def add(args: argparse.Namespace) -> int:
     """``clusters add NAME``: propose a cluster file and write it into the user's config directory."""
-    from launcher.compose.catalog import option_path, user_dir
-
     if not args.name or not NAME.fullmatch(args.name):
         raise LaunchError(f"clusters add needs a NAME of 1-64 letters, digits, '.', '_' or '-' (got "
                           f"{args.name!r}); e.g. launcher clusters add mysite")
@@ -251,7 +244,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([to_json(entry) for entry in entries], indent=1))
         return 0
-    from tabulate import tabulate
+    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     print(tabulate([row for entry in entries for row in table_rows(entry)], headers=HEADERS, disable_numparse=True))
     for entry in entries:

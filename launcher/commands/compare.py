@@ -18,7 +18,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from launcher.remote.ship import remote_error, run_launcher
 from launcher.views.lookup import chosen_runs, duration, roots_of
+from launcher.views.scaling_plot import plot
+from launcher.views.search_plot import plot as plot_search
 from launcher.views.search_summary import best_line, progress_line, search_of
 from launcher.errors import LaunchError
 from launcher.status.scaling import RunStats, compare
@@ -90,8 +93,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def remote_stats(remote, args: argparse.Namespace) -> List[RunStats]:
     """The comparison's figures as the runs' remote cluster computes them (``compare --json`` there)."""
-    from launcher.remote.ship import remote_error, run_launcher
-
     asked = ["compare", *args.names, *(["--sweep", args.sweep] if args.sweep else []), "--json"]
     proc = run_launcher(remote, "launcher", asked, timeout=300)
     if proc.returncode != 0:
@@ -109,12 +110,8 @@ def main(args: argparse.Namespace) -> int:
         stats, search = compare(records), search_of(roots, records[0].sweep if args.sweep and records else None)
     said = []  # what the plot leaves out of a search: said beside the table, or on stderr beside JSON or CSV
     if args.plot and search is not None:
-        from launcher.views.search_plot import plot as plot_search
-
         said = [note for note in [plot_search(search, args.plot).note(search.metric)] if note]
     elif args.plot:
-        from launcher.views.scaling_plot import plot
-
         plot(stats, args.plot)
     if args.json:
         print(json.dumps([asdict(s) for s in stats], indent=1))
@@ -124,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
         for line in said:
             print(line, file=sys.stderr)
         return 0
-    from tabulate import tabulate
+    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     print(tabulate(table_rows(stats), headers=HEADERS, disable_numparse=True))
     print("\n".join(notes(stats)))

@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from launcher.core.dataset import TOKEN_DTYPES
+from launcher.dataset.prepare import Request, prepare
 from launcher.dataset.sources import AUTO, FORMATS
 
 EPILOG = """examples:
@@ -41,8 +42,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from launcher.dataset.prepare import Request, prepare
-
     meta = prepare(Request(out=args.out, inputs=args.inputs, tokenizer=args.tokenizer, format=args.format,
                            field=args.field, glob=args.glob, dtype=args.dtype, shard_tokens=args.shard_tokens,
                            overwrite=args.overwrite))

@@ -6,6 +6,7 @@ import shutil
 import sys
 import time
 
+from launcher.slurm.client import Slurm, SlurmError
 from launcher.views.lookup import changeable, chosen_runs, roots_of
 from launcher.commands.stop import cancel, run_args
 from launcher.errors import LaunchError
@@ -37,8 +38,6 @@ def main(args: argparse.Namespace) -> int:
 def ended(records: list, timeout_s: float = 60.0) -> None:
     """Wait (at most ``timeout_s``) until Slurm no longer runs the cancelled jobs: a rank still saving, or the
     batch script's last step, would otherwise write into the run directory again after it is removed."""
-    from launcher.slurm.client import Slurm, SlurmError
-
     wanted = {str(rec.job_id) for rec in records}
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

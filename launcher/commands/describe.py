@@ -12,6 +12,8 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
+from launcher.search.study import trial_of
+from launcher.search.view import view
 from launcher.views.lookup import lookup, roots_of
 from launcher.views.search_summary import describe_lines, metric_text, named_search
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
@@ -99,8 +101,6 @@ def trial_info(run_dir: Path) -> Optional[Dict[str, Any]]:
     for a trial)."""
     if not (run_dir / TRIAL).exists():
         return None
-    from launcher.search.study import trial_of
-    from launcher.search.view import view
 
     trial = trial_of(run_dir)
     found = [t for t in view(trial.path).trials if t.number == trial.number] if is_search(trial.path) else []
@@ -145,7 +145,7 @@ def event_line(event: Dict[str, Any]) -> str:
 
 def attempt_lines(rows: List[Dict[str, Any]]) -> List[str]:
     """The attempts table (a run that never started an attempt has none), then a blank line."""
-    from tabulate import tabulate
+    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     if not rows:
         return []
@@ -157,7 +157,7 @@ def attempt_lines(rows: List[Dict[str, Any]]) -> List[str]:
 
 
 def render(info: Dict[str, Any]) -> str:
-    from tabulate import tabulate
+    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     state = info["state"] + (f" ({info['reason']})" if info["reason"] else "")
     out = [
@@ -234,8 +234,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def describe_search(path: Path, as_json: bool) -> int:
-    from launcher.search.view import view
-
     search = view(path)
     print(json.dumps(search.to_dict(), indent=1) if as_json else "\n".join(describe_lines(search)))
     return 0

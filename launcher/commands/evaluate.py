@@ -48,10 +48,10 @@ def main(args: argparse.Namespace) -> int:
     own = cfg.data.path is not None and Path(cfg.data.path).expanduser().absolute() == path
     split = "val" if own else "train"  # TokenData's "train" split of other data, val_fraction 0, is all of it
 
-    import torch
+    import torch  # lazy: keeps torch, numpy out of start-up
 
-    from launcher.train.data import TokenData
-    from launcher.train.held_out import held_out_loss
+    from launcher.train.data import TokenData  # lazy: keeps numpy out of start-up
+    from launcher.train.held_out import held_out_loss  # lazy: keeps torch, numpy out of start-up
 
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")

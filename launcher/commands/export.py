@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import List
 
+from launcher.remote.forward import forward, without_option
+from launcher.remote.ship import fetch_dir
 from launcher.views.lookup import lookup, roots_of
 from launcher.commands.trained import chosen_checkpoint, need_torch, run_config, run_tokenizer
 from launcher.errors import LaunchError
@@ -59,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
     checkpoint = chosen_checkpoint(rec, cfg, args.step, "export")
     run_tokenizer(cfg.data)  # the dataset's tokenizer file is there and is the one the data was made with
 
-    from launcher.train.export import export_run
+    from launcher.train.export import export_run  # lazy: keeps torch, numpy out of start-up
 
     started = time.monotonic()
     done = export_run(Path(rec.run_dir), checkpoint, out, args.dtype, max_shard)
@@ -72,9 +74,6 @@ def main(args: argparse.Namespace) -> int:
 def export_remote(remote, args: List[str], parsed: argparse.Namespace) -> int:
     """``export RUN OUT --to-local DIR`` for a run on a remote cluster: the export there (OUT a path there), then
     OUT copied into DIR here over the same connection (launcher/remote/ship.py fetch_dir)."""
-    from launcher.remote.forward import forward, without_option
-    from launcher.remote.ship import fetch_dir
-
     into = parsed.to_local.expanduser().absolute()
     copy = into / Path(parsed.out).name
     if copy.exists() and (not copy.is_dir() or any(copy.iterdir())) and not parsed.force:
@@ -82,7 +81,7 @@ def export_remote(remote, args: List[str], parsed: argparse.Namespace) -> int:
     status = forward(remote, without_option(args, "--to-local"))
     if status:
         return status
-    from launcher.train.export import replace
+    from launcher.train.export import replace  # lazy: keeps torch, numpy out of start-up
 
     into.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{copy.name}.", dir=into) as work:

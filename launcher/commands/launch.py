@@ -9,10 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, List
 
+from launcher.compose.catalog import GROUPS, options
+from launcher.core.run_index import base_name
 from launcher.errors import LaunchError
+from launcher.remote.clusters import launch_remote, remote_of, same_remote
+from launcher.remote.ship import call
+from launcher.views.lookup import invocation
 
 if TYPE_CHECKING:
     from launcher.compose.runs import ComposedRun
@@ -32,8 +38,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def epilog() -> str:
     """The config groups and override forms, for ``launcher --help`` and ``launcher launch --help``."""
-    from launcher.compose.catalog import GROUPS, options
-
     groups = "\n".join(f"  {group:<8} {', '.join(options(group))}" for group in GROUPS)
     return f"""launch (the default command: launcher key=value ... is launcher launch key=value ...):
   -m, --multirun       sweep: gpus=8,16,128 model=gpt_125m,gpt_1b launches 6 runs
@@ -59,8 +63,8 @@ examples:
 def overrides_of(args: argparse.Namespace) -> List[str]:
     """The command line's overrides, after those of the run file (which they win over); a key given
     twice on the command line (or in the file) is an error."""
-    from launcher.compose.overrides import check_given_once
-    from launcher.compose.runfile import merge, read_run_file
+    from launcher.compose.overrides import check_given_once  # lazy: keeps hydra out of start-up
+    from launcher.compose.runfile import merge, read_run_file  # lazy: keeps omegaconf out of start-up
 
     check_given_once(args.overrides)
     if args.file is None:
@@ -72,14 +76,14 @@ def overrides_of(args: argparse.Namespace) -> List[str]:
 
 def main(args: argparse.Namespace) -> int:
     """Compose the runs the arguments describe; print them (dry run) or submit them."""
-    from launcher.compose.runs import compose_runs
-    from launcher.search.space import asked
+    from launcher.compose.runs import compose_runs  # lazy: keeps hydra out of start-up
+    from launcher.search.space import asked  # lazy: keeps omegaconf out of start-up
 
     overrides = overrides_of(args)
     if asked(overrides):  # search=optuna: launcher/search/
         return search(overrides, args.multirun)
     if not dry_run_asked(overrides):  # a submission: git and Slurm answer while Hydra composes
-        from launcher.submit.prefetch import prefetch
+        from launcher.submit.prefetch import prefetch  # lazy: keeps omegaconf out of start-up
 
         prefetch(overrides)
     runs = compose_runs(overrides, multirun=args.multirun)
@@ -97,11 +101,9 @@ def main(args: argparse.Namespace) -> int:
         print_runs(runs, mode, sweep=args.multirun)
         return 0
     if any(run.config.cluster.ssh for run in runs):  # a cluster reached over SSH: submitted there
-        from launcher.remote.clusters import launch_remote
-
         print_submitted(launch_remote(runs, sweep=args.multirun))
         return 0
-    from launcher.submit.launch import launch
+    from launcher.submit.launch import launch  # lazy: keeps hydra, submitit out of start-up
 
     print_submitted(launch(runs, sweep=args.multirun))
     return 0
@@ -109,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
 
 def search(overrides: List[str], multirun: bool) -> int:
     """A search launch: its corners' dry run, or the study made and its first trials submitted."""
-    from launcher.search.start import check_search, start_search
+    from launcher.search.start import check_search, start_search  # lazy: keeps omegaconf out of start-up
 
     checked = check_search(overrides, multirun)
     for warning in checked.warnings:
@@ -119,8 +121,7 @@ def search(overrides: List[str], multirun: bool) -> int:
         print_runs(checked.corners, mode)
         return 0
     started, settings = start_search(checked), checked.settings
-    from launcher.views.lookup import invocation
-    from launcher.submit.freeze import dirty_note, source_state
+    from launcher.submit.freeze import dirty_note, source_state  # lazy: keeps launcher.submit out of start-up
 
     note = dirty_note(source_state())
     if note:
@@ -154,8 +155,6 @@ def dry_run_asked(overrides: List[str]) -> bool:
 
 def display_name(run: ComposedRun) -> str:
     """The run's name, or its stem where the launch would add a random suffix."""
-    from launcher.core.run_index import base_name
-
     return run.config.name or base_name(run.plan.model, run.plan.gpus)
 
 
@@ -165,18 +164,14 @@ def print_dry_run(runs: List[ComposedRun], sweep: bool = False) -> None:
     over SSH, the scripts are that cluster's, with its paths."""
     names = [display_name(run) for run in runs]
     if any(run.config.cluster.ssh for run in runs):
-        from launcher.remote.agent import request
-        from launcher.remote.clusters import remote_of, same_remote
-        from launcher.remote.ship import call
+        from launcher.remote.agent import request  # lazy: keeps hydra out of start-up
 
         same_remote(runs)
         answer = call(remote_of(runs[0].config.cluster), "scripts",
                       {**request(runs, sweep, sys.argv[1:]), "names": names})
         shown, data, where = answer["scripts"], answer["data"], f" on cluster {runs[0].config.cluster.name}"
     else:
-        from dataclasses import asdict
-
-        from launcher.submit.launch import scripts
+        from launcher.submit.launch import scripts  # lazy: keeps hydra, submitit out of start-up
 
         shown, data, where = [asdict(script) for script in scripts(runs, names, sweep)], None, ""
     for number, script in enumerate(shown):
@@ -196,7 +191,7 @@ def print_dry_run(runs: List[ComposedRun], sweep: bool = False) -> None:
 
 def print_plan(run: ComposedRun, data: str, first: bool = True) -> None:
     """A run's heading, plan table and data line."""
-    from tabulate import tabulate
+    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     if not first:
         print()
@@ -207,8 +202,6 @@ def print_plan(run: ComposedRun, data: str, first: bool = True) -> None:
 
 def print_submitted(launched: Launched) -> None:
     """What was submitted, with the commands that follow it, as this user runs the launcher."""
-    from launcher.views.lookup import invocation
-
     records, sweep_id, launcher = launched.records, launched.sweep_id, invocation()
     if launched.note:
         print(launched.note)
@@ -224,7 +217,7 @@ def print_submitted(launched: Launched) -> None:
         if not launched.remote:  # a remote run's run.yaml is on its cluster
             print(f"  again    {launcher} -f {rec.run_dir}/run.yaml")
         return
-    from tabulate import tabulate
+    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     rows = [(r.name, r.job_id, r.model, f"{r.nodes}x{r.gpus_per_node}", r.steps) for r in records]
     print(f"Submitted sweep {sweep_id}: {len(records)} runs")

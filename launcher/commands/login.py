@@ -10,6 +10,8 @@ import argparse
 import sys
 
 from launcher.errors import LaunchError
+from launcher.remote.clusters import find_remote
+from launcher.remote.ssh import login, logout
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,9 +19,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from launcher.remote.clusters import find_remote
-    from launcher.remote.ssh import login, logout
-
     remote = find_remote(args.cluster)
     if args.command == "logout":
         print(f"closed the connection to {remote.cluster}" if logout(remote)

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import List
 
 from launcher.core.gpus import DEFAULT_GPU, GPUS
-from launcher.core.config import CHECKPOINTING
+from launcher.core.config import CHECKPOINTING, LOCAL_CLUSTER
 from launcher.forecast.disk import checkpoint_room
 from launcher.forecast.estimate import Estimate, estimate, set_scaling
 from launcher.forecast.gate import sweep_label
+from launcher.forecast.host import host_memory, machine_memory, to_fit
 from launcher.forecast.target import GIB, Assumptions, hardware_for, precision_of
 from launcher.forecast.memory import activation_components, activation_terms, shard_group
 
@@ -66,8 +67,8 @@ def main(args: argparse.Namespace) -> int:
                        overhead_gib=args.overhead_gib)
     opts.check()
 
-    from launcher.commands.launch import overrides_of
-    from launcher.compose.runs import compose_runs
+    from launcher.commands.launch import overrides_of  # lazy: keeps launcher.commands.launch out of start-up
+    from launcher.compose.runs import compose_runs  # lazy: keeps hydra out of start-up
 
     runs = compose_runs(overrides_of(args), multirun=args.multirun)
     estimates = [estimate(run.config, run.plan,
@@ -122,7 +123,7 @@ COMPARISON_HEADERS = ["model", "gpus", "sharding", "ckpt", "mb x acc", "mem/GPU 
 
 def comparison(estimates: List[Estimate]) -> str:
     """One row per run, then, for the runs that do not fit, what would."""
-    from tabulate import tabulate
+    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     rows = []
     for est in estimates:
@@ -174,7 +175,7 @@ TIME_ROWS = [
 def detail(est: Estimate) -> str:
     """The full estimate of one run: memory, activations by checkpointing level, time and communication,
     each figure beside the formula the planner computed it with (forecast/memory.py, forecast/timing.py)."""
-    from tabulate import tabulate
+    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     cfg, plan, m, t, hw = est.cfg, est.plan, est.memory, est.timing, est.hardware
     model = cfg.model
@@ -232,9 +233,6 @@ def detail(est: Estimate) -> str:
 def _host(est: Estimate) -> List[str]:
     """On the local cluster, whose ranks all share this machine's memory: what they need of it
     (forecast/host.py, the same check a launch makes)."""
-    from launcher.core.config import LOCAL_CLUSTER
-    from launcher.forecast.host import host_memory, machine_memory, to_fit
-
     machine = machine_memory()
     if est.cfg.cluster.name != LOCAL_CLUSTER or not machine:
         return []

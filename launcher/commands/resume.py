@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from launcher.job.submission import resubmit
+from launcher.slurm.client import SlurmError
 from launcher.views.lookup import changeable, lookup, roots_of
 from launcher.core.checkpoints import latest_checkpoint, step_of
 from launcher.core.events import Resubmitted
@@ -22,9 +24,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from launcher.slurm.client import SlurmError
-    from launcher.job.submission import resubmit
-
     (rec,) = changeable([lookup(roots_of(args), args.name)])
     run_dir = Path(rec.run_dir)
     state = job_states([rec])[rec.name]

@@ -8,11 +8,14 @@ import argparse
 import json
 import math
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, Tuple, Union
 
+from launcher.remote.clusters import remotes
+from launcher.remote.ship import remote_error, run_launcher
 from launcher.views.lookup import clock, duration, parse_since, roots_of, slurm_seconds, sweep_runs
 from launcher.views.search_summary import best_line, metric_text, param_names, progress_line, search_of, short
 from launcher.errors import LaunchError
@@ -196,8 +199,6 @@ def gather(roots: List[Path], args) -> List[RunRow]:
     """The runs of this machine (unless ``--cluster`` names a remote cluster) and of every remote cluster (unless
     ``--root`` names a local root), newest first: each remote cluster is asked at once, one round trip each, and
     one that does not answer is a warning line, the others still listed."""
-    from launcher.remote.clusters import remotes
-
     chosen = [] if args.root else [r for r in remotes() if not args.cluster or r.cluster == args.cluster]
     here = not (args.cluster and chosen)  # --cluster naming a remote cluster: only its runs
     asking = remote_rows(chosen, args)  # the clusters answer while this machine's runs are read
@@ -216,10 +217,6 @@ def gather(roots: List[Path], args) -> List[RunRow]:
 def remote_rows(chosen, args):
     """Ask each remote cluster for its rows (``launcher runs --json`` there, with the same filters), in parallel
     threads; returns the function that waits for the answers: each cluster's rows, or why it did not answer."""
-    import threading
-
-    from launcher.remote.ship import remote_error, run_launcher
-
     forwarded = [*(["--status", ",".join(sorted(args.status))] if args.status else []),
                  *(["--model", args.model] if args.model else []), *(["--gpus", str(args.gpus)] if args.gpus else []),
                  *(["--since", args.since] if args.since else []), *(["--sweep", args.sweep] if args.sweep else []),
@@ -271,7 +268,7 @@ def render(rows: List[RunRow], as_json: bool, search: Optional["SearchView"] = N
     lines = [f"Search {search.search.id}: {progress_line(search)}", best_line(search)] if search else []
     if not rows:
         return "\n".join(["No runs.", *lines])
-    from tabulate import tabulate
+    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     if search is None:
         return tabulate([table_row(row) for row in rows], headers=HEADERS, disable_numparse=True)

@@ -43,9 +43,9 @@ def main(args: argparse.Namespace) -> int:
         raise LaunchError(f"the prompt has token {max(prompt)}, outside the model's vocabulary of "
                           f"{cfg.model.vocab_size}")
 
-    import torch
+    import torch  # lazy: keeps torch, numpy out of start-up
 
-    from launcher.train.generate import generate, load_model
+    from launcher.train.generate import generate, load_model  # lazy: keeps torch, numpy out of start-up
 
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")

@@ -15,6 +15,7 @@ Every user mistake is one line ``error: ...`` and exit status 2, with nothing wr
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import sys
@@ -26,6 +27,9 @@ from typing import Optional
 from launcher.job.secret_store import (ENV_VAR, DEFAULT_ENV, check_env_var, check_kind, check_name, create, delete,
                                    load_all, secrets_dir, check_free)
 from launcher.errors import LaunchError
+from launcher.remote.clusters import find_remote
+from launcher.remote.ship import run_launcher
+from launcher.views.lookup import invocation
 
 
 # --- command line -------------------------------------------------------------------------------------
@@ -113,11 +117,9 @@ def _list(directory: Path, as_json: bool) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     if not secrets:
-        from launcher.views.lookup import invocation
-
         print(f"No secrets in {directory}. Create one with: {invocation()} secrets create env NAME < value.txt")
         return 0
-    from tabulate import tabulate
+    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     rows = [(s.name, s.kind, s.env, time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))) for s in secrets]
     print(tabulate(rows, headers=["NAME", "KIND", "ENV", "CREATED"]))
@@ -127,9 +129,6 @@ def _list(directory: Path, as_json: bool) -> int:
 def on_cluster(args: argparse.Namespace) -> int:
     """The same action on a remote cluster's own store. A value is read here (from --from, stdin or the prompt)
     and reaches the cluster on SSH's standard input, never in a command line that ``ps`` shows on either end."""
-    from launcher.remote.clusters import find_remote
-    from launcher.remote.ship import run_launcher
-
     remote = find_remote(args.cluster)
     if args.action == "list":
         forwarded, value = ["list", *(["--json"] if args.json else [])], None
@@ -196,6 +195,5 @@ def _read_value(kind: str, name: str, inline: Optional[str], from_file: Optional
         return stdin.buffer.read(), "stdin"
     if kind != "env":
         raise LaunchError(f"no value for {kind} secret {name!r}: use --from FILE or pipe it on stdin")
-    import getpass
 
     return getpass.getpass(f"value of {name} (not echoed): ").encode("utf-8"), "the prompt"

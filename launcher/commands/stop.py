@@ -60,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
         else:
             print(f"{rec.name} (job {rec.job_id}) is not active; nothing to stop.")
     if search is not None:
-        from launcher.search.trials import fail_unended
+        from launcher.search.trials import fail_unended  # lazy: keeps omegaconf out of start-up
 
         running, waiting = fail_unended(search, CAUSE)
         if running:
@@ -78,7 +78,7 @@ def stop_search(roots: List[Path], sweep_id: Optional[str]) -> Optional[Path]:
     path = search_path(roots, sweep_id) if sweep_id else None
     if path is None:
         return None
-    from launcher.search.trials import stop
+    from launcher.search.trials import stop  # lazy: keeps omegaconf out of start-up
 
     stop(path)
     print(f"Stopped search {sweep_id}: it submits no more trials.")
@@ -90,9 +90,9 @@ def report_stopped_trials(stopped: List[RunRecord]) -> None:
     owed in its place: the search goes on without it."""
     if not any((Path(rec.run_dir) / TRIAL).exists() for rec in stopped):
         return
-    from launcher.search.study import trial_of
-    from launcher.search.submission import submit_trial
-    from launcher.search.trials import Result, report
+    from launcher.search.study import trial_of  # lazy: keeps omegaconf out of start-up
+    from launcher.search.submission import submit_trial  # lazy: keeps omegaconf out of start-up
+    from launcher.search.trials import Result, report  # lazy: keeps omegaconf out of start-up
 
     for rec in stopped:
         trial = trial_of(Path(rec.run_dir))

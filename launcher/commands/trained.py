@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
+from launcher.dataset import tokenizer
+from launcher.train.manifest import checkpoint_problems
 from launcher.views.lookup import lookup, roots_of
 from launcher.core.checkpoints import complete_checkpoints, step_dir, step_of
 from launcher.core.config import DataConfig, RunConfig, load_run_config
@@ -46,8 +48,6 @@ def run_config(rec: RunRecord) -> RunConfig:
 
 def chosen_checkpoint(rec: RunRecord, cfg: RunConfig, step: Optional[int], command: str) -> Path:
     """The checkpoint to read (see the module's docstring); a one-line LaunchError when there is none."""
-    from launcher.train.manifest import checkpoint_problems
-
     run_dir = Path(rec.run_dir)
     complete = complete_checkpoints(run_dir)
     if step is not None:
@@ -75,8 +75,6 @@ def chosen_checkpoint(rec: RunRecord, cfg: RunConfig, step: Optional[int], comma
 def run_tokenizer(data: DataConfig):
     """The tokenizer of the run's data: its dataset's, or byte-level (the default corpus; a single token
     file, which records no tokenizer)."""
-    from launcher.dataset import tokenizer
-
     if data.path is None or not Path(data.path).expanduser().is_dir():
         return tokenizer.BYTE
     directory = Path(data.path).expanduser()

@@ -105,7 +105,7 @@ def option_path(group: str, option: str) -> Optional[Path]:
 
 @functools.lru_cache(maxsize=None)
 def _defaults() -> Dict[str, Any]:
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: keeps omegaconf out of start-up
 
     entries = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))["defaults"]
     return {key: value for entry in entries if isinstance(entry, dict) for key, value in entry.items()}
@@ -124,7 +124,7 @@ def gpu_presets() -> List[int]:
 def model_micro_batch(model: str) -> int | None:
     """The micro-batch a model's size file sets, where ``train.micro_batch=auto``
     starts its search; None if the file is absent or sets no integer."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: keeps omegaconf out of start-up
 
     path = option_path("model", model)
     if path is None:

@@ -17,6 +17,8 @@ import typing
 from pathlib import Path
 from typing import Any, Dict, Iterator, Tuple
 
+import yaml
+
 from launcher.compose.catalog import CONF_DIR, GROUPS, option_files
 from launcher.compose.schema import field_type
 from launcher.errors import LaunchError
@@ -66,8 +68,6 @@ def build_view(view: Path, files: Dict[Tuple[str, str], Path]) -> None:
 
 def check_file(group: str, path: Path) -> None:
     """LaunchError, naming the file, when a layer's file does not parse or sets a key the schema lacks."""
-    import yaml
-
     try:
         text = path.read_text()
         data = yaml.safe_load(text)

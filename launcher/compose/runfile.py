@@ -21,6 +21,8 @@ import typing
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
 
+import yaml
+
 from launcher.compose.catalog import CUSTOM_GPUS, GROUPS
 from launcher.compose.schema import check_option, field_type, gpu_count
 from launcher.errors import LaunchError
@@ -39,8 +41,6 @@ _FLOAT = re.compile(r"[-+]?([0-9][0-9_]*)?(\.[0-9_]*)?[eE][-+]?[0-9]+")
 def read_run_file(path: Path) -> List[str]:
     """The overrides the run file at ``path`` describes; a one-line LaunchError naming the file if it is
     missing, unreadable, not YAML, or holds an unknown key or a value of the wrong type."""
-    import yaml
-
     try:
         text = Path(path).expanduser().read_text()
     except (OSError, UnicodeDecodeError) as err:
@@ -61,8 +61,6 @@ def read_run_file(path: Path) -> List[str]:
 
 def load_yaml(text: str) -> Any:
     """YAML's safe load, but ``3e-4`` is a number (YAML 1.1 wants ``3.0e-4``), as a user means it."""
-    import yaml
-
     class Loader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             """A key given twice is an error (PyYAML keeps the last silently)."""
@@ -218,6 +216,4 @@ def run_file_data(choices: Mapping[str, Any], values: Sequence[Tuple[str, Any]])
 
 
 def dump(data: Mapping[str, Any]) -> str:
-    import yaml
-
     return yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=False)

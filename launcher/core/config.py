@@ -8,6 +8,7 @@ dataclasses with :func:`load_run_config`. This module must stay free of torch.
 """
 from __future__ import annotations
 
+import importlib.util
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +37,6 @@ PRUNERS = ("none", "median")
 def tracker_missing(backend: str) -> Optional[str]:
     """Why ``tracking.backend`` cannot work in this Python (its package is not installed), or None. The
     launcher refuses such a launch with this line; a task that meets it anyway fails with it."""
-    import importlib.util
-
     package = TRACKER_PACKAGES.get(backend)
     if package is None or importlib.util.find_spec(package) is not None:
         return None

@@ -59,7 +59,7 @@ def read_json_object(run_dir: Path, file: str) -> dict:
 def read_yaml_mapping(run_dir: Path, file: str) -> dict:
     """The YAML mapping in the run's ``file`` (read with libyaml where it is built in: listings check every
     run's config, and must not pay for OmegaConf); DamagedRun saying how it is damaged."""
-    import yaml
+    import yaml  # lazy: keeps yaml out of start-up
 
     text = read_text(run_dir, file)
     try:

@@ -14,6 +14,7 @@ torch (checkpoints), logging and training. A umask reaches all of them: the laun
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
 import stat
 from pathlib import Path
@@ -53,8 +54,6 @@ def group_id(share_group: Optional[str]) -> Optional[int]:
 
 
 def my_groups() -> list[str]:
-    import grp
-
     names = []
     for gid in sorted({os.getegid(), *os.getgroups()}):
         try:

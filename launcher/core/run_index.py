@@ -10,7 +10,9 @@ share one writer and one reader.
 """
 from __future__ import annotations
 
+import difflib
 import os
+import secrets
 from dataclasses import asdict, dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -119,7 +121,6 @@ def create_run_dir(root: Path, base: str, explicit: bool) -> Path:
         except FileExistsError:
             raise FileExistsError(f"a run named '{base}' already exists in {root}; choose another name=") from None
         return path
-    import secrets
 
     while True:
         path = root / f"{base}-{secrets.token_hex(2)}"
@@ -272,7 +273,6 @@ def unique_prefix(text: str, candidates: Iterable[str], what: str, root: Path) -
     if matches:
         raise LookupError(f"{what} '{text}' is ambiguous: {', '.join(matches[:5])}"
                           + (f" (and {len(matches) - 5} more)" if len(matches) > 5 else ""))
-    import difflib
 
     close = difflib.get_close_matches(text, candidates, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""

@@ -20,7 +20,9 @@ replaces a symlink rather than following it), and ``shutil.rmtree`` does not fol
 from __future__ import annotations
 
 import errno
+import grp
 import os
+import pwd
 import stat
 from pathlib import Path
 from typing import Collection, Iterator, Optional, Tuple
@@ -148,9 +150,6 @@ def _shared_group(root: Path) -> Optional[int]:
 def _only_mine(gid: int, me: int) -> bool:
     """Whether the group has this user as its only member, primary or supplementary (Debian's OpenSSH rule
     for a user private group); a group of no one is not, as it often serves setgid programs."""
-    import grp
-    import pwd
-
     try:
         group = grp.getgrgid(gid)
         name = pwd.getpwuid(me).pw_name
@@ -168,8 +167,6 @@ def _has_acl(place: str) -> bool:
 
 
 def _user(uid: int) -> str:
-    import pwd
-
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -177,8 +174,6 @@ def _user(uid: int) -> str:
 
 
 def _group(gid: int) -> str:
-    import grp
-
     try:
         return grp.getgrgid(gid).gr_name
     except KeyError:

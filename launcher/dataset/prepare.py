@@ -101,7 +101,7 @@ class Shards:
         self.in_file = self.max_id = 0
 
     def add(self, codec: tok.Codec, texts: List[str], ends: List[bool]) -> None:
-        import numpy as np
+        import numpy as np  # lazy: keeps numpy out of start-up
 
         for ids, end in zip(codec.encode_batch(texts), ends):
             tokens = np.asarray(ids, dtype=self.dtype)

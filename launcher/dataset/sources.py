@@ -84,8 +84,8 @@ def _checked(path: Path, fmt: str, field: str) -> Source:
 
 
 def _parquet(path: Path):
-    import pyarrow
-    import pyarrow.parquet as pq
+    import pyarrow  # lazy: keeps numpy, pyarrow out of start-up
+    import pyarrow.parquet as pq  # lazy: keeps numpy, pyarrow out of start-up
 
     try:
         return pq.ParquetFile(path)
@@ -134,7 +134,7 @@ def _jsonl(path: Path, field: str, on_bytes: Callable[[int], None]) -> Iterator[
 
 
 def _parquet_rows(path: Path, field: str, on_bytes: Callable[[int], None]) -> Iterator[Tuple[str, bool]]:
-    import pyarrow
+    import pyarrow  # lazy: keeps numpy, pyarrow out of start-up
 
     parquet = _parquet(path)
     per_row = path.stat().st_size / max(1, parquet.metadata.num_rows)

@@ -29,7 +29,7 @@ class Codec:
     def encode_batch(self, texts: List[str]) -> List[Sequence[int]]:
         """Token ids of each text: a numpy array of bytes (byte-level) or a list of ids."""
         if self.hf is None:
-            import numpy as np
+            import numpy as np  # lazy: keeps numpy out of start-up
 
             return [np.frombuffer(_raw_bytes(text), dtype=np.uint8) for text in texts]
         return [enc.ids for enc in self.hf.encode_batch([unicode(text) for text in texts])]
@@ -110,7 +110,7 @@ def from_spec(spec: str, texts: Callable[[], Iterable[str]]) -> Codec:
 
 def _from_file(path: Path, label: str) -> tuple:
     """(vocabulary size, tokenizer) of a tokenizer.json; LaunchError if it is not one."""
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # lazy: keeps tokenizers out of start-up
 
     try:
         hf = Tokenizer.from_file(str(path))
@@ -123,7 +123,7 @@ def _from_file(path: Path, label: str) -> tuple:
 
 def train_bpe(spec: str, size: int, texts: Iterable[str]) -> Codec:
     """A byte-level BPE (GPT-2's scheme: every byte is a token, so any text encodes) of ``size`` tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # lazy: keeps tokenizers
 
     hf = Tokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

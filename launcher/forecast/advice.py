@@ -7,6 +7,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from omegaconf import OmegaConf
+
+from launcher.compose.catalog import option_path
 from launcher.core.config import CHECKPOINTING, ClusterConfig, RunConfig
 from launcher.core.plan import Plan, divisors
 from launcher.errors import LaunchError
@@ -46,10 +49,6 @@ def gpu_counts(cluster: ClusterConfig, above: int) -> List[int]:
 @functools.lru_cache(maxsize=None)
 def preset_nodes(count: int) -> Optional[int]:
     """layout.nodes as ``gpus=count`` sets it: the preset's (conf/gpus/<count>.yaml), else derived (None)."""
-    from omegaconf import OmegaConf
-
-    from launcher.compose.catalog import option_path
-
     path = option_path("gpus", str(count))
     return OmegaConf.select(OmegaConf.load(path), "layout.nodes") if path is not None else None
 

@@ -8,6 +8,7 @@ from typing import Optional
 from launcher.core import gpus
 from launcher.core.config import LOCAL_CLUSTER, ClusterConfig, RunConfig, compute_precision
 from launcher.errors import LaunchError
+from launcher.slurm import client as slurm
 
 GIB = 2**30
 GB = 1e9  # bandwidths are in GB/s (10^9 bytes), as vendors and nccl-tests quote them
@@ -59,8 +60,6 @@ def gres_gpu_type(cluster: ClusterConfig) -> Optional[str]:
     """The GPU type in the gres of the cluster's partition (``gpu:h100:8`` -> ``h100``); None if the
     gres names no type or Slurm does not answer. The partitions are asked once per process (a launch
     reuses them)."""
-    from launcher.slurm import client as slurm
-
     try:
         return slurm.for_cluster(cluster).partition(cluster.partition).gpu_type
     except slurm.SlurmError:

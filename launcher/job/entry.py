@@ -36,7 +36,7 @@ class NoTorch(RuntimeError):
 def training():
     """launcher/train/'s ``run``, imported here on the task; :class:`NoTorch` where this Python has no torch."""
     try:
-        from launcher.train.task import run
+        from launcher.train.task import run  # lazy: keeps torch, omegaconf, numpy out of start-up
     except ModuleNotFoundError as err:
         if err.name != "torch":  # torch there but broken, or another module missing: its own error says more
             raise

@@ -35,8 +35,11 @@ from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Event, Failed, Fault, Finished, Outcome,
                                    Requeued, Resumed, Retrying, Stalled)
 from launcher.core.rundir import append_event, last_metrics, read_events
+from launcher.errors import LaunchError
 from launcher.job.attempts import Cause, attribute
-from launcher.slurm.output import srun_lost_nodes, srun_task_ends
+from launcher.search.hook import trial_ended
+from launcher.slurm.client import Slurm
+from launcher.slurm.output import SlurmError, srun_lost_nodes, srun_task_ends, unusable
 from launcher.core.attempt_log import AttemptLog
 
 
@@ -212,8 +215,8 @@ def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], caus
             began: bool) -> Decision:
     """Retry the failed attempt as a new job without the nodes to blame, or give the run's verdict (a ``failed``
     event that is ``final``); ``text`` is the cause as recorded, ``began`` whether the attempt trained a step."""
-    from launcher.core.config import load_run_config
-    from launcher.core.plan import read_plan
+    from launcher.core.config import load_run_config  # lazy: keeps omegaconf out of start-up
+    from launcher.core.plan import read_plan  # lazy: keeps omegaconf out of start-up
 
     job_id, number = os.environ.get("SLURM_JOB_ID", ""), attempt.attempt if attempt else None
     cfg = load_run_config(run_dir / "config.yaml")
@@ -249,9 +252,7 @@ class RetryRefused(Exception):
 def submit_retry(run_dir: Path, exclude: Sequence[str], begin_s: int = 0) -> str:
     """Submit the retry's job, asking a controller that does not answer again with backoff; its job id, or
     RetryRefused with the reason."""
-    from launcher.errors import LaunchError
-    from launcher.job.submission import resubmit
-    from launcher.slurm.output import SlurmError
+    from launcher.job.submission import resubmit  # lazy: keeps omegaconf out of start-up
 
     delays = list(SUBMIT_BACKOFF_S)
     while True:
@@ -298,9 +299,7 @@ def requeue(run_dir: Path, job_id: str, step: int, events: List[Event], clock: C
     ``cluster.max_requeues`` requeues in a row made no progress (a long run cut into many time-limited attempts
     is never stopped by a fixed cap, while one that can no longer train a step within its limit is), or the
     controller's refusal, which the attempt's judgement then retries as a new job from the step just saved."""
-    from launcher.core.config import load_run_config
-    from launcher.slurm.client import Slurm
-    from launcher.slurm.output import SlurmError
+    from launcher.core.config import load_run_config  # lazy: keeps omegaconf out of start-up
 
     cluster = load_run_config(Path(run_dir) / "config.yaml").cluster
     earlier = [e.step for e in events if isinstance(e, Requeued) and e.by == "signal"][:-1]
@@ -340,8 +339,6 @@ def start_at_once(job_id: str, requeued: float, within_s: float = 4.0) -> None:
     a few seconds after the requeue (``KillWait``): this asks within that, and gives up quietly, leaving Slurm's
     own begin time, when the job is not pending by then. (A begin time set a few seconds ahead instead waits for
     the backfill scheduler's tick, up to 30 s: the update at the moment wakes the main scheduler.)"""
-    from launcher.slurm.client import Slurm, SlurmError
-
     while time.monotonic() < requeued + within_s:
         state = queue_state(job_id)
         if state == "PENDING":
@@ -358,8 +355,6 @@ def start_at_once(job_id: str, requeued: float, within_s: float = 4.0) -> None:
 def queue_state(job_id: str) -> str:
     """Slurm's state of this job (its own job id, an array element's too) in its queue ("" where the queue
     cannot be asked)."""
-    from launcher.slurm.client import Slurm, SlurmError
-
     try:
         return next((row.state for row in Slurm(None, timeout=15).squeue() if row.unique_id == job_id), "")
     except SlurmError:
@@ -370,9 +365,6 @@ def held_down(nodelist: Optional[str]) -> List[str]:
     """The attempt's nodes that Slurm now holds down, drained or not responding."""
     if not nodelist:
         return []
-    from launcher.slurm.client import Slurm, SlurmError
-    from launcher.slurm.output import unusable
-
     try:
         states = Slurm(None, timeout=15).node_states(nodelist)
     except SlurmError:
@@ -382,8 +374,6 @@ def held_down(nodelist: Optional[str]) -> List[str]:
 
 def unanswering(job_id: str, nodelist: str) -> List[str]:
     """The attempt's nodes where Slurm can no longer start a task (launcher/slurm/client.py probes them)."""
-    from launcher.slurm.client import Slurm, SlurmError
-
     try:
         return Slurm(None).unanswering(job_id, nodelist)
     except SlurmError:
@@ -393,8 +383,6 @@ def unanswering(job_id: str, nodelist: str) -> List[str]:
 def partition_nodes(partition: Optional[str]) -> List[str]:
     """Every node of the run's partition (the default one when it names none), up or down; [] when Slurm cannot
     say."""
-    from launcher.slurm.client import Slurm, SlurmError
-
     try:
         nodes = Slurm(None, timeout=15).nodes()
     except SlurmError:
@@ -404,8 +392,6 @@ def partition_nodes(partition: Optional[str]) -> List[str]:
 
 def slurmd_timeout_s() -> int:
     """How long the controller waits before it marks a silent node down (0 when Slurm cannot say)."""
-    from launcher.slurm.client import Slurm, SlurmError
-
     try:
         return Slurm(None, timeout=15).slurmd_timeout_s()
     except SlurmError:
@@ -516,8 +502,6 @@ def main(argv: List[str]) -> int:
             reason="the recovery step failed"))
     finally:
         if argv[0] == "end":  # a search's trial whose outcome is now final reports it (launcher/search/hook.py)
-            from launcher.search.hook import trial_ended
-
             trial_ended(run_dir)
     return 0 if argv[0] == "begin" else exit_code
 

@@ -14,6 +14,8 @@ from launcher.core.privacy import run_umask
 from launcher.core.rundir import CONFIG, RECORD, code_dir, write_json_atomic
 from launcher.errors import LaunchError
 from launcher.core.run_index import RunRecord, load_or_damage
+from launcher.job.secret_store import secrets_dir
+from launcher.slurm.batch import executor_params, task_python
 from launcher.slurm.client import for_cluster
 
 # The modules a job of this launcher runs from the run's frozen code: the pickled task (entry), the batch script's
@@ -24,9 +26,7 @@ ENTRY_POINTS = tuple(Path("launcher") / "job" / name for name in ("entry.py", "r
 def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0) -> str:
     """Submit the run in ``run_dir`` as one Slurm job (submitit pickles the task), eligible ``begin_s`` from now;
     returns its job id."""
-    from launcher.job.entry import TrainTask
-    from launcher.job.secret_store import secrets_dir
-    from launcher.slurm.batch import executor_params, task_python
+    from launcher.job.entry import TrainTask  # lazy: keeps submitit out of start-up
 
     with run_umask(cfg.share_group):  # submitit's files, and the job (sbatch hands the umask to it)
         executor = for_cluster(cfg.cluster).executor(run_dir / "submitit", cfg.cluster.max_requeues,

@@ -21,17 +21,17 @@ from launcher.compose.runs import ComposedRun
 from launcher.core.config import RunConfig
 from launcher.core.damage import DamagedRun
 from launcher.core.plan import Plan
+from launcher.core.rundir import SOURCE_ROOT
 from launcher.dataset.check import check_data
 from launcher.errors import LaunchError
-from launcher.submit.freeze import adopt_source
+from launcher.slurm.client import Slurm, SlurmError
+from launcher.status.usage import usage
+from launcher.submit.freeze import adopt_source, source_state
 from launcher.submit.git import TreeState
 
 
 def request(runs: List[ComposedRun], sweep: bool, argv: List[str]) -> Dict[str, Any]:
     """The launch request for ``runs``, from this machine: what the cluster's side needs to submit them."""
-    from launcher.core.rundir import SOURCE_ROOT
-    from launcher.submit.freeze import source_state
-
     state = source_state()
     return {"runs": [{"overrides": run.overrides, "resolved": OmegaConf.to_container(run.resolved),
                       "plan": run.plan.to_dict(), "run_file": run.run_file} for run in runs],
@@ -51,7 +51,7 @@ def composed(item: Dict[str, Any]) -> ComposedRun:
 
 
 def launch(payload: Dict[str, Any]) -> Dict[str, Any]:
-    from launcher.submit.launch import launch as submit
+    from launcher.submit.launch import launch as submit  # lazy: keeps submitit out of start-up
 
     source = payload["source"]
     adopt_source(TreeState(source["commit"], source["changed"], source["diff"]), source["where"])
@@ -64,9 +64,6 @@ def launch(payload: Dict[str, Any]) -> Dict[str, Any]:
 
 def partitions(payload: Dict[str, Any]) -> Dict[str, Any]:
     """This cluster's partitions as ``launcher clusters`` lists them (launcher/status/usage.py)."""
-    from launcher.slurm.client import Slurm, SlurmError
-    from launcher.status.usage import usage
-
     slurm = Slurm(payload.get("slurm_conf"), timeout=10)
     try:
         slurm.ping()
@@ -80,7 +77,7 @@ def partitions(payload: Dict[str, Any]) -> Dict[str, Any]:
 def scripts(payload: Dict[str, Any]) -> Dict[str, Any]:
     """The sbatch scripts of the request's runs as they would be submitted here (a dry run: nothing is written),
     with this cluster's paths (run root, interpreter, secrets store), and each run's data line."""
-    from launcher.submit.launch import scripts as render
+    from launcher.submit.launch import scripts as render  # lazy: keeps submitit out of start-up
 
     runs = [composed(item) for item in payload["runs"]]
     return {"scripts": [asdict(script) for script in render(runs, payload["names"], payload["sweep"])],

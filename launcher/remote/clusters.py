@@ -14,9 +14,11 @@ import os
 import sys
 from typing import TYPE_CHECKING, Dict, List, Optional
 
+from launcher.core.run_index import RunRecord
 from launcher.core.rundir import launcher_home, write_atomic
 from launcher.core.safepath import UnsafePath, check_home, ensure_home, open_nofollow
 from launcher.errors import LaunchError
+from launcher.remote.ship import call
 from launcher.remote.ssh import Remote
 
 if TYPE_CHECKING:
@@ -36,14 +38,14 @@ def remote_of(cluster: "ClusterConfig") -> Remote:
 def remotes() -> List[Remote]:
     """Every cluster file of every config layer that names an ``ssh`` destination (read as plain YAML: listing
     runs must not pay for composition)."""
-    from launcher.compose.catalog import option_files
+    from launcher.compose.catalog import option_files  # lazy: `runs` imports this module and needs no catalogue
 
     found = []
     for option, path in sorted(option_files("cluster").items()):
         text = path.read_text()
         if "ssh" not in text:
             continue
-        import yaml
+        import yaml  # lazy: keeps yaml out of start-up
 
         data = yaml.safe_load(text) or {}
         if isinstance(data, dict) and data.get("ssh"):
@@ -65,10 +67,8 @@ def find_remote(name: str) -> Remote:
 
 def launch_remote(runs: List["ComposedRun"], sweep: bool) -> "Launched":
     """Submit runs composed here on their remote cluster; what was submitted, as a local launch returns it."""
-    from launcher.remote.agent import request
-    from launcher.remote.ship import call
-    from launcher.core.run_index import RunRecord
-    from launcher.submit.launch import Launched
+    from launcher.remote.agent import request  # lazy: keeps hydra out of start-up
+    from launcher.submit.launch import Launched  # lazy: keeps hydra, submitit out of start-up
 
     same_remote(runs)
     try:

@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import List, Optional
 
 from launcher.core.attempt_log import AttemptLog
-from launcher.core.events import AttemptEnded, Event, Failed, Finished, Outcome
+from launcher.core.events import AttemptEnded, Event, Failed, Finished, Outcome, SearchFailed, TrialReported
 from launcher.core.rundir import TRIAL
+from launcher.core.rundir import CODE_DIFF, SOURCE_ROOT, append_event, code_dir, code_source, read_events, read_metrics
 
 
 def final_outcome(events: List[Event]) -> Optional[str]:
     """``COMPLETED``, ``PRUNED at step N``, or why the run failed or was stopped, when its current attempt ended
     it; None while it may go on (a retry or requeue is on its way)."""
-    from launcher.search.trials import PRUNED
+    from launcher.search.trials import PRUNED  # lazy: keeps omegaconf out of start-up
 
     _, since = AttemptLog(events).this_attempt()
     for event in reversed(since):
@@ -44,16 +45,14 @@ def trial_ended(run_dir: Path) -> None:
     run_dir = Path(run_dir)
     if not (run_dir / TRIAL).exists():
         return
-    from launcher.core.events import SearchFailed, TrialReported
-    from launcher.core.rundir import append_event, read_events, read_metrics
 
     try:
         outcome = final_outcome(read_events(run_dir))
         if outcome is None:
             return
-        from launcher.search.study import load, trial_of
-        from launcher.search.submission import submit_trial
-        from launcher.search.trials import report, result_of
+        from launcher.search.study import load, trial_of  # lazy: keeps omegaconf out of start-up
+        from launcher.search.submission import submit_trial  # lazy: keeps omegaconf out of start-up
+        from launcher.search.trials import report, result_of  # lazy: keeps omegaconf out of start-up
 
         trial = trial_of(run_dir)
         result = result_of(read_metrics(run_dir), load(trial.path).settings.metric, outcome)
@@ -73,10 +72,8 @@ def trial_ended(run_dir: Path) -> None:
 def adopt_frozen_source(run_dir: Path) -> None:
     """Freeze the next trials' code as coming from where this run's frozen code came (its commit, changes and
     diff), not from the copy they are frozen from, which is outside git."""
-    from launcher.core.rundir import CODE_DIFF, code_dir, code_source
-    from launcher.core.rundir import SOURCE_ROOT
-    from launcher.submit.freeze import adopt_source
-    from launcher.submit.git import TreeState
+    from launcher.submit.freeze import adopt_source  # lazy: keeps launcher.submit out of start-up
+    from launcher.submit.git import TreeState  # lazy: keeps launcher.submit, launcher.submit.git out of start-up
 
     source = code_source(run_dir)
     if source is None or Path(SOURCE_ROOT).resolve() != code_dir(run_dir).resolve():

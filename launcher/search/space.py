@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from launcher.compose.catalog import GROUPS
 from launcher.compose.runfile import hydra_value, key_of
+from launcher.compose.schema import field_type
 from launcher.errors import LaunchError
 
 SEARCH = "search"  # the config group that asks for a search, and the prefix of its settings
@@ -46,6 +47,7 @@ class Param:
 
     def distribution(self) -> Any:
         """Optuna's distribution of this parameter."""
+        # lazy: keeps optuna out of start-up
         from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
         if self.kind == CHOICE:
@@ -137,8 +139,8 @@ def asked(overrides: Sequence[str]) -> bool:
 def read_space(overrides: Sequence[str]) -> Space:
     """Sort a search launch's overrides into parameters, shared overrides and search settings; a one-line
     LaunchError for a sweep the search cannot draw from, or a search without a parameter."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # lazy: keeps hydra out of start-up
+    from hydra.errors import HydraException  # lazy: keeps hydra out of start-up
 
     parser = OverridesParser.create()
     params, fixed, settings = [], [], []
@@ -163,7 +165,7 @@ def read_space(overrides: Sequence[str]) -> Space:
 
 def param_of(override: Any, line: str) -> Param:
     """The parameter an interval(), range() or choice() override (optionally in tag(log, ...)) describes."""
-    from hydra.core.override_parser.types import ChoiceSweep, Glob, IntervalSweep, RangeSweep
+    from hydra.core.override_parser.types import ChoiceSweep, Glob, IntervalSweep, RangeSweep  # lazy: keeps hydra
 
     key, sweep = override.get_key_element(), override.value()
     if isinstance(sweep, Glob):
@@ -211,8 +213,6 @@ def param_of(override: Any, line: str) -> Param:
 
 def number_kind(key: str, line: str) -> str:
     """INT or FLOAT, as the schema types ``key``; a LaunchError for a key that holds no number."""
-    from launcher.compose.schema import field_type
-
     kind, free = field_type(key)
     args = [arg for arg in typing.get_args(kind) if arg is not type(None)]
     kind = args[0] if typing.get_origin(kind) is typing.Union and len(args) == 1 else kind

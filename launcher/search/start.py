@@ -13,9 +13,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
+from launcher.compose.runfile import hydra_value, key_of
 from launcher.core.config import SearchConfig
 from launcher.errors import LaunchError
-from launcher.search.space import Space
+from launcher.forecast.gate import check_launch
+from launcher.search.space import Space, checked_point, read_space
+from launcher.search.study import Search, create
+from launcher.search.submission import submit_trial
+from launcher.search.trials import start
+from launcher.slurm.client import slurm_conf_for
 
 if TYPE_CHECKING:
     from launcher.compose.runs import ComposedRun
@@ -42,9 +48,6 @@ class Started:
 
 def check_search(overrides: List[str], multirun: bool) -> Checked:
     """Read the space and compose and check the run at each corner; LaunchError for any refusal."""
-    from launcher.forecast.gate import check_launch
-    from launcher.search.space import checked_point, read_space
-
     if not multirun:
         raise LaunchError("search=optuna launches a sweep of trials; add -m (--multirun)")
     space = read_space(overrides)
@@ -65,7 +68,7 @@ def compose_corner(space: Space, point: Dict[str, Any], with_settings: bool = Fa
     """The run at one corner of the space (``with_settings``: the search's settings too, checked as any run's
     values); a refusal names the corner when the space has more than one parameter (one parameter's value is
     named by the message itself)."""
-    from launcher.compose.runs import compose_runs
+    from launcher.compose.runs import compose_runs  # lazy: keeps hydra out of start-up
 
     try:
         return compose_runs([*(space.settings if with_settings else ()), *space.trial(point)])[0]
@@ -81,9 +84,6 @@ def pinned(space: Space, corners: List["ComposedRun"], root: Path) -> Tuple[Spac
     resolved it: a relative ``data.path`` (against the job's directory there) as an absolute override, as a run's
     run.yaml records it; the run root and the slurm.conf (from the environment, or the frozen code's .slurm/
     there) as the environment the trial is composed in, so that its run.yaml stays a plain run's."""
-    from launcher.compose.runfile import hydra_value, key_of
-    from launcher.slurm.client import slurm_conf_for
-
     environment = {"LAUNCHER_RUN_ROOT": str(root)}
     confs = {slurm_conf_for(run.config.cluster.name, run.config.cluster.slurm_conf) for run in corners}
     if len(confs) == 1 and None not in confs:
@@ -98,10 +98,7 @@ def pinned(space: Space, corners: List["ComposedRun"], root: Path) -> Tuple[Spac
 def start_search(checked: Checked) -> Started:
     """Make the study in the corners' run root and submit the first trials; nothing is left of the study when
     the first cannot be submitted."""
-    from launcher.search.study import Search, create
-    from launcher.search.submission import submit_trial
-    from launcher.search.trials import start
-    from launcher.submit.launch import check_runs, new_sweep_id
+    from launcher.submit.launch import check_runs, new_sweep_id  # lazy: keeps hydra, submitit out of start-up
 
     roots, _ = check_runs(checked.corners)
     if len(set(roots)) > 1:

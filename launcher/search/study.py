@@ -11,6 +11,7 @@ dot, as ``.index`` does, so the run listing never takes it for a run.
 """
 from __future__ import annotations
 
+import json
 import shutil
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -57,7 +58,7 @@ def create(search: Search) -> Path:
     path = ensure_sweep_dir(Path(search.root), search.id)
     try:
         write_json_atomic(path / DEFINITION, search.to_dict())
-        import optuna
+        import optuna  # lazy: keeps optuna, numpy out of start-up
 
         study = optuna.create_study(storage=storage(path), study_name=search.id,
                                     direction=search.settings.direction)
@@ -70,8 +71,6 @@ def create(search: Search) -> Path:
 
 
 def load(path: Path) -> Search:
-    import json
-
     return Search.from_dict(json.loads((Path(path) / DEFINITION).read_text()))
 
 
@@ -93,7 +92,7 @@ def trial_of(run_dir: Path) -> Optional[TrialRef]:
 def open_study(path: Path, search: Search) -> Any:
     """The study, with a TPE sampler that lets trials in flight count (``constant_liar``), so that trials asked
     while others run are not drawn at the same point."""
-    import optuna
+    import optuna  # lazy: keeps optuna, numpy out of start-up
 
     sampler = optuna.samplers.TPESampler(constant_liar=True)
     return optuna.load_study(study_name=search.id, storage=storage(path), sampler=sampler)
@@ -102,7 +101,7 @@ def open_study(path: Path, search: Search) -> Any:
 @contextmanager
 def locked(path: Path) -> Iterator[None]:
     """Hold the search's report lock: one process at a time tells, counts and asks."""
-    from optuna.storages.journal import JournalFileOpenLock
+    from optuna.storages.journal import JournalFileOpenLock  # lazy: keeps optuna, numpy out of start-up
 
     lock = JournalFileOpenLock(str(Path(path) / TRIALS_LOCK), grace_period=LOCK_GRACE_S)
     lock.acquire()

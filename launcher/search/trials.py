@@ -75,7 +75,7 @@ def ended_because(tally: Tally, settings: SearchConfig) -> Optional[str]:
 
 
 def tally_of(study: Any) -> Tally:
-    from optuna.trial import TrialState
+    from optuna.trial import TrialState  # lazy: keeps optuna, numpy out of start-up
 
     trials = study.get_trials(deepcopy=False)
     # A trial enqueued (WAITING) is not asked for yet: the next ask() hands it out, and only then is it submitted.
@@ -109,7 +109,7 @@ def report(path: Path, number: int, result: Result, submit: Submit) -> List[int]
 
 def fail(study: Any, frozen: Any, cause: str, pruned: bool = False) -> None:
     """Tell the study that a trial failed (or was pruned), and why (its ``cause``)."""
-    from optuna.trial import Trial, TrialState
+    from optuna.trial import Trial, TrialState  # lazy: keeps optuna, numpy out of start-up
 
     Trial(study, frozen._trial_id).set_user_attr("cause", cause)
     study.tell(frozen.number, state=TrialState.PRUNED if pruned else TrialState.FAIL)
@@ -133,7 +133,7 @@ def fail_unended(path: Path, cause: str) -> Tuple[List[int], List[int]]:
     its trial itself, and one that reaches it later finds its trial told already: :func:`report` tells a trial
     once), and one enqueued and never run (WAITING) with ``cause`` "before it ran". Optuna tells a trial only once
     it is asked for, so each of those is asked for first, at its enqueued point."""
-    from optuna.trial import TrialState
+    from optuna.trial import TrialState  # lazy: keeps optuna, numpy out of start-up
 
     with locked(path):
         search = load(path)
@@ -159,7 +159,7 @@ def ask_owed(study: Any, search: Search, submit: Submit, strict: bool = False) -
     """Ask for and submit the trials owed (the caller holds the lock). A trial that cannot be submitted is
     failed with why, and the next one asked for (``strict``: the first one's LaunchError is raised instead).
     When the search has ended, the study records why (:func:`note_end`)."""
-    from optuna.trial import TrialState
+    from optuna.trial import TrialState  # lazy: keeps optuna, numpy out of start-up
 
     submitted: List[int] = []
     while owed(tally_of(study), search.settings):
@@ -181,7 +181,7 @@ def ask_owed(study: Any, search: Search, submit: Submit, strict: bool = False) -
 def note_end(study: Any, search: Search) -> None:
     """When the search has ended, record why in the study (``ended``), once; ended by failures: with the last
     one's cause (the caller holds the lock)."""
-    from optuna.trial import TrialState
+    from optuna.trial import TrialState  # lazy: keeps optuna, numpy out of start-up
 
     end = ended_because(tally_of(study), search.settings)
     if end and "ended" not in study.user_attrs:

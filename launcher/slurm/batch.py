@@ -220,7 +220,7 @@ def array_script(cfg: RunConfig, plan: Plan, job_name: str, run_dirs: Sequence[P
     in ``RUN/submitit``). From there it is a run's job as :func:`executor_params` writes one: the same steps
     around srun, with ``$RUN_DIR`` for the directory, and the ranks' files and submitit's pickle in the run's own
     submitit folder (launcher/job/submission.py writes the pickles)."""
-    from submitit.slurm.slurm import _make_sbatch_string
+    from submitit.slurm.slurm import _make_sbatch_string  # lazy: keeps submitit out of start-up
 
     params = executor_params(cfg, plan, job_name)
     elements = " ".join(shlex.quote(str(Path(run_dir).absolute())) for run_dir in run_dirs)
@@ -240,7 +240,7 @@ def array_script(cfg: RunConfig, plan: Plan, job_name: str, run_dirs: Sequence[P
 def render_sbatch(cfg: RunConfig, plan: Plan, run_name: str, folder: str | Path, mounts: Sequence[str] = ()) -> str:
     """The sbatch script submitit writes for this run into ``folder`` (the
     executor's folder), from the same parameters as :func:`executor_params`."""
-    from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
+    from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string  # lazy: keeps submitit out of start-up
 
     folder = Path(folder).expanduser().absolute()  # as submitit's Executor stores it
     if any(ord(char) < 32 for char in str(folder)):

@@ -13,6 +13,7 @@ import pwd
 import re
 import subprocess
 import threading
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -247,10 +248,8 @@ def for_conf(conf: Optional[str]) -> Slurm:
 def _executor_class():
     """submitit's SlurmExecutor with its sbatch call going through a :class:`Slurm` (imported lazily: submitit
     is only needed to submit). Only the submission itself is replaced; the script and folders are submitit's."""
-    import uuid
-
-    from submitit.core import utils
-    from submitit.slurm.slurm import SlurmExecutor
+    from submitit.core import utils  # lazy: keeps submitit out of start-up
+    from submitit.slurm.slurm import SlurmExecutor  # lazy: keeps submitit out of start-up
 
     class ClusterExecutor(SlurmExecutor):
         def __init__(self, slurm: Slurm, **kwargs) -> None:

@@ -177,7 +177,7 @@ def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = Non
 
 def _stall_limit(run_dir: Path) -> Optional[float]:
     """``train.stall_timeout_s`` of the run (read with PyYAML: a listing must not pay for OmegaConf)."""
-    import yaml
+    import yaml  # lazy: keeps yaml out of start-up
 
     try:
         limit = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("train", {}).get("stall_timeout_s")

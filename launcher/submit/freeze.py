@@ -29,7 +29,6 @@ from launcher.core.rundir import CODE_DIFF, CODE_SOURCE, FROZEN, SOURCE_ROOT, co
 from launcher.submit.git import TreeState, tree_state
 
 
-
 def source_state(root: Path = SOURCE_ROOT) -> TreeState:
     """The checkout's git state, asked once per launch however many runs a sweep submits."""
     if root in _GIVEN:

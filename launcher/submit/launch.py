@@ -27,6 +27,7 @@ from launcher.core.safepath import check_home
 from launcher.core.run_index import (RunRecord, base_name, create_run_dir, default_root, ensure_root, remember_root,
                                    ensure_sweep_dir, save_record)
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
+from launcher.job.secret_store import secrets_dir
 from launcher.slurm.fit import explain_rejection, refusal
 from launcher.job.submission import submit_job
 from launcher.submit.array import submit_array
@@ -125,8 +126,6 @@ def scripts(runs: List[ComposedRun], names: List[str], sweep: bool) -> List[Scri
     """The scripts a launch of ``runs`` would submit, nothing written and Slurm not asked: one per run, or for a
     sweep one per job array (:func:`shapes`; not split at MaxArraySize, which only Slurm knows). ``names``: the
     runs' directory names as a dry run shows them."""
-    from launcher.job.secret_store import secrets_dir
-
     roots = [Path(run.config.run_root).expanduser() for run in runs]
     mounts = [str(secrets_dir())]
     sweep_id = new_sweep_id()

@@ -34,6 +34,7 @@ from launcher.core.plan import read_plan
 from launcher.core import events
 from launcher.core.rundir import append_event, code_source, read_metrics, read_events
 from launcher.train.hf import Tensor, generation_config, gpt2_config, gpt2_tensors, save_tokenizer
+from launcher.train.manifest import checkpoint_problems
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_SHARD_BYTES = 2 * 10 ** 9
@@ -94,7 +95,7 @@ def write_model(cfg: ModelConfig, checkpoint: Path, out: Path, dtype: str, max_s
                 eot: Optional[int]) -> Written:
     """Write ``checkpoint``'s weights into ``out`` as GPT2LMHeadModel's safetensors, config.json and
     generation_config.json."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # lazy: keeps safetensors out of start-up
 
     tensors, itemsize = gpt2_tensors(cfg), torch.tensor([], dtype=DTYPES[dtype]).element_size()
     shards = split(tensors, itemsize, max_shard_bytes)
@@ -262,7 +263,6 @@ def main(argv: List[str]) -> int:
     try:
         for stale in out.parent.glob(f".{out.name}.*"):  # the work of this export cut short in an earlier attempt
             shutil.rmtree(stale, ignore_errors=True)
-        from launcher.train.manifest import checkpoint_problems
 
         found = checkpoint_problems(checkpoint)
         if found:

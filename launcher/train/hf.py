@@ -72,7 +72,7 @@ def save_tokenizer(directory: Path, source: Optional[Path], eot: Optional[int], 
     """Write the run's tokenizer as ``transformers.AutoTokenizer.from_pretrained(directory)`` loads it: its
     dataset's tokenizer.json (``source``; for byte-level data, which has none, one made here: 256 tokens, id =
     byte value) with tokenizer_config.json and special_tokens_map.json. Returns the files' names."""
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # lazy: keeps tokenizers out of start-up
 
     hf = Tokenizer.from_file(str(source)) if source is not None else byte_tokenizer()
     hf.save(str(directory / TOKENIZER_FILE))
@@ -88,7 +88,7 @@ def save_tokenizer(directory: Path, source: Optional[Path], eot: Optional[int], 
 def byte_tokenizer() -> Any:
     """Byte-level text as a tokenizers Tokenizer: every byte its own token, id = the byte's value (GPT-2's
     printable stand-in characters for bytes name them), no merges."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # lazy: keeps tokenizers out of start-up
 
     hf = Tokenizer(models.BPE(vocab={char: byte for byte, char in byte_chars().items()}, merges=[]))
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

@@ -38,7 +38,7 @@ class TensorBoardTracker(Tracker):
     """Event files in ``RUN/tensorboard``, flushed at every record so a live TensorBoard keeps up."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, start: int) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: keeps torch, numpy out of start-up
 
         # Records are numbered by steps done: this attempt's first is start + 1.
         self.writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD), purge_step=start + 1)
@@ -56,7 +56,7 @@ class WandbTracker(Tracker):
     """A W&B run whose id is the run's name, resumed by every attempt, in ``mode`` (offline by default)."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, start: int) -> None:
-        import wandb
+        import wandb  # lazy: keeps numpy, wandb out of start-up
 
         tc = cfg.tracking
         self.run = wandb.init(project=tc.project, entity=tc.entity, id=cfg.name, name=cfg.name, resume="allow",

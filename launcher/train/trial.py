@@ -23,9 +23,9 @@ JOURNAL = "journal.log"  # in the sweep's directory: the study, in Optuna's jour
 def storage(path: Path) -> Any:
     """Optuna's journal file storage of the study in ``path``, locked without symlinks (a lock file created
     ``O_EXCL``: it plants none and follows none, the run root's rule)."""
-    import optuna
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+    import optuna  # lazy: keeps optuna, numpy out of start-up
+    from optuna.storages import JournalStorage  # lazy: keeps optuna, numpy out of start-up
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock  # lazy: keeps optuna out of start-up
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the launch's output and the batch log are the run's
     journal = str(Path(path) / JOURNAL)
@@ -56,7 +56,7 @@ class Pruning:
         if not main:
             return cls(None, number, metric, startup)
         try:
-            import optuna
+            import optuna  # lazy: keeps optuna, numpy out of start-up
 
             pruner = optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=0)
             study = optuna.load_study(study_name=trial["search"], pruner=pruner,

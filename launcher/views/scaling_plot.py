@@ -33,7 +33,7 @@ def plot(stats: List[RunStats], path: Path) -> None:
 def save(fig, path: Path) -> None:
     """Write ``fig`` to ``path`` (its format from the suffix), and free it; a one-line LaunchError when it cannot be
     written."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: keeps matplotlib, numpy out of start-up
 
     try:
         fig.savefig(path, dpi=110)
@@ -47,10 +47,10 @@ def pyplot():
     """matplotlib's pyplot, drawing off screen (no display on a login node); a one-line LaunchError naming the
     extra to install when matplotlib is missing."""
     try:
-        import matplotlib
+        import matplotlib  # lazy: keeps matplotlib, numpy out of start-up
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: keeps matplotlib, numpy out of start-up
     except ImportError:
         raise LaunchError("--plot needs matplotlib: pip install 'slurm-gpt-launcher[plot]'") from None
     return plt
@@ -59,7 +59,7 @@ def pyplot():
 def figure(stats: List[RunStats]):
     """The figure: a title, throughput against GPUs, the loss curves."""
     plt = pyplot()
-    from matplotlib.ticker import StrMethodFormatter
+    from matplotlib.ticker import StrMethodFormatter  # lazy: keeps matplotlib, numpy out of start-up
 
     fig, (speed, loss) = plt.subplots(1, 2, figsize=(12, 5))
     fig.suptitle(title(stats), fontsize=11)

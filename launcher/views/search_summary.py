@@ -26,7 +26,7 @@ def search_of(roots: Sequence[Path], sweep_id: Optional[str]) -> Optional["Searc
     path = search_path(roots, sweep_id) if sweep_id else None
     if path is None:
         return None
-    from launcher.search.view import view
+    from launcher.search.view import view  # lazy: keeps omegaconf out of start-up
 
     return view(path)
 
@@ -134,7 +134,7 @@ def trial_rows(search: "SearchView") -> List[list]:
 
 def describe_lines(search: "SearchView") -> List[str]:
     """``describe SWEEP_ID`` of a search: its space, settings, counts by state, best trial, end, and its trials."""
-    from tabulate import tabulate
+    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     settings = search.search.settings
     counts = search.counts()

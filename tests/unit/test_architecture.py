@@ -221,6 +221,28 @@ def test_no_function_is_longer_than_60_lines(path):
     assert not long, f"{path.relative_to(REPO)}: {', '.join(long)} over {FUNCTION_LINES} lines"
 
 
+def unexplained_lazy_imports(source: str) -> List[int]:
+    """The lines of imports inside a function with no comment on the line or the one above: a module's imports
+    are at its top unless importing there would cost start-up or pull torch into the launcher, and then the
+    line says so (``# lazy: keeps hydra out of start-up``)."""
+    lines = source.splitlines()
+    return sorted({node.lineno for func in ast.walk(ast.parse(source))
+                   if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for node in ast.walk(func) if isinstance(node, (ast.Import, ast.ImportFrom))
+                   and "#" not in lines[node.lineno - 1] and not lines[node.lineno - 2].lstrip().startswith("#")})
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_an_import_inside_a_function_says_why(path):
+    lines = unexplained_lazy_imports(path.read_text())
+    assert not lines, f"{path.relative_to(REPO)}: the imports on lines {lines} belong at the top, or say why not"
+
+
+def test_the_lazy_import_check_sees_an_unexplained_one():
+    source = "import os\n\n\ndef f():\n    import json\n    import yaml  # lazy: keeps yaml out of start-up\n"
+    assert unexplained_lazy_imports(source) == [5]
+
+
 @pytest.mark.parametrize("path", PACKAGES, ids=lambda p: p.parent.name)
 def test_a_package_docstring_names_the_packages_it_imports(path):
     """Each package's docstring ends with ``Imports: a, b.`` (or ``Imports: none.``), the launcher's packages its

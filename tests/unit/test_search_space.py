@@ -127,14 +127,14 @@ def test_what_a_job_could_resolve_otherwise_is_pinned_as_the_launch_composed_it(
 
 
 def test_a_launch_whose_first_trial_is_refused_leaves_no_study(root, monkeypatch):
-    from launcher.search import start, submission
+    from launcher.search import start
     from launcher.submit import launch as submitting
 
     def refused(search, number, values):
         raise LaunchError("sbatch: error: Batch job submission failed: Requested node configuration is not available")
 
     monkeypatch.setattr(submitting, "check_runs", lambda runs: ([root] * len(runs), [None] * len(runs)))
-    monkeypatch.setattr(submission, "submit_trial", refused)
+    monkeypatch.setattr(start, "submit_trial", refused)
     checked = start.check_search(["search=optuna", LR], multirun=True)
     with pytest.raises(LaunchError, match="node configuration is not available"):
         start.start_search(checked)
