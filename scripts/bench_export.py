@@ -1,5 +1,5 @@
 """How much memory ``launcher export`` takes: peak resident memory of the export against the largest shard it
-writes (launcher/train/export.py reads one tensor at a time and holds one shard), for gpt_350m.
+writes (launcher/train/hf_export.py reads one tensor at a time and holds one shard), for gpt_350m.
 
 A checkpoint of the model, freshly initialised, is saved with DCP in a child process (as training saves it, one
 rank); each export then runs in a fresh child, which reports its peak resident set (``ru_maxrss``) after it and,
@@ -33,7 +33,7 @@ EXPORT = """
 import json, resource, sys
 from omegaconf import OmegaConf
 from launcher.core.config import ModelConfig
-from launcher.train.export import write_model
+from launcher.train.hf_export import write_model
 cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.create(sys.argv[1])))
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 written = write_model(cfg, sys.argv[2], __import__("pathlib").Path(sys.argv[3]), "fp32", int(sys.argv[4]), None)
@@ -58,7 +58,7 @@ def main() -> int:
     model = "gpt_small" if args.quick else args.model
     from omegaconf import OmegaConf
 
-    from launcher.compose.runs import compose_runs
+    from launcher.compose.composer import compose_runs
 
     cfg = compose_runs([f"model={model}", "gpus=1", "dry_run=true"])[0].config.model
     spec = json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg)))

@@ -1,5 +1,5 @@
 """How long a 12-point grid sweep takes to submit: one sbatch per run (as before job arrays) against one job array
-per resource shape (launcher/submit/launch.py arrays).
+per resource shape (launcher/submit/submitter.py arrays).
 
 The grid (``train.lr`` x ``train.steps``, 12 runs of one shape) is composed once; each repeat submits it both ways
 through the same ``launch`` in this process, alternately, so both see the same machine load, and medians are
@@ -49,9 +49,9 @@ def main() -> int:
               f"{os.environ.get('SLURM_CONF', '(unset)')} (start one with slurm/up.sh)")
         return 0 if args.quick else 1
     os.environ["LAUNCHER_RUN_ROOT"] = tempfile.mkdtemp(prefix="bench-sweep-")
-    from launcher.compose.runs import compose_runs
+    from launcher.compose.composer import compose_runs
     from launcher.slurm.client import Slurm
-    from launcher.submit import launch as submit
+    from launcher.submit import submitter as submit
 
     runs = compose_runs(GRID, multirun=True)
     sbatches: List[str] = []

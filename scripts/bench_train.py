@@ -18,8 +18,8 @@ in each round, to shed noise from other processes. Run on an idle machine with
 at least 2 cores.
 
 Every run directory (the one- and two-rank runs of ``python -m launcher.train``, and the plain loop's settings) is
-composed and written by the launcher's own code (``launcher.compose.runs.compose_runs``,
-``launcher.submit.launch.write_run_files``; see :func:`make_run_dir`), so what is measured is what a launch runs.
+composed and written by the launcher's own code (``launcher.compose.composer.compose_runs``,
+``launcher.submit.submitter.write_run_files``; see :func:`make_run_dir`), so what is measured is what a launch runs.
 
     python scripts/bench_train.py [--steps 30] [--repeats 3] [--d-model 256] [--layers 4] [--seq-len 256] [--batch 8]
     python scripts/bench_train.py --quick    # seconds: a tiny model, 12 steps, one round (tests/cluster/test_bench_quick.py)
@@ -54,8 +54,8 @@ def make_run_dir(overrides: list[str], run_dir: Path) -> RunConfig:
     """A run directory as a launch writes it (config.yaml, plan.json, run.yaml), from Hydra overrides.
 
     The launcher's two entry points are imported here only, so that a move of them touches one line."""
-    from launcher.compose.runs import compose_runs
-    from launcher.submit.launch import write_run_files
+    from launcher.compose.composer import compose_runs
+    from launcher.submit.submitter import write_run_files
     (run,) = compose_runs(overrides)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_files(run, run_dir)

@@ -59,8 +59,8 @@ from pathlib import Path
 def make_run_dir(overrides, run_dir):
     """A run directory as a launch writes it; the launcher's two entry points are imported here only,
     so that a move of them touches one line."""
-    from launcher.compose.runs import compose_runs
-    from launcher.submit.launch import write_run_files
+    from launcher.compose.composer import compose_runs
+    from launcher.submit.submitter import write_run_files
     (run,) = compose_runs(overrides)
     run_dir.mkdir(parents=True)
     write_run_files(run, run_dir)

@@ -5,7 +5,7 @@ OUT gets ``model.safetensors`` (sharded above ``--max-shard-size``, with its ind
 ``generation_config.json`` (GPT2LMHeadModel: launcher/train/hf.py), the run's tokenizer as transformers loads it
 (a byte-level run gets one made: launcher/dataset/tokenizer.py), and a README.md model card. It is written in a
 hidden directory beside OUT and renamed into place when whole, so OUT is never half an export
-(launcher/train/export.py, which a run's job also uses: ``train.export_every``). One process on the CPU; memory
+(launcher/train/hf_export.py, which a run's job also uses: ``train.export_every``). One process on the CPU; memory
 holds one shard. For a run on a remote cluster the command runs
 there (launcher/remote/forward.py) with that cluster's Python, OUT being a path there.
 """
@@ -34,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest good one)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="the weights' type (default fp32: the checkpoint's master weights exactly)")
-    parser.add_argument("--max-shard-size", default="2GB",  # launcher/train/export.py DEFAULT_SHARD_BYTES
+    parser.add_argument("--max-shard-size", default="2GB",  # launcher/train/hf_export.py DEFAULT_SHARD_BYTES
                         help="largest safetensors file, e.g. 500MB (default 2GB)")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists and is not empty")
     parser.add_argument("--to-local", metavar="DIR", type=Path,
@@ -61,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
     checkpoint = chosen_checkpoint(rec, cfg, args.step, "export")
     run_tokenizer(cfg.data)  # the dataset's tokenizer file is there and is the one the data was made with
 
-    from launcher.train.export import export_run  # lazy: keeps torch, numpy out of start-up
+    from launcher.train.hf_export import export_run  # lazy: keeps torch, numpy out of start-up
 
     started = time.monotonic()
     done = export_run(Path(rec.run_dir), checkpoint, out, args.dtype, max_shard)
@@ -81,7 +81,7 @@ def export_remote(remote, args: List[str], parsed: argparse.Namespace) -> int:
     status = forward(remote, without_option(args, "--to-local"))
     if status:
         return status
-    from launcher.train.export import replace  # lazy: keeps torch, numpy out of start-up
+    from launcher.train.hf_export import replace  # lazy: keeps torch, numpy out of start-up
 
     into.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{copy.name}.", dir=into) as work:

@@ -21,8 +21,8 @@ from launcher.remote.ship import call
 from launcher.views.lookup import invocation
 
 if TYPE_CHECKING:
-    from launcher.compose.runs import ComposedRun
-    from launcher.submit.launch import Launched
+    from launcher.compose.composer import ComposedRun
+    from launcher.submit.submitter import Launched
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +76,7 @@ def overrides_of(args: argparse.Namespace) -> List[str]:
 
 def main(args: argparse.Namespace) -> int:
     """Compose the runs the arguments describe; print them (dry run) or submit them."""
-    from launcher.compose.runs import compose_runs  # lazy: keeps hydra out of start-up
+    from launcher.compose.composer import compose_runs  # lazy: keeps hydra out of start-up
     from launcher.search.space import asked  # lazy: keeps omegaconf out of start-up
 
     overrides = overrides_of(args)
@@ -103,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
     if any(run.config.cluster.ssh for run in runs):  # a cluster reached over SSH: submitted there
         print_submitted(launch_remote(runs, sweep=args.multirun))
         return 0
-    from launcher.submit.launch import launch  # lazy: keeps hydra, submitit out of start-up
+    from launcher.submit.submitter import launch  # lazy: keeps hydra, submitit out of start-up
 
     print_submitted(launch(runs, sweep=args.multirun))
     return 0
@@ -159,7 +159,7 @@ def display_name(run: ComposedRun) -> str:
 
 
 def print_dry_run(runs: List[ComposedRun], sweep: bool = False) -> None:
-    """Each run's plan, and the sbatch script it would be submitted with (launcher/submit/launch.py scripts): for
+    """Each run's plan, and the sbatch script it would be submitted with (launcher/submit/submitter.py scripts): for
     a sweep's runs that would share a job array, the array's one script after their plans. For a cluster reached
     over SSH, the scripts are that cluster's, with its paths."""
     names = [display_name(run) for run in runs]
@@ -171,7 +171,7 @@ def print_dry_run(runs: List[ComposedRun], sweep: bool = False) -> None:
                       {**request(runs, sweep, sys.argv[1:]), "names": names})
         shown, data, where = answer["scripts"], answer["data"], f" on cluster {runs[0].config.cluster.name}"
     else:
-        from launcher.submit.launch import scripts  # lazy: keeps hydra, submitit out of start-up
+        from launcher.submit.submitter import scripts  # lazy: keeps hydra, submitit out of start-up
 
         shown, data, where = [asdict(script) for script in scripts(runs, names, sweep)], None, ""
     for number, script in enumerate(shown):

@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
     opts.check()
 
     from launcher.commands.launch import overrides_of  # lazy: keeps launcher.commands.launch out of start-up
-    from launcher.compose.runs import compose_runs  # lazy: keeps hydra out of start-up
+    from launcher.compose.composer import compose_runs  # lazy: keeps hydra out of start-up
 
     runs = compose_runs(overrides_of(args), multirun=args.multirun)
     estimates = [estimate(run.config, run.plan,

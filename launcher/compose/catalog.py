@@ -10,7 +10,7 @@ adding options and overriding an earlier file of the same name:
 
 So ``~/.config/launcher/cluster/mysite.yaml`` is all it takes to make ``cluster=mysite`` valid. Validation
 messages and ``--help`` list the choices from here, ``launcher clusters`` says where each cluster comes from,
-and composition (launcher/compose/runs.py) composes from the winning files.
+and composition (launcher/compose/composer.py) composes from the winning files.
 """
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     # Every export_every steps (a multiple of checkpoint_every; 0: never), and at the end with export_final, the
     # checkpoint just saved is also written as a Hugging Face model in RUN/hf/step_N, by a process of its own on
-    # the main rank's node while training goes on (launcher/train/export.py).
+    # the main rank's node while training goes on (launcher/train/hf_export.py).
     export_every: int = 0
     export_final: bool = False
     # A step (or a save/eval phase) that has not ended after this long is a hang: the attempt ends with the
@@ -251,7 +251,7 @@ class ClusterConfig:
 @dataclass
 class SweepConfig:
     """How a grid sweep (``-m``) is submitted: its runs of one resource shape go as one Slurm job array
-    (launcher/submit/launch.py)."""
+    (launcher/submit/submitter.py)."""
 
     parallel: Optional[int] = None  # the most elements of one array running at once (sbatch --array=...%N); null: all
 

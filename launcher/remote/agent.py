@@ -3,7 +3,7 @@ request on standard input and a JSON answer on standard output (launcher/remote/
 
 The request holds runs composed, checked and planned on the user's machine from its config layers (so a mistake
 is found there at once) and that machine's git state. Here, where the cluster's paths mean something, each run's
-data is checked and the runs are submitted as a local launch submits them (launcher/submit/launch.py): a run
+data is checked and the runs are submitted as a local launch submits them (launcher/submit/submitter.py): a run
 directory under the cluster's run root, the frozen copy of the shipped code, a Slurm job. A refusal is one line
 ``error: ...`` on standard error and exit status 2, as the CLI's.
 """
@@ -17,7 +17,7 @@ from typing import Any, Dict, List
 
 from omegaconf import OmegaConf
 
-from launcher.compose.runs import ComposedRun
+from launcher.compose.composer import ComposedRun
 from launcher.core.config import RunConfig
 from launcher.core.damage import DamagedRun
 from launcher.core.plan import Plan
@@ -51,7 +51,7 @@ def composed(item: Dict[str, Any]) -> ComposedRun:
 
 
 def launch(payload: Dict[str, Any]) -> Dict[str, Any]:
-    from launcher.submit.launch import launch as submit  # lazy: keeps submitit out of start-up
+    from launcher.submit.submitter import launch as submit  # lazy: keeps submitit out of start-up
 
     source = payload["source"]
     adopt_source(TreeState(source["commit"], source["changed"], source["diff"]), source["where"])
@@ -77,7 +77,7 @@ def partitions(payload: Dict[str, Any]) -> Dict[str, Any]:
 def scripts(payload: Dict[str, Any]) -> Dict[str, Any]:
     """The sbatch scripts of the request's runs as they would be submitted here (a dry run: nothing is written),
     with this cluster's paths (run root, interpreter, secrets store), and each run's data line."""
-    from launcher.submit.launch import scripts as render  # lazy: keeps submitit out of start-up
+    from launcher.submit.submitter import scripts as render  # lazy: keeps submitit out of start-up
 
     runs = [composed(item) for item in payload["runs"]]
     return {"scripts": [asdict(script) for script in render(runs, payload["names"], payload["sweep"])],

@@ -22,10 +22,10 @@ from launcher.remote.ship import call
 from launcher.remote.ssh import Remote
 
 if TYPE_CHECKING:
-    from launcher.compose.runs import ComposedRun
+    from launcher.compose.composer import ComposedRun
     from launcher.core.config import ClusterConfig
     from launcher.core.run_index import RunRecord
-    from launcher.submit.launch import Launched
+    from launcher.submit.submitter import Launched
 
 RUNS_INDEX = "remote-runs.json"
 
@@ -68,7 +68,7 @@ def find_remote(name: str) -> Remote:
 def launch_remote(runs: List["ComposedRun"], sweep: bool) -> "Launched":
     """Submit runs composed here on their remote cluster; what was submitted, as a local launch returns it."""
     from launcher.remote.agent import request  # lazy: keeps hydra out of start-up
-    from launcher.submit.launch import Launched  # lazy: keeps hydra, submitit out of start-up
+    from launcher.submit.submitter import Launched  # lazy: keeps hydra, submitit out of start-up
 
     same_remote(runs)
     try:

@@ -24,7 +24,7 @@ from launcher.search.trials import start
 from launcher.slurm.client import slurm_conf_for
 
 if TYPE_CHECKING:
-    from launcher.compose.runs import ComposedRun
+    from launcher.compose.composer import ComposedRun
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def compose_corner(space: Space, point: Dict[str, Any], with_settings: bool = Fa
     """The run at one corner of the space (``with_settings``: the search's settings too, checked as any run's
     values); a refusal names the corner when the space has more than one parameter (one parameter's value is
     named by the message itself)."""
-    from launcher.compose.runs import compose_runs  # lazy: keeps hydra out of start-up
+    from launcher.compose.composer import compose_runs  # lazy: keeps hydra out of start-up
 
     try:
         return compose_runs([*(space.settings if with_settings else ()), *space.trial(point)])[0]
@@ -98,7 +98,7 @@ def pinned(space: Space, corners: List["ComposedRun"], root: Path) -> Tuple[Spac
 def start_search(checked: Checked) -> Started:
     """Make the study in the corners' run root and submit the first trials; nothing is left of the study when
     the first cannot be submitted."""
-    from launcher.submit.launch import check_runs, new_sweep_id  # lazy: keeps hydra, submitit out of start-up
+    from launcher.submit.submitter import check_runs, new_sweep_id  # lazy: keeps hydra, submitit out of start-up
 
     roots, _ = check_runs(checked.corners)
     if len(set(roots)) > 1:

@@ -16,8 +16,8 @@ from launcher.search.study import Search
 def submit_trial(search: Search, number: int, values: Dict[str, Any]) -> str:
     """Compose and submit trial ``number`` at ``values`` in the search's environment (sbatch, and so the job,
     inherit it); its run's name, or a one-line LaunchError."""
-    from launcher.compose.runs import compose_runs  # lazy: keeps hydra out of start-up
-    from launcher.submit.launch import check_runs, submit_one  # lazy: keeps hydra, submitit out of start-up
+    from launcher.compose.composer import compose_runs  # lazy: keeps hydra out of start-up
+    from launcher.submit.submitter import check_runs, submit_one  # lazy: keeps hydra, submitit out of start-up
 
     with environment(search.environment):
         runs = compose_runs(search.space.trial(values))

@@ -211,7 +211,7 @@ ELEMENT_DIR = '"$RUN_DIR"'
 def array_script(cfg: RunConfig, plan: Plan, job_name: str, run_dirs: Sequence[Path], folder: Path,
                  mounts: Sequence[str] = ()) -> str:
     """The sbatch script of one job array whose element ``i`` runs the run in ``run_dirs[i]``, at most
-    ``cfg.sweep.parallel`` at once; the runs share ``cfg``'s request (launcher/submit/launch.py groups them by
+    ``cfg.sweep.parallel`` at once; the runs share ``cfg``'s request (launcher/submit/submitter.py groups them by
     this script, given no run directory).
 
     Slurm writes an array's ``--output`` by pattern, which cannot name a run directory: Slurm's own lines go to

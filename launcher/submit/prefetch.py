@@ -1,5 +1,5 @@
 """What a launch will ask git and Slurm, asked in threads before composing, so that they answer while Hydra
-composes (a submission's two round trips off its critical path; launcher/submit/launch.py then finds the
+composes (a submission's two round trips off its critical path; launcher/submit/submitter.py then finds the
 answers waiting: launcher/submit/freeze.py's source_state, launcher/slurm/client.py's partitions).
 """
 from __future__ import annotations

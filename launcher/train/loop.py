@@ -30,7 +30,7 @@ from launcher.core.heartbeats import SLOW_PHASE_S
 from launcher.core.plan import Plan, flops_per_token, halved_micro_batch
 from launcher.train import faults
 from launcher.train.checkpoint import save_checkpoint
-from launcher.train.export import Exports
+from launcher.train.hf_export import Exports
 from launcher.train.data import StepSampler, TokenData, token_file, val_indices
 from launcher.train.dist import DistEnv, global_mean
 from launcher.train.guard import check_finite

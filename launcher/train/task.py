@@ -24,7 +24,7 @@ from launcher.core.events import Finished, Requeued, Stalled, Started
 from launcher.core.rundir import SOURCE_ROOT, append_event
 from launcher.train.dist import check_allreduce, global_rank_from_environ, init_distributed
 from launcher.train.interrupt import Interrupt, Requeue
-from launcher.train.export import Exports
+from launcher.train.hf_export import Exports
 from launcher.train.loop import train
 from launcher.train.preflight import preflight, verify_data
 from launcher.train.watchdog import Watchdog

@@ -66,14 +66,14 @@ def train_run_preempted_in_export(run_dir: Path, step: int) -> None:
     import sys
 
     from launcher.core import preemption
-    from launcher.train.export import Exports
+    from launcher.train.hf_export import Exports
 
     real_start, real_popen = Exports.start, subprocess.Popen
 
     def slow_export(argv, **kwargs):
-        if argv[1:3] == ["-m", "launcher.train.export"]:
+        if argv[1:3] == ["-m", "launcher.train.hf_export"]:
             argv = [sys.executable, "-c", "import runpy, sys, time; time.sleep(60); sys.argv[0] = 'export'; "
-                    "runpy.run_module('launcher.train.export', run_name='__main__')", *argv[3:]]
+                    "runpy.run_module('launcher.train.hf_export', run_name='__main__')", *argv[3:]]
         return real_popen(argv, **kwargs)
 
     def start_then_preempted(self, done):

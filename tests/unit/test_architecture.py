@@ -188,7 +188,7 @@ def test_the_in_job_path_loads_neither_hydra_nor_the_cli():
     code = ("import sys, launcher.job.recovery, launcher.job.comment, launcher.job.entry, launcher.job.submission, "
             "launcher.train.task; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'hydra' or m.startswith(("
-            "'launcher.cli', 'launcher.commands', 'launcher.compose.runs', 'launcher.compose.overrides', "
+            "'launcher.cli', 'launcher.commands', 'launcher.compose.composer', 'launcher.compose.overrides', "
             "'launcher.submit'))); print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -9,7 +9,7 @@ import pytest
 
 from launcher import cli
 from launcher.views import lookup as common
-from launcher.submit.launch import Launched
+from launcher.submit.submitter import Launched
 from support.helpers import REPO, run_launcher
 
 
@@ -105,9 +105,9 @@ def test_help_lists_the_groups(capsys):
 
 def test_a_real_launch_goes_to_submit_launch(monkeypatch):
     calls = []
-    fake = types.ModuleType("launcher.submit.launch")
+    fake = types.ModuleType("launcher.submit.submitter")
     fake.launch = lambda runs, sweep: calls.append((runs, sweep)) or Launched([])
-    monkeypatch.setitem(sys.modules, "launcher.submit.launch", fake)
+    monkeypatch.setitem(sys.modules, "launcher.submit.submitter", fake)
     assert cli.main(["-m", "gpus=8,16"]) == 0
     ((runs, sweep),) = calls
     assert sweep is True and [r.plan.gpus for r in runs] == [8, 16]
@@ -135,7 +135,7 @@ def test_help_and_version_import_no_command_or_hydra():
 def test_runs_imports_only_what_it_needs(tmp_path):
     code = (f"import sys; from launcher import cli; assert cli.main(['runs', '--json', '--root', {str(tmp_path)!r}]) == 0; "
             "loaded = [m for m in sys.modules if m.startswith(('hydra', 'omegaconf', 'submitit', 'torch', 'yaml', "
-            "'launcher.commands.launch', 'launcher.compose.runs', 'launcher.compose.catalog'))]; assert not loaded, loaded")
+            "'launcher.commands.launch', 'launcher.compose.composer', 'launcher.compose.catalog'))]; assert not loaded, loaded")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 

@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher.compose.catalog import CONF_DIR, gpu_presets, options
-from launcher.compose.runs import compose_runs
+from launcher.compose.composer import compose_runs
 from launcher.core.config import RunConfig, load_run_config
 
 # One worker makes its composed grid (a module-scoped fixture) for all the tests here.
@@ -139,7 +139,7 @@ def test_hydras_own_runtime_config_is_not_composed_and_the_apps_config_is_unchan
     anyway: the runs' configs are exactly what the full Hydra config gives."""
     from hydra.conf import HydraConf
 
-    from launcher.compose import runs as composing
+    from launcher.compose import composer as composing
 
     sweep = ["gpus=1,16,24", "model=gpt_1b,gpt_tiny", "cluster=local,slurm", "train.steps=7",
              "+cluster.sbatch_flags.mail-type=END"]

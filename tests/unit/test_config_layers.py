@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from launcher.compose.catalog import model_micro_batch, options
-from launcher.compose.runs import compose_runs
+from launcher.compose.composer import compose_runs
 from launcher.errors import LaunchError
 from support.helpers import REPO, run_launcher
 

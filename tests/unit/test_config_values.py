@@ -121,10 +121,10 @@ def root(tmp_path, monkeypatch):
     """An empty run root, and a submission that would fail the test instead of reaching Slurm."""
     monkeypatch.setenv("LAUNCHER_RUN_ROOT", str(tmp_path / "runs"))
     (tmp_path / "runs").mkdir()
-    fake = types.ModuleType("launcher.submit.launch")
+    fake = types.ModuleType("launcher.submit.submitter")
     fake.launch = lambda runs, sweep: pytest.fail(f"submitted {[r.overrides for r in runs]}")
     fake.resubmit = lambda run_dir, **kwargs: pytest.fail(f"resubmitted {run_dir}")
-    monkeypatch.setitem(sys.modules, "launcher.submit.launch", fake)
+    monkeypatch.setitem(sys.modules, "launcher.submit.submitter", fake)
     return tmp_path / "runs"
 
 

@@ -95,10 +95,10 @@ BAD = [
 
 @pytest.mark.parametrize("args, message", BAD, ids=[" ".join(a).replace("{root}/", "") for a, _ in BAD])
 def test_bad_data_is_refused_before_anything_is_recorded(args, message, datasets, tmp_path, capsys, monkeypatch):
-    import launcher.submit.launch
+    import launcher.submit.submitter
 
     monkeypatch.setenv("LAUNCHER_RUN_ROOT", str(tmp_path / "runs"))
-    monkeypatch.setattr(launcher.submit.launch, "launch", lambda *a, **k: pytest.fail("a bad data.path was submitted"))
+    monkeypatch.setattr(launcher.submit.submitter, "launch", lambda *a, **k: pytest.fail("a bad data.path was submitted"))
     typed = [arg.format(root=datasets) for arg in args]
     assert cli.main(["gpus=8", *typed]) == 2
     out, err = capsys.readouterr()

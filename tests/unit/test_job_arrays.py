@@ -1,4 +1,4 @@
-"""A grid sweep's runs of one resource shape go to Slurm as one job array (launcher/submit/launch.py arrays,
+"""A grid sweep's runs of one resource shape go to Slurm as one job array (launcher/submit/submitter.py arrays,
 launcher/slurm/batch.py array_script, launcher/submit/array.py submit_array), each element its run's job: its
 own directory, files, record and job name (``123_4``). Without a cluster: Slurm's answers are given here."""
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compose.runs import compose_runs
+from launcher.compose.composer import compose_runs
 from launcher.job import recovery
 from launcher.slurm.batch import array_script
 from launcher.slurm.client import Slurm
-from launcher.submit import launch as submit
+from launcher.submit import submitter as submit
 
 
 # The progress follower reaped before the shell ends.

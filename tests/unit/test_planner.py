@@ -10,7 +10,7 @@ import re
 import pytest
 
 from launcher import cli
-from launcher.compose.runs import compose_runs
+from launcher.compose.composer import compose_runs
 from launcher.core.config import ModelConfig, RunConfig, TrainConfig
 from launcher.core.plan import parameter_counts
 from launcher.core.gpus import memory_gib as memory_for_type
@@ -294,12 +294,12 @@ def test_plan_help_and_bad_options(capsys):
 
 @pytest.fixture
 def submissions(monkeypatch):
-    """launcher.submit.launch.launch replaced by a recorder: nothing can reach Slurm."""
+    """launcher.submit.submitter.launch replaced by a recorder: nothing can reach Slurm."""
     calls = []
-    import launcher.submit.launch
+    import launcher.submit.submitter
 
-    monkeypatch.setattr(launcher.submit.launch, "launch",
-                        lambda runs, sweep: calls.append(runs) or launcher.submit.launch.Launched([]))
+    monkeypatch.setattr(launcher.submit.submitter, "launch",
+                        lambda runs, sweep: calls.append(runs) or launcher.submit.submitter.Launched([]))
     return calls
 
 
@@ -439,5 +439,5 @@ def test_saved_activations_match_the_formula():
 def test_plan_does_not_import_torch():
     result = run_launcher("plan", "-m", "gpus=8,16", "model=gpt_1b", cwd=REPO, check=True, flags=("-X", "importtime"))
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
-    assert "launcher.forecast.estimate" in imported and "launcher.compose.runs" in imported
+    assert "launcher.forecast.estimate" in imported and "launcher.compose.composer" in imported
     assert not {name for name in imported if name == "torch" or name.startswith("torch.")}

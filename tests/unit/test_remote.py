@@ -124,7 +124,7 @@ def test_remote_clusters_are_the_cluster_files_that_name_ssh(tmp_path, monkeypat
 def test_a_run_for_a_remote_cluster_keeps_the_clusters_paths(tmp_path, monkeypatch):
     """Composed here, but its run root, data and slurm.conf are the cluster's: not made absolute here, and not
     $LAUNCHER_RUN_ROOT (this machine's)."""
-    from launcher.compose.runs import compose_runs
+    from launcher.compose.composer import compose_runs
 
     site = tmp_path / "site" / "cluster"
     site.mkdir(parents=True)

@@ -8,7 +8,7 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from launcher import cli
-from launcher.compose.runs import compose_runs
+from launcher.compose.composer import compose_runs
 from launcher.compose.runfile import dump, hydra_value, load_yaml, merge, to_overrides
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 from submitit.slurm.slurm import _get_default_parameters
 
-from launcher.compose.runs import compose_runs
+from launcher.compose.composer import compose_runs
 from launcher.core.config import ContainerConfig
 from launcher.errors import LaunchError
 from launcher.slurm.batch import executor_params, frozen_code_line, render_sbatch

@@ -128,7 +128,7 @@ def test_what_a_job_could_resolve_otherwise_is_pinned_as_the_launch_composed_it(
 
 def test_a_launch_whose_first_trial_is_refused_leaves_no_study(root, monkeypatch):
     from launcher.search import start
-    from launcher.submit import launch as submitting
+    from launcher.submit import submitter as submitting
 
     def refused(search, number, values):
         raise LaunchError("sbatch: error: Batch job submission failed: Requested node configuration is not available")

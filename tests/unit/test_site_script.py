@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from submitit.slurm.slurm import _make_sbatch_string
 
-from launcher.compose.runs import compose_runs
+from launcher.compose.composer import compose_runs
 from launcher.errors import LaunchError
 from launcher.slurm.batch import executor_params, render_sbatch
 

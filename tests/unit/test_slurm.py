@@ -8,7 +8,7 @@ import pytest
 
 import launcher
 
-from launcher.compose.runs import compose_runs
+from launcher.compose.composer import compose_runs
 from launcher.slurm.fit import explain_rejection, mem_mb, refusal
 from launcher.slurm.output import (Partition, SlurmError, array_elements, field_rows, max_job_nodes, minutes,
                                    parse_nodes, parse_sacct, parse_squeue, partitions_of, sbatch_reason)
@@ -126,7 +126,7 @@ def test_an_sbatch_rejection_is_explained_in_one_line():
 def test_only_the_adapter_runs_slurm_tools():
     """launcher/slurm/client.py is the one module of the launcher that names a Slurm tool to run; it,
     launcher/submit/git.py (git) and launcher/remote/ssh.py (ssh) are the only ones that start a process (what runs
-    on a remote cluster goes through ssh.py), besides launcher/train/export.py, whose main rank starts its own Python
+    on a remote cluster goes through ssh.py), besides launcher/train/hf_export.py, whose main rank starts its own Python
     to export a checkpoint beside training. The tasks' code (launcher/train/) runs no tool at all: a rank may be in a
     container without Slurm's client, so the requeue and the progress comment are the batch shell's
     (launcher/job/recovery.py, launcher/job/comment.py)."""
@@ -136,6 +136,6 @@ def test_only_the_adapter_runs_slurm_tools():
                  if path.relative_to(package).as_posix() != "slurm/client.py"
                  and (("subprocess" in path.read_text()
                        and path.relative_to(package).as_posix() not in ("submit/git.py", "remote/ssh.py",
-                                                                         "train/export.py"))
+                                                                         "train/hf_export.py"))
                       or any(tool in path.read_text() for tool in tools))]
     assert offenders == []

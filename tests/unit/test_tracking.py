@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from launcher.compose.runs import compose_runs
+from launcher.compose.composer import compose_runs
 from launcher.core.config import TRACKER_PACKAGES, RunConfig, tracker_missing
 from launcher.errors import LaunchError
 from support.helpers import wait_for
@@ -80,7 +80,7 @@ def test_wandb_attempts_share_the_run_id_and_log_by_global_step(tmp_path, monkey
 
 
 def test_a_missing_tracker_package_refuses_the_launch_in_one_line(tmp_path, monkeypatch):
-    from launcher.submit.launch import launch
+    from launcher.submit.submitter import launch
 
     monkeypatch.setitem(TRACKER_PACKAGES, "wandb", "wandb_not_installed")
     monkeypatch.setenv("LAUNCHER_RUN_ROOT", str(tmp_path))

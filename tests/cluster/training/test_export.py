@@ -16,7 +16,7 @@ from launcher import cli
 from launcher.core.checkpoints import step_dir
 from launcher.core.config import load_run_config
 from launcher.dataset.tokenizer import BYTE
-from launcher.train.export import numel
+from launcher.train.hf_export import numel
 from launcher.train.generate import generate, load_model
 from launcher.train.hf import gpt2_tensors
 from support.train_harness import as_run
@@ -182,7 +182,7 @@ def exports_of(run_dir: Path) -> list:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if str(run_dir).encode() in argv and any(b"launcher.train.export" in arg for arg in argv):
+        if str(run_dir).encode() in argv and any(b"launcher.train.hf_export" in arg for arg in argv):
             found.append(int(proc.name))
     return found
 
@@ -213,7 +213,7 @@ def test_an_export_cut_short_is_redone_by_the_next_attempt(reference_run, tmp_pa
     """An attempt that ends while its export runs (requeued, failed) stops the export; the held checkpoint it leaves,
     and only that, makes the next attempt export that step again, clearing the work left half-written."""
     from support.helpers import events
-    from launcher.train.export import Exports
+    from launcher.train.hf_export import Exports
 
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)

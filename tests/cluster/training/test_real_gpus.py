@@ -12,7 +12,7 @@ import pytest
 
 from support.helpers import REPO
 from support.helpers import events as read_events
-from launcher.compose.runs import compose_runs
+from launcher.compose.composer import compose_runs
 from support.train_harness import launch_ranks, make_run_dir, make_tokens, tiny_config
 
 # The cluster tier without Slurm: real multi-rank training on gloo, seconds of CPU a test (docs/development.md).

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import OmegaConf
 
-from launcher.compose.runs import ComposedRun
+from launcher.compose.composer import ComposedRun
 from launcher.errors import LaunchError
 from launcher.compose.runfile import dump
 from launcher.core.config import tracker_missing

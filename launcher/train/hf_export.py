@@ -223,7 +223,7 @@ class Exports:
             held = held or self._hold(step)
             with open(self.run_dir / EXPORTS / f"{held.name}.log", "ab") as log:
                 self.running.append(subprocess.Popen(
-                    [sys.executable, "-m", "launcher.train.export", str(self.run_dir), str(held)],
+                    [sys.executable, "-m", "launcher.train.hf_export", str(self.run_dir), str(held)],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         except OSError as err:
             append_event(self.run_dir, events.ExportFailed(step=step, error=f"{type(err).__name__}: {err}"))
@@ -256,7 +256,7 @@ class Exports:
 
 
 def main(argv: List[str]) -> int:
-    """``python -m launcher.train.export RUN_DIR CHECKPOINT``: one background export (:class:`Exports`)."""
+    """``python -m launcher.train.hf_export RUN_DIR CHECKPOINT``: one background export (:class:`Exports`)."""
     run_dir, checkpoint = Path(argv[0]), Path(argv[1])
     step, started = step_of(checkpoint), time.monotonic()
     out = run_dir / EXPORTS / step_dir(run_dir, step).name
