@@ -25,16 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from launcher.core.events import AttemptEnded, Event, Failed, Fault, PreflightFailed, Stalled
+from launcher.core.events import AttemptEnded, Event, Failed, Fault, Outcome, PreflightFailed, Stalled
 from launcher.core.heartbeats import EXIT_STALLED, Pulse
 from launcher.slurm.output import TaskEnd
 
 
 @dataclass(frozen=True)
 class Cause:
-    """Why an attempt ended: the outcome word, the rank and node to blame, the step, and one line."""
+    """Why an attempt ended: its outcome, the rank and node to blame, the step, and one line."""
 
-    outcome: str  # FAILED, STALLED, LOST or PREFLIGHT
+    outcome: Outcome  # FAILED, STALLED, LOST or PREFLIGHT
     text: str
     fault: Fault = Fault.UNKNOWN  # the kind, what recovery's policy is keyed by
     rank: Optional[int] = None
@@ -60,17 +60,18 @@ def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pu
     for event in events:
         if isinstance(event, PreflightFailed):
             node = event.node
-            return Cause("PREFLIGHT", f"node {node} failed its preflight check: {event.problem}", Fault.NODE_UNFIT,
-                         rank=_int(event.rank), node=node, short=f"{node} failed preflight", nodes=(node,))
+            return Cause(Outcome.PREFLIGHT, f"node {node} failed its preflight check: {event.problem}",
+                         Fault.NODE_UNFIT, rank=_int(event.rank), node=node, short=f"{node} failed preflight",
+                         nodes=(node,))
     if lost:
         step = max(steps.values(), default=None)
         at = f" at step {step}" if step is not None else " during start-up"
-        return Cause("LOST", f"node {', '.join(lost)} lost{at}: Slurm could not reach it", Fault.NODE_LOST,
+        return Cause(Outcome.LOST, f"node {', '.join(lost)} lost{at}: Slurm could not reach it", Fault.NODE_LOST,
                      node=lost[0], step=step, short=f"{lost[0]} lost", nodes=tuple(lost))
     for event in events:
         if isinstance(event, Stalled):
             ranks, nodes = event.ranks or [], event.nodes or []
-            return Cause("STALLED", f"stalled: {event.cause or 'no step advanced'}", Fault.HUNG,
+            return Cause(Outcome.STALLED, f"stalled: {event.cause or 'no step advanced'}", Fault.HUNG,
                          rank=ranks[0] if ranks else None, node=nodes[0] if nodes else None, step=event.step,
                          short=f"rank {ranks[0]} hung" if ranks else "hung", nodes=tuple(dict.fromkeys(nodes)))
     failures = [e for e in events if isinstance(e, Failed)]
@@ -79,14 +80,14 @@ def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pu
         first = min(own, key=lambda e: e.time)
         rank = _int(first.rank)
         error = first.error or "unknown error"
-        return Cause("FAILED", _where(rank, first.node, first.step) + error, first.fault or Fault.CODE, rank=rank,
+        return Cause(Outcome.FAILED, _where(rank, first.node, first.step) + error, first.fault or Fault.CODE, rank=rank,
                      node=first.node, step=first.step, short=first.short or error.split(":")[0], error=error,
                      exception=first.exception)
     watchdogs = [r for end in task_ends if end.how == f"Exited with exit code {EXIT_STALLED}" for r in end.ranks]
     if watchdogs and pulses:
         hung = min(pulses, key=lambda p: p.alive)  # its heartbeat stopped first: the others waited for it
         fired = ", ".join(map(str, sorted(watchdogs)))
-        return Cause("STALLED", f"stalled: rank {hung.rank} on {hung.node} stopped first, at step {hung.step} "
+        return Cause(Outcome.STALLED, f"stalled: rank {hung.rank} on {hung.node} stopped first, at step {hung.step} "
                      f"(the watchdog of rank {fired} ended the attempt)", Fault.HUNG, rank=hung.rank, node=hung.node,
                      step=hung.step, short=f"rank {hung.rank} hung", nodes=(hung.node,))
     return _from_srun(failures, task_ends, watchdogs, {p.rank: p.step for p in pulses}, exit_code)
@@ -103,23 +104,23 @@ def _from_srun(failures: List[Failed], task_ends: List[TaskEnd], watchdogs: List
     if killed:  # killed from outside (the kernel's OOM killer, an administrator): each one is named
         rank, node = killed[0]
         if len(killed) == 1:
-            return Cause("FAILED", _where(rank, node, steps.get(rank)) + "killed by a signal (SIGKILL)", Fault.KILLED,
-                         rank=rank, node=node, step=steps.get(rank), short=f"rank {rank} killed")
+            return Cause(Outcome.FAILED, _where(rank, node, steps.get(rank)) + "killed by a signal (SIGKILL)",
+                         Fault.KILLED, rank=rank, node=node, step=steps.get(rank), short=f"rank {rank} killed")
         where = "; ".join(f"rank {r} on {n}" + (f" at step {steps[r]}" if r in steps else "") for r, n in killed)
-        return Cause("FAILED", f"{len(killed)} ranks killed by a signal (SIGKILL): {where}", Fault.KILLED,
+        return Cause(Outcome.FAILED, f"{len(killed)} ranks killed by a signal (SIGKILL): {where}", Fault.KILLED,
                      rank=rank, node=node, step=steps.get(rank),
                      short=f"ranks {','.join(str(r) for r, _ in killed)} killed",
                      nodes=tuple(dict.fromkeys(n for _, n in killed)))
     if silent:
         rank, end = silent[0]
-        return Cause("FAILED", _where(rank, end.node, steps.get(rank)) + end.how.lower(), Fault.DIED, rank=rank,
+        return Cause(Outcome.FAILED, _where(rank, end.node, steps.get(rank)) + end.how.lower(), Fault.DIED, rank=rank,
                      node=end.node, step=steps.get(rank), short=f"rank {rank} died")
     if failures:
         first = min(failures, key=lambda e: e.time)
         rank = _int(first.rank)
-        return Cause("FAILED", _where(rank, first.node, first.step) + str(first.error), Fault.PEER_LOST,
+        return Cause(Outcome.FAILED, _where(rank, first.node, first.step) + str(first.error), Fault.PEER_LOST,
                      rank=rank, node=first.node, step=first.step, short="lost a peer")
-    return Cause("FAILED", f"srun exited with status {exit_code}" if exit_code else "ended without a record",
+    return Cause(Outcome.FAILED, f"srun exited with status {exit_code}" if exit_code else "ended without a record",
                  Fault.UNKNOWN, short=f"exit {exit_code}" if exit_code else "no record")
 
 

@@ -73,6 +73,13 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Settled:
+    """An attempt's end that needed no judgement (:func:`without_failure`) and what, if anything, follows it."""
+
+    decision: Optional[Decision] = None
+
+
+@dataclass(frozen=True)
 class Evidence:
     """What an ending attempt left: srun's stderr, its ranks' heartbeats (since it began) and its lost nodes."""
 
@@ -164,16 +171,17 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
             events = read_events(run_dir)  # with the failure just recorded, judged below
             attempt, since = AttemptLog(events).this_attempt()
     number = attempt.attempt if attempt else None
-    settled, decision = without_failure(run_dir, since, number, job_id, exit_code, queued)
-    if settled:
-        return decision
+    settled = without_failure(run_dir, since, number, job_id, exit_code, queued)
+    if settled is not None:
+        return settled.decision
     evidence = Evidence.of(Path(run_dir), attempt, job_id)
     if evidence.lost and queue_state(job_id) in REQUEUED_STATES:  # Slurm marked the node down while it was probed
         return None
     cause = attribute(since, srun_task_ends(evidence.stderr), evidence.pulses, exit_code, evidence.lost)
     began = trained(since, evidence.pulses)
-    text = cause.text if began or cause.outcome in ("LOST", "PREFLIGHT") else f"failed during start-up: {cause.text}"
-    append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=Outcome(cause.outcome), cause=text,
+    during_start = not began and cause.outcome not in (Outcome.LOST, Outcome.PREFLIGHT)
+    text = f"failed during start-up: {cause.text}" if during_start else cause.text
+    append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=cause.outcome, cause=text,
                                        short=cause.short, fault=cause.fault, exception=cause.exception,
                                        rank=cause.rank, node=cause.node, step=cause.step,
                                        exit_code=exit_code, trained=began,
@@ -182,10 +190,10 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
 
 
 def without_failure(run_dir: Path, since: List[Event], number: Optional[int], job_id: str, exit_code: int,
-                    queued: Optional[str]) -> Tuple[bool, Optional[Decision]]:
+                    queued: Optional[str]) -> Optional[Settled]:
     """Record the end of an attempt that did not fail: the run's verdict already given by the ranks, the run
-    finished, requeued or cancelled, or Slurm requeued the job itself. ``(True, decision)`` when it was one of
-    those; ``(False, None)`` for a failure, to be judged. ``queued``: Slurm's state of the job, if asked."""
+    finished, requeued or cancelled, or Slurm requeued the job itself: then what follows (:class:`Settled`);
+    None for a failure, to be judged. ``queued``: Slurm's state of the job, if asked."""
     kinds = {type(e) for e in since}
     if Requeued in kinds and isinstance([e for e in since if isinstance(e, (Requeued, Failed))][-1], Failed):
         kinds.discard(Requeued)  # the signal was heard but Slurm could not requeue: judged as a failure
@@ -193,22 +201,22 @@ def without_failure(run_dir: Path, since: List[Event], number: Optional[int], jo
     if verdict:  # the ranks already ended the run (a requeue budget spent): nothing to decide
         append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=Outcome.FAILED, fault=verdict.fault,
                                            cause=verdict.error, short=verdict.short, step=verdict.step))
-        return True, None
+        return Settled()
     if Finished in kinds:  # the final checkpoint is whole: what a rank did after it does not matter
         append_event(run_dir, AttemptEnded(
             attempt=number, job_id=job_id, outcome=Outcome.COMPLETED, exit_code=exit_code or None,
             note=f"a rank ended badly after the run finished (srun {exit_code})" if exit_code else None))
-        return True, COMPLETED
+        return Settled(COMPLETED)
     queued = queue_state(job_id) if queued is None else queued
     if queued.startswith("CANCELLED"):  # by the user or an administrator (`launcher stop` records it too)
         kinds.add(Cancelled)
     if Requeued in kinds or Cancelled in kinds:  # preemption, time limit, or the user: not a failure
         append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id,
                                            outcome=Outcome.REQUEUED if Requeued in kinds else Outcome.CANCELLED))
-        return True, None
+        return Settled()
     # Slurm requeued the job itself (its node was lost) while this batch script lived on: the next attempt
     # records this one (unjudged()), and a retry from here would run the run twice.
-    return queued in REQUEUED_STATES, None
+    return Settled() if queued in REQUEUED_STATES else None
 
 
 def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], cause: Cause, text: str,
@@ -452,18 +460,18 @@ def decide(events: List[Event], cause: Cause, max_retries: int, held: Sequence[s
     ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or heartbeats)."""
     excluded = {node for e in events if isinstance(e, (Retrying, AttemptEnded)) for node in e.exclude or []}
     blamed = set(cause.nodes or ([cause.node] if cause.node else [])) \
-        if cause.outcome in ("STALLED", "LOST", "PREFLIGHT") else set()
+        if cause.outcome in (Outcome.STALLED, Outcome.LOST, Outcome.PREFLIGHT) else set()
     before = {node for e in events if isinstance(e, AttemptEnded) and e.outcome in (Outcome.LOST, Outcome.PREFLIGHT)
               for node in e.nodes or [e.node]}
-    if cause.outcome in ("LOST", "PREFLIGHT") and not blamed & before:
-        what = "was lost" if cause.outcome == "LOST" else "failed its preflight check"
+    if cause.outcome in (Outcome.LOST, Outcome.PREFLIGHT) and not blamed & before:
+        what = "was lost" if cause.outcome is Outcome.LOST else "failed its preflight check"
         return Decision(True, f"{', '.join(sorted(blamed))} {what}: retried without it, not counted as a retry",
                         sorted(excluded | blamed | set(held)), free=True)
     retried, why = POLICY[cause.fault]
     if not retried and cause.fault != Fault.CODE:  # the same on every node and try, whenever it happens
         return Decision(False, why)
     first = not any(isinstance(e, AttemptEnded) for e in events)
-    if first and not progressed and cause.outcome not in ("LOST", "PREFLIGHT"):
+    if first and not progressed and cause.outcome not in (Outcome.LOST, Outcome.PREFLIGHT):
         return Decision(False, "it failed before its first step: a problem of the code, config or data, not retried")
     if not retried:
         return Decision(False, why)
