@@ -65,9 +65,9 @@ def set_aside(path: Path, problems: list[str], env: DistEnv, on_damage: Callable
     dist.barrier()
 
 
-def recorded(path: Path) -> dict:
-    """What the checkpoint in ``path`` recorded of its step (loss, grad_norm), for the check of the first step
-    after resuming from it (launcher/train/resume.py)."""
+def reference(path: Path) -> dict:
+    """The checkpoint's reference of its step (loss, grad_norm, kept in its meta.json), for the check of the
+    first step after resuming from it (launcher/train/resume.py)."""
     meta = json.loads((path / META).read_text())
     return {key: meta[key] for key in ("loss", "grad_norm")}
 
@@ -97,10 +97,10 @@ class CheckpointSaveError(RuntimeError):
 
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: torch.optim.lr_scheduler.LRScheduler, env: DistEnv, keep: int,
-                    record: dict) -> Path:
+                    reference: dict) -> Path:
     """Save the training state after ``step`` optimizer steps; all ranks call this.
 
-    ``record`` (the step's loss and gradient norm) is kept in meta.json so that a resume can check its
+    ``reference`` (the step's loss and gradient norm) is kept in meta.json so that a resume can check its
     first step against it. Keeps the newest ``keep`` complete checkpoints. Saving a step that already has
     a complete checkpoint does nothing; a step directory left incomplete by an earlier attempt is replaced.
     Raises CheckpointSaveError, on every rank, if any rank's part of the save failed.
@@ -118,7 +118,7 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
                                       f"{_first_line(err)}") from err
     dist.barrier()
     try:
-        _write_all(tmp, step, model, optimizer, scheduler, env, record)
+        _write_all(tmp, step, model, optimizer, scheduler, env, reference)
     except BaseException as err:  # DCP's CheckpointException is a BaseException
         cause = _full_disk(tmp) + _cause(err)  # measured before the partial files go
         if env.is_main:
@@ -136,7 +136,7 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
 
 
 def _write_all(tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-               scheduler: torch.optim.lr_scheduler.LRScheduler, env: DistEnv, record: dict) -> None:
+               scheduler: torch.optim.lr_scheduler.LRScheduler, env: DistEnv, reference: dict) -> None:
     """Every rank's part of a save: DCP shards (collective), then this rank's RNG state, rank 0's
     meta.json, and each rank's manifest; the ranks agree that all of it worked before anyone goes on."""
     model_state, optim_state = get_state_dict(model, optimizer)
@@ -147,7 +147,7 @@ def _write_all(tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Op
         torch.save(_rng_state(), rng)
         _write_synced(tmp / f"rng_rank_{env.rank:05d}.pt", rng.getvalue())
         if env.is_main:
-            meta = {"step": step, "world_size": env.world_size, "scheduler": scheduler.state_dict(), **record}
+            meta = {"step": step, "world_size": env.world_size, "scheduler": scheduler.state_dict(), **reference}
             _write_synced(tmp / META, json.dumps(meta, indent=1).encode())
         name, body = manifest.manifest(tmp, env.rank, step, manifest.files_of_rank(tmp, env.rank, env.is_main))
         _write_synced(tmp / name, body)

@@ -120,10 +120,10 @@ def build_model(cfg: RunConfig, env: DistEnv) -> nn.Module:
 
 def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Watchdog,
           interrupt: Interrupt, exports: Exports | None = None) -> dict[str, Any]:
-    """Train to ``cfg.train.steps``, resuming from the newest good checkpoint; returns the final record.
+    """Train to ``cfg.train.steps``, resuming from the newest good checkpoint; returns the final metrics row.
 
     The loop is the step; the components around it own their cadence: :class:`Guards` (the watchdog's beat,
-    fault drills, finiteness), :class:`Evaluator`, :class:`Metrics` (timing and the metrics records) and
+    fault drills, finiteness), :class:`Evaluator`, :class:`Metrics` (timing and the rows of metrics.jsonl) and
     :class:`Checkpointer` (saves, exports, and Slurm's signal, on which every rank saves the step just done and
     :class:`Requeue` ends the loop). The first step after a resume is checked before the loop
     (:func:`first_step`), so the loop never rewinds."""
@@ -151,9 +151,9 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
             guards.check(result)  # before anything of this step is saved
             done, last = result.step + 1, result.step + 1 == tc.steps
             eval_loss = evaluator.after(done, last, steps.begun.model)
-            record = metrics.after(result, done, last, eval_loss)
-            if pruning and eval_loss is not None and pruning_said(pruning, done, record, env) and not last:
-                metrics.record = {**record, "pruned": True}
+            row = metrics.after(result, done, last, eval_loss)
+            if pruning and eval_loss is not None and pruning_said(pruning, done, row, env) and not last:
+                metrics.row = {**row, "pruned": True}
                 break
             checkpointer.after(result, done, last, steps.begun)
         return metrics.final(steps.begun, batching)
@@ -256,31 +256,31 @@ class Metrics:
         self.tokens_per_step = batching.global_batch * cfg.model.seq_len
         self.timer = _IntervalTimer(env.device)
         self.intervals: list[dict[str, Any]] = []
-        self.record: dict[str, Any] = {}
+        self.row: dict[str, Any] = {}
 
     def after(self, result: StepResult, done: int, last: bool, eval_loss: float | None) -> dict[str, Any]:
-        """Count the step; write a record when one is due. Returns the newest record."""
+        """Count the step; write a row of metrics.jsonl when one is due. Returns the newest row."""
         self.timer.steps += 1
         every = self.tc.log_every
         if last or eval_loss is not None or (every > 0 and done % every == 0):
             steps, seconds = self.timer.steps, self.timer.seconds()
-            self.record = {"step": done, "loss": global_mean(result.loss, self.env), "eval_loss": eval_loss,
-                           "lr": result.lr, "grad_norm": result.grad_norm.item(), "step_time": seconds / steps,
-                           **throughput(self.tokens_per_step * steps, seconds, self.env.world_size, self.fpt,
-                                        self.peak),
-                           "peak_mem_gb": peak_memory_gb(self.env.device)}
-            self.writer.write(self.record)
-            self.watchdog.measured(self.record["step_time"])
+            self.row = {"step": done, "loss": global_mean(result.loss, self.env), "eval_loss": eval_loss,
+                        "lr": result.lr, "grad_norm": result.grad_norm.item(), "step_time": seconds / steps,
+                        **throughput(self.tokens_per_step * steps, seconds, self.env.world_size, self.fpt,
+                                     self.peak),
+                        "peak_mem_gb": peak_memory_gb(self.env.device)}
+            self.writer.write(self.row)
+            self.watchdog.measured(self.row["step_time"])
             self.intervals.append({"steps": steps, "seconds": seconds})
             self.timer.reset()
-        return self.record
+        return self.row
 
     def final(self, begun: Start, batching: Batching) -> dict[str, Any]:
-        """The final record (written, and returned): the last record, the whole run's throughput, where it
+        """The final row (written, and returned): the last row, the whole run's throughput, where it
         resumed from and the micro-batch it trained with."""
-        final = {"final": True, **self.record,
+        final = {"final": True, **self.row,
                  **_overall(self.intervals, self.tokens_per_step, self.env, self.fpt, self.peak),
-                 "steps_run": self.record.get("step", self.tc.steps) - begun.step,
+                 "steps_run": self.row.get("step", self.tc.steps) - begun.step,
                  "resumed_from": begun.step if begun.checkpoint is not None else None,
                  "micro_batch": batching.micro_batch, "grad_accum": batching.grad_accum}
         self.writer.write(final)
@@ -306,8 +306,8 @@ class Checkpointer:
         if last or interrupted or (tc.checkpoint_every > 0 and done % tc.checkpoint_every == 0):
             with self.timer.paused(), self.watchdog.phase(SLOW_PHASE_S):
                 save_checkpoint(self.run_dir, done, begun.model, begun.optimizer, begun.scheduler, self.env,
-                                tc.keep_checkpoints, record={"loss": global_mean(result.loss, self.env),
-                                                             "grad_norm": result.grad_norm.item()})
+                                tc.keep_checkpoints, reference={"loss": global_mean(result.loss, self.env),
+                                                                "grad_norm": result.grad_norm.item()})
             if self.exports and not interrupted and ((tc.export_every and done % tc.export_every == 0)
                                                      or (last and tc.export_final)):
                 self.exports.start(done)
@@ -315,10 +315,10 @@ class Checkpointer:
             raise Requeue(done)
 
 
-def pruning_said(pruning: Pruning, step: int, record: dict[str, Any], env: DistEnv) -> bool:
+def pruning_said(pruning: Pruning, step: int, row: dict[str, Any], env: DistEnv) -> bool:
     """Tell the main rank's study of this evaluation (the last one too); whether it pruned the trial, the same
     answer on every rank (a broadcast: every rank leaves the loop together, or none does)."""
-    said = torch.tensor([pruning.pruned(step, record)], dtype=torch.int32, device=env.device)
+    said = torch.tensor([pruning.pruned(step, row)], dtype=torch.int32, device=env.device)
     dist.broadcast(said, src=0)
     return bool(said.item())
 
@@ -384,7 +384,7 @@ def _to_device(batch: tuple[np.ndarray, np.ndarray], device: torch.device) -> Ba
 
 
 class _IntervalTimer:
-    """Training time and steps since the last metrics record, evaluation and checkpointing left out."""
+    """Training time and steps since the last metrics row, evaluation and checkpointing left out."""
 
     def __init__(self, device: torch.device):
         self.device = device

@@ -20,7 +20,7 @@ from launcher.train.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
-# Each scalar of a metrics record: its curve in an experiment tracker (launcher/train/tracking.py) and its
+# Each scalar of a metrics row: its curve in an experiment tracker (launcher/train/tracking.py) and its
 # log-line form.
 SCALARS = {
     "loss": ("train/loss", "loss {:.4f}"),
@@ -70,22 +70,22 @@ class MetricsLog:
         self.path = path
         self.tracker = tracker or Tracker()
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, row: dict[str, Any]) -> None:
         if self.path is None:
             return
-        append_jsonl(self.path, {**record, "time": round(time.time(), 3)})  # when: goodput's timeline
-        log.info("%s", format_record(record))
-        if not record.get("final"):
-            self.tracker.log(record["step"], {SCALARS[key][0]: value for key, value in record.items()
-                                              if key in SCALARS and value is not None})
+        append_jsonl(self.path, {**row, "time": round(time.time(), 3)})  # when: goodput's timeline
+        log.info("%s", format_row(row))
+        if not row.get("final"):
+            self.tracker.log(row["step"], {SCALARS[key][0]: value for key, value in row.items()
+                                           if key in SCALARS and value is not None})
 
     def close(self) -> None:
         self.tracker.close()
 
 
-def format_record(record: dict[str, Any]) -> str:
+def format_row(row: dict[str, Any]) -> str:
     """One human line: ``step 40 | loss 3.2100 | ... | mfu 41.2%``; absent values are left out."""
-    head = "final" if record.get("final") else "step"
-    parts = [f"{head} {record['step']}"] + [fmt.format(record[key]) for key, (_, fmt) in SCALARS.items()
-                                            if record.get(key) is not None]
+    head = "final" if row.get("final") else "step"
+    parts = [f"{head} {row['step']}"] + [fmt.format(row[key]) for key, (_, fmt) in SCALARS.items()
+                                         if row.get(key) is not None]
     return " | ".join(parts)

@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from launcher.core.events import CheckpointDamaged, Resumed
 from launcher.core.rundir import append_event
-from launcher.train.checkpoint import load_checkpoint, recorded, resume_checkpoint, set_aside
+from launcher.train.checkpoint import load_checkpoint, reference, resume_checkpoint, set_aside
 from launcher.train.dist import DistEnv, global_mean
 
 log = logging.getLogger(__name__)
@@ -46,10 +46,10 @@ GRAD_NORM_RISE = 100.0  # and its gradient norm may be up to this many times the
 Build = Callable[[], tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]]
 
 
-def first_step_problem(record: dict, loss: float, grad_norm: float) -> Optional[str]:
+def first_step_problem(reference: dict, loss: float, grad_norm: float) -> Optional[str]:
     """Why a first step after a resume with this (all-ranks) ``loss`` and ``grad_norm`` cannot follow the
-    checkpoint whose ``record`` (its step's loss and gradient norm) it was resumed from; None if it can."""
-    was_loss, was_norm = float(record["loss"]), float(record["grad_norm"])
+    checkpoint whose ``reference`` (its step's loss and gradient norm) it was resumed from; None if it can."""
+    was_loss, was_norm = float(reference["loss"]), float(reference["grad_norm"])
     if not (math.isfinite(loss) and loss <= was_loss + max(LOSS_RISE * was_loss, LOSS_RISE_MIN)):
         return f"first step after resume: loss {loss:.2f} vs {was_loss:.2f} recorded"
     if not (math.isfinite(grad_norm) and grad_norm <= GRAD_NORM_RISE * was_norm):
@@ -60,25 +60,25 @@ def first_step_problem(record: dict, loss: float, grad_norm: float) -> Optional[
 @dataclass
 class Start:
     """What training starts from: the model and its optimizer and schedule, at ``step``, loaded from
-    ``checkpoint`` (None: from scratch) whose meta.json recorded ``record`` of that step."""
+    ``checkpoint`` (None: from scratch) whose meta.json kept the ``reference`` of that step."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     step: int = 0
     checkpoint: Optional[Path] = None
-    record: Optional[dict] = None
+    reference: Optional[dict] = None
 
     def judge_first_step(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, env: DistEnv) -> Optional[str]:
         """On the first step after a resume (all ranks): what is wrong with it, judged from the loss averaged
         over the ranks and the gradient norm (the same on every rank), decided on rank 0 and broadcast so that
         every rank acts alike; None at once, with no collective, on any other step."""
-        if self.record is None or step != self.step:
+        if self.reference is None or step != self.step:
             return None
         mean_loss = global_mean(loss, env)
-        verdict = [first_step_problem(self.record, mean_loss, grad_norm.item()) if env.is_main else None]
+        verdict = [first_step_problem(self.reference, mean_loss, grad_norm.item()) if env.is_main else None]
         dist.broadcast_object_list(verdict, src=0)
-        self.record = None  # judged once
+        self.reference = None  # judged once
         return verdict[0]
 
 
@@ -103,7 +103,7 @@ class Starter:
         if path is None:
             return begun
         begun.step = load_checkpoint(path, begun.model, begun.optimizer, begun.scheduler, self.env)
-        begun.checkpoint, begun.record = path, recorded(path)
+        begun.checkpoint, begun.reference = path, reference(path)
         log.info("resumed at step %d from %s", begun.step, path)
         if self.env.is_main:
             append_event(self.run_dir, Resumed(step=begun.step, checkpoint=str(path)))

@@ -67,9 +67,10 @@ class Pruning:
             log.warning("this trial is not pruned: its study could not be opened (%s: %s)", type(err).__name__, err)
             return cls(None, number, metric, startup)
 
-    def pruned(self, step: int, record: dict) -> bool:
-        """Tell the study this evaluation's metric at ``step``; whether its pruner says to stop here."""
-        value = record.get(self.metric)
+    def pruned(self, step: int, row: dict) -> bool:
+        """Tell the study this evaluation's metric at ``step`` (from its metrics row); whether its pruner says
+        to stop here."""
+        value = row.get(self.metric)
         if self.trial is None or not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
             return False
         try:

@@ -169,7 +169,7 @@ def spoil_checkpoint(run_dir: Path, step: int, factor: float) -> None:
             param.mul_(factor)
     spoiled = run_dir / "spoiled"
     checkpoint.save_checkpoint(spoiled, step, model, optimizer, scheduler, env, keep=1,
-                               record=checkpoint.recorded(path))
+                               reference=checkpoint.reference(path))
     if env.rank == 0:
         shutil.rmtree(path)
         step_dir(spoiled, step).rename(path)

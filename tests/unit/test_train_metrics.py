@@ -7,7 +7,7 @@ import torch
 
 from launcher.core.config import ModelConfig
 from launcher.core.plan import flops_per_token
-from launcher.train.metrics import MetricsLog, format_record, peak_flops, throughput
+from launcher.train.metrics import MetricsLog, format_row, peak_flops, throughput
 
 TINY = ModelConfig(name="t", d_model=64, n_heads=2, n_layers=2, seq_len=64, vocab_size=256)
 
@@ -57,7 +57,7 @@ def test_metrics_log_writes_json_lines_on_rank_0_only(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(abs(line.pop("time") - time.time()) < 60 for line in lines)  # when: goodput's timeline
     assert lines == [record, {**record, "final": True, "step": 100}]
-    line = format_record(record)
+    line = format_row(record)
     assert line.startswith("step 40 | loss 3.2100 | lr 3.00e-04 | grad 0.500 | 0.250 s/step | 1,234 tok/s")
     assert "eval" not in line and "mfu" not in line
-    assert format_record({**record, "mfu": 0.4123}).endswith("mfu 41.2% | mem 1.50 GB")
+    assert format_row({**record, "mfu": 0.4123}).endswith("mfu 41.2% | mem 1.50 GB")
