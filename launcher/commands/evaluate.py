@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from launcher.commands.trained import with_checkpoint
+from launcher.views.trained_model import with_checkpoint
 from launcher.core.checkpoints import step_of
 from launcher.core.config import RunConfig
 from launcher.core.dataset import DatasetError, read_metadata

@@ -21,7 +21,7 @@ from typing import List
 from launcher.remote.forward import forward, without_option
 from launcher.remote.ship import fetch_dir
 from launcher.views.lookup import lookup, roots_of
-from launcher.commands.trained import chosen_checkpoint, need_torch, run_config, run_tokenizer
+from launcher.views.trained_model import chosen_checkpoint, need_torch, run_config, run_tokenizer
 from launcher.errors import LaunchError
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(KB|MB|GB|B)", re.IGNORECASE)

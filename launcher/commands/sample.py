@@ -11,7 +11,7 @@ import argparse
 import math
 import sys
 
-from launcher.commands.trained import run_tokenizer, with_checkpoint
+from launcher.views.trained_model import run_tokenizer, with_checkpoint
 from launcher.core.checkpoints import step_of
 from launcher.errors import LaunchError
 

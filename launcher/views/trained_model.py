@@ -1,4 +1,4 @@
-"""A run's trained model as the commands that read it in one process find it (``sample``, ``export``): its
+"""A run's trained model as the commands that read it in one process find it (``sample``, ``eval``, ``export``): its
 config, the checkpoint to read, its tokenizer, and torch on this machine.
 
 The checkpoint: ``--step N``'s, refused when it is not complete or its files do not match its manifests (naming
