@@ -198,6 +198,20 @@ class Resubmitted(Event):
     by: Optional[str] = None
 
 
+# The exit status of a batch script's begin step that recorded a ``duplicate_job``: the script ends there, neither
+# training nor judging an attempt (launcher/slurm/batch.py; launcher/job/recovery.py).
+EXIT_NOT_OURS = 3
+
+
+@dataclass(kw_only=True)
+class DuplicateJob(Event):
+    """A job of the run found another job of it alive (the run's claim) and ended without training."""
+    kind: ClassVar[str] = "duplicate_job"
+    job_id: Optional[str] = None
+    holder: Optional[str] = None
+    cause: Optional[str] = None
+
+
 @dataclass(kw_only=True)
 class Requeued(Event):
     """The job is to start again: the ranks saved on Slurm's signal (``by`` signal, at ``step``), or submitit
@@ -280,7 +294,7 @@ class UnknownEvent(Event):
 
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Submitted, Attempt, Preflight, PreflightFailed, Started, Resumed, CheckpointDamaged, Stalled, Failed,
-    AttemptEnded, Retrying, Resubmitted, Requeued, Finished, Cancelled, Evaluated, Exported, ExportFailed,
+    AttemptEnded, Retrying, Resubmitted, DuplicateJob, Requeued, Finished, Cancelled, Evaluated, Exported, ExportFailed,
     TrialReported, SearchFailed)}
 
 

@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from launcher.core.heartbeats import Pulse, read_pulses
-from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Event, Failed, Fault, Finished, Outcome,
-                                   Requeued, Resumed, Retrying, Stalled)
+from launcher.core.events import (EXIT_NOT_OURS, Attempt, AttemptEnded, Cancelled, DuplicateJob, Event, Failed, Fault,
+                                   Finished, Outcome, Requeued, Resumed, Retrying, Stalled)
 from launcher.core.rundir import append_event, last_metrics, read_events
 from launcher.errors import LaunchError
+from launcher.job import claim
 from launcher.job.attempts import Cause, attribute
 from launcher.search.hook import trial_ended
 from launcher.slurm.client import Slurm
@@ -265,7 +266,7 @@ def submit_retry(run_dir: Path, exclude: Sequence[str], begin_s: int = 0) -> str
     delays = list(SUBMIT_BACKOFF_S)
     while True:
         try:
-            return resubmit(run_dir, exclude=exclude, begin_s=begin_s)
+            return resubmit(run_dir, exclude=exclude, begin_s=begin_s, by="retry", holder=claim.this_job())
         except SlurmError as err:
             if not err.transient:
                 raise RetryRefused(f"Slurm refused it: {err}") from None
@@ -486,6 +487,16 @@ def decide(events: List[Event], cause: Cause, max_retries: int, held: Sequence[s
                     sorted(excluded | blamed | set(held)))
 
 
+def not_ours(run_dir: Path, refused: claim.ClaimHeld) -> int:
+    """Record that this job found the run held by another and ends without training; :data:`EXIT_NOT_OURS`."""
+    me = claim.this_job()
+    held = claim.current(run_dir)
+    cause = f"job {me} did not train: {refused}"
+    append_event(run_dir, DuplicateJob(job_id=me, holder=held.job_id if held else None, cause=cause))
+    print(f"launcher.job.recovery: {cause}", file=sys.stderr)
+    return EXIT_NOT_OURS
+
+
 def main(argv: List[str]) -> int:
     if len(argv) < 2 or argv[0] not in ("begin", "end"):
         print("usage: python -m launcher.job.recovery begin RUN_DIR | end RUN_DIR EXIT_CODE", file=sys.stderr)
@@ -495,6 +506,9 @@ def main(argv: List[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a job being ended still gets its attempt recorded
     try:
         if argv[0] == "begin":
+            refused = claim.enter(run_dir, Slurm(None, timeout=15).job_state, claim.this_job() or "")
+            if refused is not None:  # before anything of the run's attempts is read or written: they are not ours
+                return not_ours(run_dir, refused)
             begin(run_dir)
             return 0
         if end(run_dir, exit_code) is COMPLETED:

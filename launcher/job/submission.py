@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from launcher.core.config import RunConfig, load_run_config
 from launcher.core.plan import Plan, read_plan
 from launcher.core.privacy import run_umask
 from launcher.core.rundir import CONFIG, RECORD, code_dir, write_json_atomic
 from launcher.errors import LaunchError
+from launcher.job import claim
 from launcher.core.run_index import RunRecord, load_or_damage
 from launcher.job.secret_store import secrets_dir
 from launcher.slurm.batch import executor_params, task_python
@@ -23,17 +24,26 @@ from launcher.slurm.client import for_cluster
 ENTRY_POINTS = tuple(Path("launcher") / "job" / name for name in ("entry.py", "recovery.py", "comment.py"))
 
 
-def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0) -> str:
-    """Submit the run in ``run_dir`` as one Slurm job (submitit pickles the task), eligible ``begin_s`` from now;
-    returns its job id."""
+def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0,
+               by: str = "launch", holder: Optional[str] = None) -> str:
+    """Submit the run in ``run_dir`` as one Slurm job (submitit pickles the task), eligible ``begin_s`` from now,
+    under the run's claim (launcher/job/claim.py: ClaimHeld when another job of the run is alive), taken for
+    ``by`` (``holder``: the job submitting its own retry); returns its job id."""
     from launcher.job.entry import TrainTask  # lazy: keeps submitit out of start-up
 
-    with run_umask(cfg.share_group):  # submitit's files, and the job (sbatch hands the umask to it)
-        executor = for_cluster(cfg.cluster).executor(run_dir / "submitit", cfg.cluster.max_requeues,
-                                                     task_python(cfg.cluster))
-        executor.update_parameters(**executor_params(cfg, plan, run_dir.name, run_dir, exclude,
-                                                     mounts=[str(secrets_dir())], begin_s=begin_s))
-        return executor.submit(TrainTask(), str(run_dir)).job_id
+    slurm = for_cluster(cfg.cluster)
+    with run_umask(cfg.share_group):  # submitit's files, the claim, and the job (sbatch hands the umask to it)
+        taken = claim.take(run_dir, by, slurm.job_state, holder)
+        try:
+            executor = slurm.executor(run_dir / "submitit", cfg.cluster.max_requeues, task_python(cfg.cluster))
+            executor.update_parameters(**executor_params(cfg, plan, run_dir.name, run_dir, exclude,
+                                                         mounts=[str(secrets_dir())], begin_s=begin_s))
+            job_id = executor.submit(TrainTask(), str(run_dir)).job_id
+        except BaseException:
+            claim.drop(run_dir, taken)
+            raise
+        claim.name(run_dir, taken, job_id)
+        return job_id
 
 
 def frozen_layout_problem(run_dir: Path) -> str | None:
@@ -50,15 +60,17 @@ def frozen_layout_problem(run_dir: Path) -> str | None:
             f"launch it anew with: launcher -f {Path(run_dir)}/run.yaml")
 
 
-def resubmit(run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0) -> str:
+def resubmit(run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0, by: str = "resume",
+             holder: Optional[str] = None) -> str:
     """Submit the run in ``run_dir`` again, as it was composed, as a new job that resumes from its newest good
     checkpoint (automatic recovery, ``launcher resume``) with the code frozen at its first submission; the
-    record follows the new job. Returns its id; LaunchError when the frozen code is of an older layout."""
+    record follows the new job. Returns its id; LaunchError when the frozen code is of an older layout, ClaimHeld
+    when another job of the run is alive (``holder``: the job retrying itself, whose own claim it takes over)."""
     problem = frozen_layout_problem(run_dir)
     if problem:
         raise LaunchError(problem)
     cfg, plan = load_run_config(run_dir / CONFIG), read_plan(run_dir)
-    job_id = submit_job(cfg, plan, run_dir, exclude, begin_s)
+    job_id = submit_job(cfg, plan, run_dir, exclude, begin_s, by=by, holder=holder)
     record = load_or_damage(run_dir)
     if isinstance(record, RunRecord):
         record.job_id = job_id

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any, Dict, Sequence
 
 from launcher.core.config import ClusterConfig, RunConfig
+from launcher.core.events import EXIT_NOT_OURS
 from launcher.errors import LaunchError
 from launcher.core.plan import Plan
 from launcher.core.privacy import umask_line
@@ -174,9 +175,11 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
 def host_steps(cfg: RunConfig, where: str) -> list:
     """The setup lines, after the cluster's own, of the run whose directory the shell word ``where`` names: its
     frozen code on PYTHONPATH, the attempt's record (launcher/job/recovery.py), and the progress comment, set
-    from here, the host, beside the ranks (launcher/job/comment.py)."""
+    from here, the host, beside the ranks (launcher/job/comment.py). The begin step's EXIT_NOT_OURS (another job of
+    the run holds it: launcher/job/claim.py) ends the script there; another failure of it lets the attempt go on."""
     python = host_python(cfg.cluster)
     return [_frozen_code_export(where), f"{python} -m launcher.job.recovery begin {where}",
+            f"[ $? -ne {EXIT_NOT_OURS} ] || exit {EXIT_NOT_OURS}",
             f"{python} -m launcher.job.comment {where} & {PROGRESS}=$!"]
 
 

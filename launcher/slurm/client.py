@@ -52,8 +52,10 @@ class Slurm:
 
     @property
     def env(self) -> Dict[str, str]:
-        # A row of pending array elements (``123_[5-11%2]``) in full, not cut at 64 characters.
-        env = {**os.environ, "SLURM_BITSTR_LEN": "0"}
+        # A row of pending array elements (``123_[5-11%2]``) in full, not cut at 64 characters. An array element's
+        # own variables stay out: sbatch would hand them to the job it submits (a retry of the element is a plain
+        # job), whose steps would then take it for the element.
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_ARRAY_")}, "SLURM_BITSTR_LEN": "0"}
         if self.conf:
             env["SLURM_CONF"] = self.conf
         return env
@@ -162,6 +164,17 @@ class Slurm:
     def squeue(self) -> List[JobRow]:
         """Jobs still in the controller's memory (queued, running, or recently finished)."""
         return parse_squeue(self.run(["squeue", "-h", "-a", "--states=all", "-O", field_list(SQUEUE_FIELDS)]))
+
+    def job_state(self, job_id: str) -> str:
+        """Slurm's state of one job (``123``, or ``123_4`` of an array) while the controller remembers it, in its
+        words (``RUNNING``, ``CANCELLED by 1000``); "" once it does not."""
+        try:
+            out = self.run(["squeue", "-h", "--states=all", "-j", job_id, "-O", field_list(SQUEUE_FIELDS)])
+        except SlurmError as err:
+            if "Invalid job id" in str(err):  # purged from the controller's memory: long ended
+                return ""
+            raise
+        return next((row.state for row in parse_squeue(out) if job_id in (row.job_id, row.unique_id)), "")
 
     def cancel(self, job_id: str) -> None:
         self.run(["scancel", job_id])

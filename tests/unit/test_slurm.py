@@ -9,6 +9,7 @@ import pytest
 import launcher
 
 from launcher.compose.composer import compose_runs
+from launcher.slurm.client import Slurm
 from launcher.slurm.fit import explain_rejection, mem_mb, refusal
 from launcher.slurm.output import (Partition, SlurmError, array_elements, field_rows, max_job_nodes, minutes,
                                    parse_nodes, parse_sacct, parse_squeue, partitions_of, sbatch_reason)
@@ -139,3 +140,14 @@ def test_only_the_adapter_runs_slurm_tools():
                                                                          "train/hf_export.py"))
                       or any(tool in path.read_text() for tool in tools))]
     assert offenders == []
+
+
+def test_a_job_submitted_from_an_array_element_is_not_handed_the_elements_variables(monkeypatch):
+    """A retry of an element is a plain job: were SLURM_ARRAY_* handed on by sbatch, its steps would take it for
+    the element (launcher/job/claim.py names a job by them)."""
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "478")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
+    monkeypatch.setenv("SLURM_JOB_ID", "479")
+    env = Slurm("/etc/slurm.conf").env
+    assert not [name for name in env if name.startswith("SLURM_ARRAY_")]
+    assert (env["SLURM_JOB_ID"], env["SLURM_CONF"]) == ("479", "/etc/slurm.conf")
