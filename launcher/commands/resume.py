@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from launcher.job.submission import resubmit
+from launcher.job.submission import resubmit, watch
 from launcher.slurm.client import SlurmError
 from launcher.views.lookup import changeable, lookup, roots_of
 from launcher.core.checkpoints import latest_checkpoint, step_of
@@ -39,6 +39,7 @@ def main(args: argparse.Namespace) -> int:
     except SlurmError as err:
         raise LaunchError(f"could not resubmit {rec.name}: {err}") from None
     append_event(run_dir, Resubmitted(job_id=job_id, previous_job_id=rec.job_id, by="user"))
+    watch(run_dir, job_id)
     start = f"from its checkpoint of step {step_of(newest)}" if newest else "from the start (it has no checkpoint)"
     print(f"Resumed {rec.name} as Slurm job {job_id}, {start}; it was {state.state}.")
     return 0

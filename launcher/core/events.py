@@ -47,6 +47,7 @@ class Fault(str, Enum):
     HUNG = "hung"  # no step advanced: the watchdog ended the attempt
     NODE_LOST = "node lost"  # a node stopped answering
     NODE_UNFIT = "node unfit"  # a node failed its preflight check
+    BATCH_DIED = "batch step died"  # the job's batch shell died (its host's OOM killer, a killed slurmstepd)
     UNKNOWN = "unknown"  # nothing but srun's exit status, or no record at all
 
     def __str__(self) -> str:
@@ -198,6 +199,15 @@ class Resubmitted(Event):
     by: Optional[str] = None
 
 
+@dataclass(kw_only=True)
+class Watching(Event):
+    """The job that judges an attempt whose batch step died before it could (``watcher``), or why none watches."""
+    kind: ClassVar[str] = "watching"
+    job_id: Optional[str] = None
+    watcher: Optional[str] = None
+    refused: Optional[str] = None
+
+
 # The exit status of a batch script's begin step that recorded a ``duplicate_job``: the script ends there, neither
 # training nor judging an attempt (launcher/slurm/batch.py; launcher/job/recovery.py).
 EXIT_NOT_OURS = 3
@@ -294,8 +304,8 @@ class UnknownEvent(Event):
 
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Submitted, Attempt, Preflight, PreflightFailed, Started, Resumed, CheckpointDamaged, Stalled, Failed,
-    AttemptEnded, Retrying, Resubmitted, DuplicateJob, Requeued, Finished, Cancelled, Evaluated, Exported, ExportFailed,
-    TrialReported, SearchFailed)}
+    AttemptEnded, Retrying, Resubmitted, Watching, DuplicateJob, Requeued, Finished, Cancelled, Evaluated,
+    Exported, ExportFailed, TrialReported, SearchFailed)}
 
 
 def fields_of(kind: type[Event]) -> list[str]:

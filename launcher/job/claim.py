@@ -55,7 +55,8 @@ class Claim:
         """The holder in the user's words."""
         if self.job_id is not None:
             return f"job {self.job_id}"
-        return f"a submission by {self.by} on {self.host} (pid {self.pid}, {time.time() - self.time:.0f} s ago)"
+        age = max(0.0, time.time() - self.time)  # its time is rounded to the millisecond
+        return f"a submission by {self.by} on {self.host} (pid {self.pid}, {age:.0f} s ago)"
 
 
 class ClaimHeld(LaunchError):

@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.events import (EXIT_NOT_OURS, Attempt, AttemptEnded, Cancelled, DuplicateJob, Event, Failed, Fault,
                                    Finished, Outcome, Requeued, Resumed, Retrying, Stalled)
-from launcher.core.rundir import append_event, last_metrics, read_events
+from launcher.core.rundir import EVENTS, append_event, last_metrics, read_events
 from launcher.errors import LaunchError
 from launcher.job import claim
 from launcher.job.attempts import Cause, attribute
@@ -58,6 +58,7 @@ POLICY: Dict[Fault, Tuple[bool, str]] = {
     Fault.HUNG: (True, "a hung rank: retried without its node"),
     Fault.NODE_LOST: (True, "a lost node: retried without it"),
     Fault.NODE_UNFIT: (True, "a node that failed its preflight: retried without it"),
+    Fault.BATCH_DIED: (True, "the job's batch step died (its host's OOM killer, a killed slurmstepd): retried"),
     Fault.UNKNOWN: (True, "no cause was recorded: retried"),
 }
 SUBMIT_BACKOFF_S = (2, 4, 8, 16, 30, 60, 60, 60, 60)  # about five minutes of asking a silent controller
@@ -139,12 +140,17 @@ def begin(run_dir: Path) -> Attempt:
 
 
 def unjudged(run_dir: Path, attempt: Attempt) -> AttemptEnded:
-    """The ``attempt_ended`` fields of an attempt whose batch script never judged it because Slurm requeued
-    the job itself: LOST when one of its nodes stopped responding (NODE_FAIL; the nodes to blame are those
-    Slurm now holds down, and the requeued job runs without them), else REQUEUED from outside the run."""
+    """The ``attempt_ended`` fields of an attempt whose batch script never judged it: because Slurm requeued
+    the job itself, LOST when one of its nodes stopped responding (NODE_FAIL; the nodes to blame are those
+    Slurm now holds down, and the requeued job runs without them), else REQUEUED from outside the run; an
+    attempt of another job (its batch step died unwatched) FAILED, cause unknown."""
     nodes = held_down(attempt.nodes)
     pulses = read_pulses(run_dir, since=attempt.time)
     step = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *(p.step for p in pulses)])
+    if attempt.job_id != os.environ.get("SLURM_JOB_ID"):  # another job: that one ended, nobody requeued it
+        return AttemptEnded(attempt=attempt.attempt, job_id=attempt.job_id, step=step, outcome=Outcome.FAILED,
+                            fault=Fault.UNKNOWN, short="not judged", cause=f"job {attempt.job_id} ended at step "
+                            f"{step} without judging its attempt (its batch step died, and no watcher judged it)")
     if not nodes:
         return AttemptEnded(attempt=attempt.attempt, job_id=attempt.job_id, step=step,
                             outcome=Outcome.REQUEUED, short="requeued", cause=f"requeued from outside the run at step "
@@ -187,7 +193,7 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
                                        rank=cause.rank, node=cause.node, step=cause.step,
                                        exit_code=exit_code, trained=began,
                                        nodes=list(cause.nodes) if cause.nodes else None))
-    return respond(Path(run_dir), events, attempt, cause, text, began)
+    return respond(Path(run_dir), events, attempt, cause, text, began, job_id, claim.this_job())
 
 
 def without_failure(run_dir: Path, since: List[Event], number: Optional[int], job_id: str, exit_code: int,
@@ -221,13 +227,15 @@ def without_failure(run_dir: Path, since: List[Event], number: Optional[int], jo
 
 
 def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], cause: Cause, text: str,
-            began: bool) -> Decision:
+            began: bool, job_id: str, holder: Optional[str]) -> Decision:
     """Retry the failed attempt as a new job without the nodes to blame, or give the run's verdict (a ``failed``
-    event that is ``final``); ``text`` is the cause as recorded, ``began`` whether the attempt trained a step."""
+    event that is ``final``); ``text`` is the cause as recorded, ``began`` whether the attempt trained a step,
+    ``job_id`` its job's, ``holder`` that job as the run's claim names it (an array's element: ``123_4``)."""
     from launcher.core.config import load_run_config  # lazy: keeps omegaconf out of start-up
     from launcher.core.plan import read_plan  # lazy: keeps omegaconf out of start-up
+    from launcher.job.submission import watch  # lazy: keeps omegaconf out of start-up
 
-    job_id, number = os.environ.get("SLURM_JOB_ID", ""), attempt.attempt if attempt else None
+    number = attempt.attempt if attempt else None
     cfg = load_run_config(run_dir / "config.yaml")
     held = held_down(attempt.nodes if attempt else None)
     progressed = began or (last_metrics(run_dir) or {}).get("step", 0) > 0
@@ -240,7 +248,7 @@ def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], caus
     decision = schedulable(decision, events, held, partition_nodes(cfg.cluster.partition),
                            read_plan(run_dir).nodes, slurmd_timeout_s())
     try:
-        new_job = submit_retry(run_dir, decision.exclude, decision.begin_s)
+        new_job = submit_retry(run_dir, decision.exclude, decision.begin_s, holder=holder)
     except RetryRefused as err:
         append_event(run_dir, Failed(final=True, job_id=job_id, short="retry refused", step=cause.step,
                                      fault=Fault.INFRASTRUCTURE, error=f"{text}; its retry could not be submitted: "
@@ -250,6 +258,7 @@ def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], caus
     append_event(run_dir, Retrying(attempt=number, job_id=new_job, previous_job_id=job_id,
                                    exclude=decision.exclude, reason=decision.reason, free=decision.free,
                                    allowed=decision.allowed or None))
+    watch(run_dir, new_job)
     return decision
 
 
@@ -258,15 +267,15 @@ class RetryRefused(Exception):
     directory could not be written); the message is one line."""
 
 
-def submit_retry(run_dir: Path, exclude: Sequence[str], begin_s: int = 0) -> str:
+def submit_retry(run_dir: Path, exclude: Sequence[str], begin_s: int = 0, holder: Optional[str] = None) -> str:
     """Submit the retry's job, asking a controller that does not answer again with backoff; its job id, or
-    RetryRefused with the reason."""
+    RetryRefused with the reason. ``holder``: the failed attempt's job, which holds the run's claim."""
     from launcher.job.submission import resubmit  # lazy: keeps omegaconf out of start-up
 
     delays = list(SUBMIT_BACKOFF_S)
     while True:
         try:
-            return resubmit(run_dir, exclude=exclude, begin_s=begin_s, by="retry", holder=claim.this_job())
+            return resubmit(run_dir, exclude=exclude, begin_s=begin_s, by="retry", holder=holder)
         except SlurmError as err:
             if not err.transient:
                 raise RetryRefused(f"Slurm refused it: {err}") from None
@@ -497,9 +506,60 @@ def not_ours(run_dir: Path, refused: claim.ClaimHeld) -> int:
     return EXIT_NOT_OURS
 
 
+def watch(run_dir: Path, job_id: str) -> Optional[Decision]:
+    """The watcher's work (launcher/slurm/batch.py ``watcher``, run once job ``job_id`` ended in any state but
+    COMPLETED): judge that job's attempt when its batch step died before its end step could, from Slurm's
+    account of the batch step, and retry it as the end step would have. Nothing when the attempt was judged, when
+    another job holds the run (resumed or retried since), or when the run is gone."""
+    held = claim.current(run_dir) if (run_dir / EVENTS).is_file() else None
+    if held is None or held.job_id != job_id:
+        return None
+    events = read_events(run_dir)
+    attempt, since = AttemptLog(events).this_attempt()
+    ours = attempt is not None and attempt.job_id == job_id
+    if ours and any(isinstance(e, AttemptEnded) for e in since):
+        return None  # its end step ran: the attempt is judged
+    since = [e for e in since if ours and not isinstance(e, Requeued)]  # the job ended for good: no requeue came
+    row = Slurm(None, timeout=15).job_end(job_id)
+    state, exit_code = (row.state, row.exit_code) if row else ("", "")
+    number = attempt.attempt if ours and attempt else None
+    settled = without_failure(run_dir, since, number, job_id, exit_status(exit_code), state)
+    if settled is not None:
+        return settled.decision
+    node = row.nodes if row and row.nodes else None
+    how = f"{batch_end(state, exit_code)}{f' on {node}' if node else ''}"
+    text = f"the job's batch step died: {how}" if ours else f"the job's batch step died before it began: {how}"
+    step = (last_metrics(run_dir) or {}).get("step") if ours else None
+    cause = Cause(Outcome.FAILED, text, Fault.BATCH_DIED, node=node, step=step, short="batch step died")
+    began = ours and attempt is not None and trained(since, read_pulses(run_dir, since=attempt.time))
+    append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=cause.outcome, cause=text,
+                                       short=cause.short, fault=cause.fault, node=node, step=step, trained=began))
+    return respond(run_dir, events, attempt if ours else None, cause, text, began, job_id, job_id)
+
+
+def exit_status(exit_code: str) -> int:
+    """A shell's exit status from sacct's ``CODE:SIGNAL`` (``0:9`` is 137, as bash reports a SIGKILL)."""
+    code, _, sig = exit_code.partition(":")
+    return 128 + int(sig) if sig.isdigit() and int(sig) else int(code) if code.isdigit() else 1
+
+
+def batch_end(state: str, exit_code: str) -> str:
+    """How a batch step ended, in words: ``killed by SIGKILL``, ``exit status 3``, ``out of memory``."""
+    code, _, sig = exit_code.partition(":")
+    if state.startswith("OUT_OF_MEMORY"):
+        return "out of memory"
+    if sig.isdigit() and int(sig):
+        try:
+            return f"killed by {signal.Signals(int(sig)).name}"
+        except ValueError:
+            return f"killed by signal {sig}"
+    return f"exit status {code}" if code.isdigit() and int(code) else (state.split() or ["ended"])[0].lower()
+
+
 def main(argv: List[str]) -> int:
-    if len(argv) < 2 or argv[0] not in ("begin", "end"):
-        print("usage: python -m launcher.job.recovery begin RUN_DIR | end RUN_DIR EXIT_CODE", file=sys.stderr)
+    if len(argv) < 2 or argv[0] not in ("begin", "end", "watch") or (argv[0] == "watch" and len(argv) < 3):
+        print("usage: python -m launcher.job.recovery begin RUN_DIR | end RUN_DIR EXIT_CODE | watch RUN_DIR JOB_ID",
+              file=sys.stderr)
         return 2
     run_dir = Path(argv[1])
     exit_code = int(argv[2]) if len(argv) > 2 and argv[2].lstrip("-").isdigit() else 1
@@ -510,6 +570,9 @@ def main(argv: List[str]) -> int:
             if refused is not None:  # before anything of the run's attempts is read or written: they are not ours
                 return not_ours(run_dir, refused)
             begin(run_dir)
+            return 0
+        if argv[0] == "watch":
+            watch(run_dir, argv[2])
             return 0
         if end(run_dir, exit_code) is COMPLETED:
             return 0  # the job reads COMPLETED in Slurm too, as the run's record says
@@ -523,7 +586,7 @@ def main(argv: List[str]) -> int:
             error=f"the batch script's recovery step ({argv[0]}) failed: {type(err).__name__}: {first}",
             reason="the recovery step failed"))
     finally:
-        if argv[0] == "end":  # a search's trial whose outcome is now final reports it (launcher/search/hook.py)
+        if argv[0] in ("end", "watch"):  # a search's trial whose outcome is now final reports it (search/hook.py)
             trial_ended(run_dir)
     return 0 if argv[0] == "begin" else exit_code
 

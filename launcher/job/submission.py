@@ -11,13 +11,15 @@ from typing import Optional, Sequence
 from launcher.core.config import RunConfig, load_run_config
 from launcher.core.plan import Plan, read_plan
 from launcher.core.privacy import run_umask
-from launcher.core.rundir import CONFIG, RECORD, code_dir, write_json_atomic
+from launcher.core.events import Watching
+from launcher.core.rundir import CONFIG, RECORD, append_event, code_dir, write_json_atomic
 from launcher.errors import LaunchError
 from launcher.job import claim
 from launcher.core.run_index import RunRecord, load_or_damage
 from launcher.job.secret_store import secrets_dir
-from launcher.slurm.batch import executor_params, task_python
+from launcher.slurm.batch import executor_params, task_python, watcher
 from launcher.slurm.client import for_cluster
+from launcher.slurm.output import SlurmError
 
 # The modules a job of this launcher runs from the run's frozen code: the pickled task (entry), the batch script's
 # steps (recovery, comment). A run frozen when one of them was elsewhere cannot be submitted by this launcher.
@@ -44,6 +46,20 @@ def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str]
             raise
         claim.name(run_dir, taken, job_id)
         return job_id
+
+
+def watch(run_dir: Path, job_id: str) -> None:
+    """Submit the job that judges job ``job_id``'s attempt should its batch step die before its end step
+    (launcher/slurm/batch.py ``watcher``), and record it, or why Slurm refused it (the run goes on unwatched:
+    such an attempt is then judged when the run is next resumed). Called once the submission is recorded."""
+    cfg = load_run_config(run_dir / CONFIG)
+    script, flags = watcher(cfg, run_dir, job_id)
+    path = run_dir / "submitit" / f"watch_{job_id}.sh"
+    try:
+        path.write_text(script)
+        append_event(run_dir, Watching(job_id=job_id, watcher=for_cluster(cfg.cluster).sbatch(path, flags)))
+    except (SlurmError, OSError) as err:
+        append_event(run_dir, Watching(job_id=job_id, refused=str(err)))
 
 
 def frozen_layout_problem(run_dir: Path) -> str | None:

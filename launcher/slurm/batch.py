@@ -17,7 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 from launcher.core.config import ClusterConfig, RunConfig
 from launcher.core.events import EXIT_NOT_OURS
@@ -193,6 +193,29 @@ def host_end(cfg: RunConfig, where: str) -> list:
     the progress follower stopped and reaped, the script ending with the end step's status."""
     return [f"{host_python(cfg.cluster)} -m launcher.job.recovery end {where} $?",
             f"ENDED=$?; kill ${PROGRESS} 2>/dev/null; wait ${PROGRESS} 2>/dev/null; exit $ENDED"]
+
+
+WATCHER_MINUTES = 10  # the watcher reads the run's record and Slurm's account of the job, and may submit a retry
+
+
+def watcher(cfg: RunConfig, run_dir: Path, job_id: str) -> Tuple[str, List[str]]:
+    """The script and sbatch flags of the job that watches job ``job_id`` of the run in ``run_dir``: it runs only
+    if that job ends in any state but COMPLETED (``afternotok``; Slurm drops it otherwise, and a requeue leaves it
+    waiting), on one CPU of the run's partition, account and QOS, and judges an attempt whose batch step died
+    before its end step could (``python -m launcher.job.recovery watch``). The cluster's setup lines come first,
+    as in the run's own script: they may be what puts the cluster's Python on PATH."""
+    cluster, where = cfg.cluster, shlex.quote(str(Path(run_dir).absolute()))
+    lines = ["#!/bin/bash", umask_line(cfg.share_group), env_line(cluster.env),
+             *(_setup_line(line) for line in cluster.setup), _frozen_code_export(where),
+             f"exec {host_python(cluster)} -m launcher.job.recovery watch {where} {_token('job id', job_id)}"]
+    flags = [f"--job-name={run_dir.name}.watch", f"--dependency=afternotok:{job_id}", "--kill-on-invalid-dep=yes",
+             "--ntasks=1", f"--time={WATCHER_MINUTES}", "--no-requeue", f"--comment=launcher-watch:{run_dir.name}",
+             f"--output={Path(run_dir).absolute() / 'submitit' / 'watch_%j.log'}", "--open-mode=append"]
+    for key in ("partition", "account", "qos", "wckey"):
+        value = getattr(cluster, key)
+        if value is not None:
+            flags.append(f"--{key}={_token(f'cluster.{key}', value)}")
+    return "\n".join(lines) + "\n", flags
 
 
 def frozen_code_line(run_dir: Path) -> str:

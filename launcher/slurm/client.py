@@ -7,6 +7,7 @@ those names into dataclasses.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import pwd
@@ -165,6 +166,15 @@ class Slurm:
         """Jobs still in the controller's memory (queued, running, or recently finished)."""
         return parse_squeue(self.run(["squeue", "-h", "-a", "--states=all", "-O", field_list(SQUEUE_FIELDS)]))
 
+    def job_end(self, job_id: str) -> Optional[JobRow]:
+        """sacct's account of how a job ended: its state and exit code (``0:9``: killed by signal 9), with the node
+        of its batch step, the batch host (a killed batch shell's step itself reads CANCELLED, the job FAILED);
+        None when sacct has no such job."""
+        rows = parse_sacct(self.run(["sacct", "-P", "-n", "-j", job_id, "-o", ",".join(SACCT_FIELDS)]))
+        job = next((row for row in rows if row.job_id == job_id), None)
+        batch = next((row for row in rows if row.job_id == f"{job_id}.batch"), None)
+        return dataclasses.replace(job, nodes=batch.nodes) if job and batch and batch.nodes else job
+
     def job_state(self, job_id: str) -> str:
         """Slurm's state of one job (``123``, or ``123_4`` of an array) while the controller remembers it, in its
         words (``RUNNING``, ``CANCELLED by 1000``); "" once it does not."""
@@ -223,10 +233,11 @@ class Slurm:
         """The job's Comment, as squeue (``%k``) and sacct show it."""
         self.run(["scontrol", "update", f"JobId={job_id}", f"Comment={text}"])
 
-    def sbatch(self, script: Path) -> str:
-        """Submit a script; its job id, or SlurmError with Slurm's reason alone (one line)."""
+    def sbatch(self, script: Path, flags: Sequence[str] = ()) -> str:
+        """Submit a script (with sbatch's ``flags`` besides its own #SBATCH lines); its job id, or SlurmError with
+        Slurm's reason alone (one line)."""
         try:
-            proc = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+            proc = subprocess.run(["sbatch", "--parsable", *flags, str(script)], capture_output=True, text=True,
                                   timeout=self.timeout, env=self.env)
         except FileNotFoundError:
             raise SlurmError("'sbatch' is not installed; run scripts/setup.sh or load your site's Slurm") from None

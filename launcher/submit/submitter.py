@@ -29,7 +29,7 @@ from launcher.core.run_index import (RunRecord, base_name, create_run_dir, defau
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
 from launcher.job.secret_store import secrets_dir
 from launcher.slurm.fit import explain_rejection, refusal
-from launcher.job.submission import submit_job
+from launcher.job.submission import submit_job, watch
 from launcher.submit.array import submit_array
 from launcher.slurm.batch import array_script, render_sbatch
 from launcher.submit.freeze import dirty_note, freeze, source_state
@@ -192,7 +192,9 @@ def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Opt
     except Exception as err:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise refused(err, run, part, run_dir.name) from None
-    return recorded(run, run_dir, job_id, sweep_id, run_dir / "submitit" / f"{job_id}_submission.sh")
+    record = recorded(run, run_dir, job_id, sweep_id, run_dir / "submitit" / f"{job_id}_submission.sh")
+    watch(run_dir, job_id)
+    return record
 
 
 def submit_elements(runs: List[ComposedRun], root: Path, sweep_id: str, part: Optional[Partition]) -> List[RunRecord]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support.helpers import TASKS_WITHOUT_SLURM, events, shared_once, job_id_of, launch, losses, paced, rank_pids, wait_for
+from support.helpers import TASKS_WITHOUT_SLURM, batch_shell_pid, events, shared_once, job_id_of, launch, losses, paced, rank_pids, wait_for
 
 from launcher.core.checkpoints import complete_checkpoints, latest_checkpoint, step_of
 
@@ -195,6 +195,29 @@ def test_an_error_of_the_code_own_ends_the_run_after_one_attempt(slurm, tmp_path
     assert "at step 5: InjectedFault: fault injected" in final["error"]
     listed = {r["name"]: r for r in json.loads(slurm.launcher("runs", "--json", root=tmp_path).stdout)}
     assert (listed["buggy"]["status"], listed["buggy"]["reason"]) == ("FAILED", "InjectedFault")
+
+
+def test_a_batch_shell_killed_mid_run_is_judged_by_its_watcher_and_the_run_recovers_exactly(slurm, steady, tmp_path):
+    """The job's batch shell SIGKILLed (as its host's OOM killer would): no end step runs, but the watcher job
+    submitted beside it (afternotok) records the attempt's cause and retries it, with no command from the user."""
+    job = launch(slurm, tmp_path, "name=orphan", defaults=RUN, env=FAULTED)
+    run_dir = tmp_path / "orphan"
+    watching = [e for e in events(run_dir) if e["event"] == "watching"]
+    assert [(e["job_id"], e["refused"]) for e in watching] == [(job, None)] and watching[0]["watcher"], watching
+    wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
+    os.kill(batch_shell_pid(run_dir, job), signal.SIGKILL)
+
+    ended = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 120, "attempt end")[0]
+    assert (ended["job_id"], ended["outcome"], ended["fault"], ended["short"]) == (
+        job, "FAILED", "batch step died", "batch step died"), ended
+    assert ended["cause"].startswith("the job's batch step died: killed by SIGKILL on ") and ended["node"], ended
+    retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 60, "retry")[0]
+    assert retry["previous_job_id"] == job and "retry 1 of" in retry["reason"]
+    slurm.completes(retry["job_id"], run_dir, timeout=400)
+    assert losses(run_dir) == steady()
+    described = slurm.launcher("describe", "orphan", root=tmp_path)
+    assert "the job's batch step died: killed by SIGKILL" in described.stdout, described.stdout
+    assert "requeued from outside" not in described.stdout
 
 
 def test_a_node_failing_preflight_is_left_out_and_the_run_completes_on_another(own_cluster, tmp_path):

@@ -164,6 +164,23 @@ def rank_pids(run_dir: Path, job_id: str, node: str | None = None) -> dict[int, 
     return found
 
 
+def batch_shell_pid(run_dir: Path, job_id: str) -> int:
+    """The batch shell of this test's own job (Slurm's copy of the script, ``slurm_script``), told from another
+    cluster's job of the same id by the run root its environment names."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
+            argv = (proc / "cmdline").read_text().split("\0")
+        except OSError:
+            continue
+        if environ.get("SLURM_JOB_ID") == job_id and any(arg.endswith("slurm_script") for arg in argv[1:2]) \
+                and environ.get("LAUNCHER_RUN_ROOT") == str(Path(run_dir).parent):
+            return int(proc.name)
+    raise AssertionError(f"no batch shell of job {job_id} (run {Path(run_dir).name})")
+
+
 def events(run_dir: Path) -> list[dict]:
     """The run's events.jsonl, in order ([] before it exists)."""
     path = Path(run_dir) / "events.jsonl"
