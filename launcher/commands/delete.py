@@ -5,7 +5,9 @@ import argparse
 import shutil
 import sys
 import time
+from pathlib import Path
 
+from launcher.job.submission import watcher_of
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.views.lookup import changeable, chosen_runs, roots_of
 from launcher.commands.stop import cancel, run_args
@@ -26,6 +28,13 @@ def main(args: argparse.Namespace) -> int:
         if input(f"Delete {len(records)} run(s): {names}? [y/N] ").strip().lower() not in ("y", "yes"):
             print("Nothing deleted.")
             return 1
+    for rec in records:  # first: once its job ends, a watcher would write into the directory being removed
+        watcher = watcher_of(Path(rec.run_dir))
+        if watcher:
+            try:
+                Slurm(rec.slurm_conf).cancel(watcher)
+            except SlurmError:
+                pass  # it ended already: it ran, or Slurm dropped it when the job completed
     cancelled = cancel(records)
     if cancelled:
         ended(cancelled)

@@ -40,7 +40,7 @@ from launcher.job import claim
 from launcher.job.attempts import Cause, attribute
 from launcher.search.hook import trial_ended
 from launcher.slurm.client import Slurm
-from launcher.slurm.output import SlurmError, srun_lost_nodes, srun_task_ends, unusable
+from launcher.slurm.output import JobRow, SlurmError, srun_lost_nodes, srun_task_ends, unusable
 from launcher.core.attempt_log import AttemptLog
 
 
@@ -516,25 +516,27 @@ def watch(run_dir: Path, job_id: str) -> Optional[Decision]:
         return None
     events = read_events(run_dir)
     attempt, since = AttemptLog(events).this_attempt()
-    ours = attempt is not None and attempt.job_id == job_id
-    if ours and any(isinstance(e, AttemptEnded) for e in since):
-        return None  # its end step ran: the attempt is judged
-    since = [e for e in since if ours and not isinstance(e, Requeued)]  # the job ended for good: no requeue came
-    row = Slurm(None, timeout=15).job_end(job_id)
+    if attempt is None or attempt.job_id != job_id or any(isinstance(e, AttemptEnded) for e in since):
+        return None  # its end step ran, or the job never began an attempt (cancelled while pending, say)
+    since = [e for e in since if not isinstance(e, Requeued)]  # the job ended for good: no requeue came
+    slurm = Slurm(None, timeout=15)
+    try:
+        row = slurm.job_end(job_id)
+    except SlurmError:  # no accounting: squeue's state while it remembers the job, else nothing
+        row = JobRow(job_id, slurm.job_state(job_id), "", "", "")
     state, exit_code = (row.state, row.exit_code) if row else ("", "")
-    number = attempt.attempt if ours and attempt else None
+    number = attempt.attempt
     settled = without_failure(run_dir, since, number, job_id, exit_status(exit_code), state)
     if settled is not None:
         return settled.decision
     node = row.nodes if row and row.nodes else None
-    how = f"{batch_end(state, exit_code)}{f' on {node}' if node else ''}"
-    text = f"the job's batch step died: {how}" if ours else f"the job's batch step died before it began: {how}"
-    step = (last_metrics(run_dir) or {}).get("step") if ours else None
+    text = f"the job's batch step died: {batch_end(state, exit_code)}{f' on {node}' if node else ''}"
+    step = (last_metrics(run_dir) or {}).get("step")
     cause = Cause(Outcome.FAILED, text, Fault.BATCH_DIED, node=node, step=step, short="batch step died")
-    began = ours and attempt is not None and trained(since, read_pulses(run_dir, since=attempt.time))
+    began = trained(since, read_pulses(run_dir, since=attempt.time))
     append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=cause.outcome, cause=text,
                                        short=cause.short, fault=cause.fault, node=node, step=step, trained=began))
-    return respond(run_dir, events, attempt if ours else None, cause, text, began, job_id, job_id)
+    return respond(run_dir, events, attempt, cause, text, began, job_id, job_id)
 
 
 def exit_status(exit_code: str) -> int:
@@ -553,7 +555,9 @@ def batch_end(state: str, exit_code: str) -> str:
             return f"killed by {signal.Signals(int(sig)).name}"
         except ValueError:
             return f"killed by signal {sig}"
-    return f"exit status {code}" if code.isdigit() and int(code) else (state.split() or ["ended"])[0].lower()
+    if code.isdigit() and int(code):
+        return f"exit status {code}"
+    return state.split()[0].lower() if state else "how, Slurm's accounting does not say"
 
 
 def main(argv: List[str]) -> int:

@@ -12,7 +12,7 @@ from launcher.core.config import RunConfig, load_run_config
 from launcher.core.plan import Plan, read_plan
 from launcher.core.privacy import run_umask
 from launcher.core.events import Watching
-from launcher.core.rundir import CONFIG, RECORD, append_event, code_dir, write_json_atomic
+from launcher.core.rundir import CONFIG, RECORD, append_event, code_dir, read_events, write_json_atomic
 from launcher.errors import LaunchError
 from launcher.job import claim
 from launcher.core.run_index import RunRecord, load_or_damage
@@ -60,6 +60,12 @@ def watch(run_dir: Path, job_id: str) -> None:
         append_event(run_dir, Watching(job_id=job_id, watcher=for_cluster(cfg.cluster).sbatch(path, flags)))
     except (SlurmError, OSError) as err:
         append_event(run_dir, Watching(job_id=job_id, refused=str(err)))
+
+
+def watcher_of(run_dir: Path) -> Optional[str]:
+    """The job watching the run's newest job (see :func:`watch`), or None."""
+    newest = next((e for e in reversed(read_events(run_dir)) if isinstance(e, Watching)), None)
+    return newest.watcher if newest else None
 
 
 def frozen_layout_problem(run_dir: Path) -> str | None:

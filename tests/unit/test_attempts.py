@@ -2,11 +2,13 @@
 local cluster produced it: srun's stderr, ranks' failed events, heartbeats)."""
 import os
 
+import pytest
+
 from launcher.core.events import Attempt, Fault, Finished, Requeued, decode
 from launcher.core.failures import classify
 from launcher.core.heartbeats import EXIT_STALLED, Pulse
 from launcher.job.attempts import Cause, attribute
-from launcher.job.recovery import Decision, decide, schedulable, trained
+from launcher.job.recovery import Decision, batch_end, decide, exit_status, schedulable, trained
 from launcher.slurm.output import TaskEnd, expand_ranks, srun_lost_nodes, srun_task_ends
 from support.helpers import events as lines, run_launcher
 
@@ -328,3 +330,14 @@ def test_a_lost_node_slurm_still_reads_idle_is_allowed_again_only_after_slurm_ca
     marked = schedulable(Decision(True, "n2 was lost", ["n2"]), events, ["n2"], ["n1", "n2"], 2, settle_s=60)
     assert (marked.allowed, marked.begin_s) == (["n2"], 0)  # already down: Slurm waits for it by itself
 
+
+
+@pytest.mark.parametrize("state, exit_code, words, status", [
+    ("FAILED", "0:9", "killed by SIGKILL", 137),
+    ("FAILED", "3:0", "exit status 3", 3),
+    ("OUT_OF_MEMORY", "0:125", "out of memory", 253),
+    ("CANCELLED by 1000", "0:0", "cancelled", 0),
+    ("", "", "how, Slurm's accounting does not say", 1),
+])
+def test_a_dead_batch_step_is_told_in_words_from_saccts_state_and_exit_code(state, exit_code, words, status):
+    assert (batch_end(state, exit_code), exit_status(exit_code)) == (words, status)
