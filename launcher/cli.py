@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Dict, List, NoReturn, Optional, Sequence
 
 from launcher import __version__
-from launcher.core.damage import DamagedRun
+from launcher.core.damage import DamagedRun, forget_warnings
 from launcher.core.rundir import launcher_home
 from launcher.errors import LaunchError, did_you_mean
 from launcher.remote.clusters import RUNS_INDEX
@@ -78,6 +78,7 @@ class Parser(argparse.ArgumentParser):
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``launcher`` / ``python -m launcher``; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
+    forget_warnings()  # a damaged line is said once per command
     try:
         if not args:
             build_parser(None).print_help()

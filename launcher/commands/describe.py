@@ -63,7 +63,7 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
     events = state.files.events if state.files else read_events(run_dir)
     measured = goodput(events, metrics, time.time())
     return {
-        "name": rec.name, "job_id": rec.job_id, "cluster": rec.cluster, "sweep": rec.sweep,
+        "name": rec.name, "job_id": rec.job_id, "cluster": rec.cluster, "sweep": rec.sweep, "rebuilt": rec.rebuilt,
         "state": state.state, "reason": state.reason, "state_source": state.source,
         "exit_code": state.exit_code, "start": state.start, "end": state.end, "elapsed": state.elapsed,
         "paths": {
@@ -164,6 +164,7 @@ def render(info: Dict[str, Any]) -> str:
         f"Run {info['name']}: Slurm job {info['job_id']} on cluster {info['cluster']}"
         + (f", sweep {info['sweep']}" if info["sweep"] else ""),
         *([trial_line(info["trial"])] if info.get("trial") else []),
+        *([f"Record: rebuilt from events.jsonl and plan.json ({info['rebuilt']})"] if info.get("rebuilt") else []),
         f"Status: {state}  [from {info['state_source']}]"
         + "".join(f"  {k} {info[k]}" for k in ("start", "end", "elapsed", "exit_code") if info[k]),
         "",

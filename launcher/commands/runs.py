@@ -74,12 +74,19 @@ def build_row(rec: RunRecord, state: JobState) -> RunRow:
         eta = max(0, rec.steps - step) * metrics["step_time"]
     return RunRow(
         name=rec.name, job_id=rec.job_id, cluster=rec.cluster, model=rec.model, gpus=rec.gpus, nodes=rec.nodes,
-        gpus_per_node=rec.gpus_per_node, status=state.state, reason=state.reason, step=step, steps=rec.steps,
+        gpus_per_node=rec.gpus_per_node, status=state.state, reason=with_rebuilt(state.reason, rec), step=step,
+        steps=rec.steps,
         loss=metrics.get("loss"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
         submitted_at=rec.submitted_at, elapsed_s=elapsed, eta_s=eta, sweep=rec.sweep, run_dir=rec.run_dir,
         state_source=state.source,
         attempts=files.attempts.count,
     )
+
+
+def with_rebuilt(reason: str, rec: RunRecord) -> str:
+    """The row's reason, and that its record was rebuilt from the run's own files, where it was."""
+    rebuilt = f"record rebuilt from events.jsonl and plan.json: {rec.rebuilt}" if rec.rebuilt else ""
+    return "; ".join(filter(None, [reason, rebuilt]))
 
 
 def damaged_row(damage: DamagedRun, submitted_at: float) -> RunRow:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Set, Tuple
 
 # The metrics fields readers format as numbers: a record where one is not a number is a damaged line.
 NUMERIC_METRICS = ("loss", "eval_loss", "lr", "grad_norm", "step_time", "tokens_per_s", "tokens_per_s_per_gpu", "mfu")
@@ -75,19 +76,46 @@ def read_yaml_mapping(run_dir: Path, file: str) -> dict:
 
 
 def read_jsonl(path: Path) -> Iterator[dict]:
-    """The JSON objects of a JSON-lines file. A damaged line (cut short by a crash, garbage, or valid JSON
-    that is not an object) is skipped, so the rest of the file stays usable; a missing file has none."""
+    """The JSON objects of a JSON-lines file. A damaged line (garbage, or valid JSON that is not an object) is
+    skipped with a warning (:func:`warn_damaged`), so the rest of the file stays usable; a last line without its
+    newline is one being written, skipped without a word; a missing file has none."""
+    for _, record in numbered_jsonl(path):
+        yield record
+
+
+def numbered_jsonl(path: Path) -> Iterator[Tuple[int, dict]]:
+    """:func:`read_jsonl` with each object's line number."""
     try:
         with open(path, errors="replace") as f:
-            for line in f:
+            for number, line in enumerate(f, 1):
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError:
+                    if line.endswith("\n"):
+                        warn_damaged(path, number, "is not valid JSON")
                     continue
                 if isinstance(record, dict):
-                    yield record
+                    yield number, record
+                else:
+                    warn_damaged(path, number, f"holds a JSON {type(record).__name__}, not an object")
     except FileNotFoundError:
         return
+
+
+_WARNED: Set[str] = set()
+
+
+def warn_damaged(path: Path, number: int, how: str) -> None:
+    """Say on stderr, once per file per command (a job's step is one too), that a line of it is damaged and
+    skipped: the reader goes on with the rest, and the user learns why a step or an event is missing."""
+    if str(path) not in _WARNED:
+        _WARNED.add(str(path))
+        print(f"warning: {path} line {number} {how}; skipped, the rest is read", file=sys.stderr)
+
+
+def forget_warnings() -> None:
+    """Start a new command (the CLI run in one process, as tests and a console do): each file warns again."""
+    _WARNED.clear()
 
 
 def usable_metrics(record: dict) -> bool:

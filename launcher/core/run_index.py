@@ -18,9 +18,11 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Iterable, Optional
 
-from launcher.core.damage import DamagedRun, read_json_object
+from launcher.core.damage import DamagedRun, read_json_object, read_yaml_mapping
+from launcher.core.events import Resubmitted, Retrying, Submitted
 from launcher.core.privacy import file_mode
-from launcher.core.rundir import DEFAULT_ROOT, launcher_home, EVENTS, PLAN, RECORD, sweep_dir, write_json_atomic
+from launcher.core.rundir import (CONFIG, DEFAULT_ROOT, EVENTS, PLAN, RECORD, launcher_home, read_events, sweep_dir,
+                                  write_json_atomic)
 from launcher.core.safepath import RUN_ROOT, check_run_root, ensure_home, is_safe_root, open_nofollow, private_dir
 
 INDEX = ".index"
@@ -90,6 +92,13 @@ class RunRecord:
     sweep: Optional[str] = None
     slurm_conf: Optional[str] = None
     argv: list[str] = field(default_factory=list)
+    # Set only on a record rebuilt from the run's own files because run.json is damaged (:func:`rebuilt`): how it
+    # is damaged. Never written: the record a writer saves is whole again.
+    rebuilt: Optional[str] = None
+
+    def to_json(self) -> dict:
+        """run.json's object."""
+        return {key: value for key, value in asdict(self).items() if key != "rebuilt"}
 
 
 def ensure_root(root: str, share_group: Optional[str] = None) -> Path:
@@ -134,7 +143,7 @@ def create_run_dir(root: Path, base: str, explicit: bool) -> Path:
 def save_record(record: RunRecord) -> None:
     """Write the run's record (once, at submit time) and index it."""
     run_dir = Path(record.run_dir)
-    write_json_atomic(run_dir / RECORD, asdict(record))
+    write_json_atomic(run_dir / RECORD, record.to_json())
     index_run(run_dir.parent, record.name, record.submitted_at)
 
 
@@ -231,13 +240,46 @@ def index_run(root: Path, name: str, submitted_at: float) -> None:
 
 
 def load_or_damage(run_dir: Path) -> RunRecord | DamagedRun:
-    """The run's record, or why it or its plan cannot be read."""
+    """The run's record (rebuilt from the run's own files when only run.json is damaged), or why it or its plan
+    cannot be read."""
     try:
-        record = load_record(run_dir)
         check_run(run_dir)
-        return record
     except DamagedRun as damage:
         return damage
+    try:
+        return load_record(run_dir)
+    except DamagedRun as damage:
+        return rebuilt(run_dir, damage)
+
+
+def rebuilt(run_dir: Path, damage: DamagedRun) -> RunRecord | DamagedRun:
+    """The record of a run whose run.json is there but damaged (cut short, emptied, garbled), rebuilt from what
+    the launch and the job wrote beside it: plan.json and config.yaml (model, GPUs, steps, cluster), events.jsonl
+    (when it was submitted, its newest job). Marked with the damage; ``damage`` itself when run.json is missing
+    (a launch still writing it, or not a run), a copy of another run's, or the other files cannot say. What
+    Slurm's configuration the launch resolved is not kept elsewhere: Slurm's default is asked about it."""
+    if damage.file != RECORD or damage.how == "is missing" or damage.how.startswith("is a copy"):
+        return damage
+    try:
+        plan, config = read_json_object(run_dir, PLAN), read_yaml_mapping(run_dir, CONFIG)
+        events = read_events(run_dir)
+        jobs = [e.job_id for e in events if isinstance(e, (Submitted, Retrying, Resubmitted)) and e.job_id]
+        submitted = next((e.time for e in events if isinstance(e, Submitted)), os.path.getmtime(run_dir))
+        return RunRecord(name=Path(run_dir).name, run_dir=str(run_dir), model=str(plan["model"]),
+                         gpus=int(plan["gpus"]), nodes=int(plan["nodes"]),
+                         gpus_per_node=int(plan["gpus"]) // max(1, int(plan["nodes"])),
+                         steps=int(config["train"]["steps"]), cluster=str(config["cluster"]["name"]),
+                         submitted_at=submitted, job_id=jobs[-1] if jobs else None, rebuilt=damage.reason)
+    except (DamagedRun, OSError, KeyError, TypeError, ValueError):
+        return damage
+
+
+def mend_record(run_dir: Path) -> None:
+    """Write a whole run.json again over a damaged one (:func:`rebuilt`); the writers of a run's record call it
+    (the job's end, a resubmission). Nothing when run.json is whole or cannot be rebuilt."""
+    record = load_or_damage(run_dir)
+    if isinstance(record, RunRecord) and record.rebuilt:
+        write_json_atomic(Path(run_dir) / RECORD, record.to_json())
 
 
 def list_records(root: Path, limit: Optional[int] = None) -> list[RunRecord]:

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Sequence
 
-from launcher.core.damage import read_jsonl, usable_metrics
+from launcher.core.damage import numbered_jsonl, usable_metrics, warn_damaged
 from launcher.core.events import Event, decode, encode
 from launcher.core.privacy import file_mode
 from launcher.core.safepath import open_nofollow
@@ -143,13 +143,24 @@ def append_event(run_dir: Path, event: Event) -> None:
 def read_events(run_dir: Path) -> list[Event]:
     """The event log as typed events (launcher/core/events.py), oldest first, skipping damaged lines (an event
     must have a kind and a numeric time)."""
-    return [decode(e) for e in read_jsonl(os.path.join(run_dir, EVENTS))
-            if isinstance(e.get("event"), str) and isinstance(e.get("time", 0), (int, float))]
+    path, events = os.path.join(run_dir, EVENTS), []
+    for number, line in numbered_jsonl(path):
+        if isinstance(line.get("event"), str) and isinstance(line.get("time", 0), (int, float)):
+            events.append(decode(line))
+        else:
+            warn_damaged(path, number, "is not an event (it needs a kind and a numeric time)")
+    return events
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """The metrics records, skipping damaged lines (a record must have an integer step)."""
-    return [m for m in read_jsonl(Path(run_dir) / METRICS) if usable_metrics(m)]
+    path, rows = Path(run_dir) / METRICS, []
+    for number, row in numbered_jsonl(path):
+        if usable_metrics(row):
+            rows.append(row)
+        else:
+            warn_damaged(path, number, "is not a metrics row (it needs an integer step and numbers)")
+    return rows
 
 
 def last_metrics(run_dir: Path) -> Optional[dict]:

@@ -35,6 +35,7 @@ from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.events import (EXIT_NOT_OURS, Attempt, AttemptEnded, Cancelled, DuplicateJob, Event, Failed, Fault,
                                    Finished, Outcome, Requeued, Resumed, Retrying, Stalled)
 from launcher.core.rundir import EVENTS, append_event, last_metrics, read_events
+from launcher.core.run_index import mend_record
 from launcher.errors import LaunchError
 from launcher.job import claim
 from launcher.job.attempts import Cause, attribute
@@ -162,7 +163,8 @@ def unjudged(run_dir: Path, attempt: Attempt) -> AttemptEnded:
 
 def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     """Record how the attempt ended; requeue it, retry it or give up. Returns the decision (None: nothing to
-    decide)."""
+    decide). A damaged run.json is written whole again first (launcher/core/run_index.py)."""
+    mend_record(run_dir)
     events = read_events(run_dir)
     attempt, since = AttemptLog(events).this_attempt()
     job_id = os.environ.get("SLURM_JOB_ID", "")
@@ -514,6 +516,7 @@ def watch(run_dir: Path, job_id: str) -> Optional[Decision]:
     held = claim.current(run_dir) if (run_dir / EVENTS).is_file() else None
     if held is None or held.job_id != job_id:
         return None
+    mend_record(run_dir)
     events = read_events(run_dir)
     attempt, since = AttemptLog(events).this_attempt()
     if attempt is None or attempt.job_id != job_id or any(isinstance(e, AttemptEnded) for e in since):

@@ -4,7 +4,6 @@ so that the batch script's recovery step (launcher/job/recovery.py) resubmits wi
 """
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -96,5 +95,5 @@ def resubmit(run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0, by: s
     record = load_or_damage(run_dir)
     if isinstance(record, RunRecord):
         record.job_id = job_id
-        write_json_atomic(run_dir / RECORD, asdict(record))
+        write_json_atomic(run_dir / RECORD, record.to_json())
     return job_id
