@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from support.helpers import UNTIL_STOPPED, cluster_port, events, launch, run_down, run_name, run_up, runs_json, wait_for, wait_status
+from support.helpers import (UNTIL_STOPPED, cluster_port, events, launch, paced, run_down, run_name, run_up, runs_json,
+                             wait_for, wait_status)
 
 
 def submit(slurm, root, *args, env=None):
@@ -152,3 +153,26 @@ def test_without_accounting_state_comes_from_squeue_then_the_run_directory(slurm
     # Cancelled outside the launcher and forgotten by squeue: it left no final record, so UNKNOWN.
     assert rows[held.group(1)]["status"] == "UNKNOWN"
     assert "no final record" in rows[held.group(1)]["reason"]
+
+
+def test_a_run_json_cut_in_half_while_the_run_trains_is_rebuilt_and_mended_by_its_end(slurm, tmp_path):
+    res = slurm.launcher("model=gpt_tiny", "gpus=2", "train.steps=60", "train.log_every=5", "name=torn", root=tmp_path,
+                         env=paced(0.1))
+    assert res.returncode == 0, res.stderr
+    job = re.search(r"as Slurm job (\d+)", res.stdout).group(1)
+    record = tmp_path / "torn" / "run.json"
+    whole = json.loads(record.read_text())
+    wait_for(lambda: (tmp_path / "torn" / "metrics.jsonl").exists(), 120, "training")
+    text = record.read_text()
+    record.write_text(text[: len(text) // 2])  # as a disk that filled up mid-write would leave it
+    row = runs_json(slurm, tmp_path)["torn"]
+    assert row["job_id"] == job and row["status"] in ("PENDING", "RUNNING", "COMPLETED"), row  # not DAMAGED
+    assert "record rebuilt from events.jsonl and plan.json: run.json is not valid JSON" in row["reason"], row
+    described = slurm.launcher("describe", "torn", root=tmp_path)
+    assert described.returncode == 0 and "Record: rebuilt from events.jsonl and plan.json" in described.stdout
+    slurm.completes(job, tmp_path / "torn")
+    mended = json.loads(record.read_text())  # the job's end step wrote it whole again
+    assert {k: mended[k] for k in ("name", "job_id", "model", "gpus", "nodes", "steps")} == \
+        {k: whole[k] for k in ("name", "job_id", "model", "gpus", "nodes", "steps")}
+    row = runs_json(slurm, tmp_path)["torn"]
+    assert (row["status"], row["step"], "rebuilt" in row["reason"]) == ("COMPLETED", 60, False), row
