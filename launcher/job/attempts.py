@@ -53,10 +53,11 @@ class Cause:
 
 
 def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pulse],
-              exit_code: Optional[int] = None, lost: Sequence[str] = ()) -> Cause:
+              exit_code: Optional[int] = None, lost: Sequence[str] = (), logged: Optional[int] = None) -> Cause:
     """The cause of an attempt's end from its events, srun's reports, its ranks' heartbeats and the nodes found
-    lost (all of this attempt's only)."""
-    steps = {p.rank: p.step for p in pulses}
+    lost (all of this attempt's only). A rank's step is its heartbeat's, or the last step the attempt logged
+    (``logged``) where that is later: the ranks step together, and a heartbeat lags by up to its interval."""
+    steps = {p.rank: max(p.step, logged or 0) for p in pulses}
     for event in events:
         if isinstance(event, PreflightFailed):
             node = event.node

@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.events import (EXIT_NOT_OURS, Attempt, AttemptEnded, Cancelled, DuplicateJob, Event, Failed, Fault,
                                    Finished, Outcome, Requeued, Resumed, Retrying, Stalled)
-from launcher.core.rundir import EVENTS, append_event, last_metrics, read_events
+from launcher.core.rundir import EVENTS, append_event, last_metrics, read_events, read_metrics
 from launcher.core.run_index import mend_record
 from launcher.errors import LaunchError
 from launcher.job import claim
@@ -84,11 +84,13 @@ class Settled:
 
 @dataclass(frozen=True)
 class Evidence:
-    """What an ending attempt left: srun's stderr, its ranks' heartbeats (since it began) and its lost nodes."""
+    """What an ending attempt left: srun's stderr, its ranks' heartbeats (since it began), its lost nodes, and the
+    last step it logged (metrics.jsonl's rows since it began: a heartbeat may be a few steps behind)."""
 
     stderr: str
     pulses: List[Pulse]
     lost: List[str]
+    logged: Optional[int] = None
 
     @classmethod
     def of(cls, run_dir: Path, attempt: Optional[Attempt], job_id: str) -> "Evidence":
@@ -101,7 +103,9 @@ class Evidence:
         lost = srun_lost_nodes(stderr)
         if attempt and attempt.nodes:
             lost += [node for node in unanswering(job_id, attempt.nodes) if node not in lost]
-        return cls(stderr, read_pulses(run_dir, since=attempt.time if attempt else None), lost)
+        since = attempt.time if attempt else 0.0
+        logged = max((row["step"] for row in read_metrics(run_dir) if row.get("time", 0) >= since), default=None)
+        return cls(stderr, read_pulses(run_dir, since=attempt.time if attempt else None), lost, logged)
 
 
 def trained(since: List[Event], pulses: List[Pulse]) -> bool:
@@ -126,9 +130,11 @@ def begin(run_dir: Path) -> Attempt:
     previous, since = log.this_attempt()
     if previous and not any(isinstance(e, AttemptEnded) for e in since):
         # Its batch script was ended before it could judge: by a requeue, or with its node.
-        if any(isinstance(e, Requeued) for e in since):
-            append_event(run_dir, AttemptEnded(attempt=previous.attempt, job_id=previous.job_id,
-                                               outcome=Outcome.REQUEUED, cause=""))
+        requeued = next((e for e in reversed(since) if isinstance(e, Requeued)), None)
+        if requeued is not None:
+            append_event(run_dir, AttemptEnded(attempt=previous.attempt, job_id=previous.job_id, step=requeued.step,
+                                               outcome=Outcome.REQUEUED, short="requeued",
+                                               cause=requeue_cause(requeued)))
         else:
             append_event(run_dir, unjudged(run_dir, previous))
     number = 1 + log.count
@@ -138,6 +144,14 @@ def begin(run_dir: Path) -> Attempt:
                       log_offset=stderr.stat().st_size if stderr.exists() else 0)
     append_event(run_dir, attempt)
     return attempt
+
+
+def requeue_cause(requeued: Requeued) -> str:
+    """Why an attempt was requeued, in the user's words, from its ``requeued`` event."""
+    if requeued.by == "signal":
+        saved = f" at step {requeued.step}, saved" if requeued.step is not None else ""
+        return f"time limit or preemption signal{saved}"
+    return "requeued by submitit"
 
 
 def unjudged(run_dir: Path, attempt: Attempt) -> AttemptEnded:
@@ -174,8 +188,9 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
         queued = queue_state(job_id)
         if not queued.startswith("CANCELLED") and queued not in REQUEUED_STATES:
             if requeue(run_dir, job_id, asked, events) is None:
-                append_event(run_dir, AttemptEnded(attempt=attempt.attempt if attempt else None,
-                                                   job_id=job_id, outcome=Outcome.REQUEUED))
+                append_event(run_dir, AttemptEnded(attempt=attempt.attempt if attempt else None, job_id=job_id,
+                                                   outcome=Outcome.REQUEUED, step=asked, short="requeued",
+                                                   cause=requeue_cause(Requeued(step=asked, by="signal"))))
                 return None
             events = read_events(run_dir)  # with the failure just recorded, judged below
             attempt, since = AttemptLog(events).this_attempt()
@@ -186,7 +201,8 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     evidence = Evidence.of(Path(run_dir), attempt, job_id)
     if evidence.lost and queue_state(job_id) in REQUEUED_STATES:  # Slurm marked the node down while it was probed
         return None
-    cause = attribute(since, srun_task_ends(evidence.stderr), evidence.pulses, exit_code, evidence.lost)
+    cause = attribute(since, srun_task_ends(evidence.stderr), evidence.pulses, exit_code, evidence.lost,
+                      logged=evidence.logged)
     began = trained(since, evidence.pulses)
     during_start = not began and cause.outcome not in (Outcome.LOST, Outcome.PREFLIGHT)
     text = f"failed during start-up: {cause.text}" if during_start else cause.text
