@@ -84,7 +84,9 @@ class AttemptLog:
                 if event.exclude:  # a lost node: Slurm requeued the job itself, without it
                     row.then = f"requeued by Slurm, excluding {','.join(event.exclude)}"
             elif isinstance(event, Retrying):
-                excluded = f", excluding {','.join(event.exclude)}" if event.exclude else ""
+                held = event.left_out or {}  # a node Slurm holds: its state and reason ("drained: trial")
+                shown = [node + (f" ({held[node]})" if node in held else "") for node in event.exclude]
+                excluded = f", excluding {','.join(shown)}" if event.exclude else ""
                 allowed = f", allowed again: {','.join(event.allowed)} (too few nodes otherwise)" \
                     if event.allowed else ""
                 free = " (the node's fault: no retry spent)" if event.free else ""

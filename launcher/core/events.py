@@ -188,6 +188,7 @@ class Retrying(Event):
     allowed: Optional[list] = None  # exclusions dropped so that the retry can be scheduled
     reason: Optional[str] = None
     free: bool = False  # the node's fault: no retry spent
+    left_out: Optional[dict] = None  # excluded nodes Slurm holds unusable, with its state and reason
 
 
 @dataclass(kw_only=True)

@@ -275,7 +275,7 @@ def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], caus
         return Decision(False, f"the retry could not be submitted: {err}")
     append_event(run_dir, Retrying(attempt=number, job_id=new_job, previous_job_id=job_id,
                                    exclude=decision.exclude, reason=decision.reason, free=decision.free,
-                                   allowed=decision.allowed or None))
+                                   allowed=decision.allowed or None, left_out=held_reasons(decision.exclude)))
     watch(run_dir, new_job)
     return decision
 
@@ -406,6 +406,17 @@ def held_down(nodelist: Optional[str]) -> List[str]:
     except SlurmError:
         return []
     return sorted(node for node, state in states.items() if unusable(state))
+
+
+def held_reasons(nodes: Sequence[str]) -> Optional[Dict[str, str]]:
+    """Of the nodes a retry leaves out, those Slurm holds unusable, with its state and reason (``drained: trial``);
+    None when there are none or Slurm cannot say."""
+    if not nodes:
+        return None
+    try:
+        return Slurm(None, timeout=15).node_reasons(",".join(nodes)) or None
+    except SlurmError:
+        return None
 
 
 def unanswering(job_id: str, nodelist: str) -> List[str]:

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 from launcher.core.rundir import SOURCE_ROOT
 from launcher.slurm.output import (NODE_FIELDS, SACCT_FIELDS, SQUEUE_FIELDS, JobRow, Node, Partition, SlurmError,
                                    field_list, field_rows, parse_nodes, parse_sacct, parse_squeue, partitions_of,
-                                   sbatch_reason, srun_lost_nodes)
+                                   sbatch_reason, srun_lost_nodes, unusable)
 
 LOCAL_SLURM_CONF = SOURCE_ROOT / ".slurm" / "etc" / "slurm.conf"
 TIMEOUT_S = 20
@@ -157,6 +157,15 @@ class Slurm:
         rows = field_rows(self.run(["sinfo", "-h", "-N", "-n", nodelist, "-O", field_list(("NodeList", "StateLong"))]),
                           ("NodeList", "StateLong"))
         return {row["NodeList"]: row["StateLong"] for row in rows}
+
+    def node_reasons(self, nodelist: str) -> Dict[str, str]:
+        """Each node of a node list that runs nothing, with its state and the reason set on it, in Slurm's words
+        (``drained: trial``, ``down*: Not responding``)."""
+        fields = ("NodeList", "StateLong", "Reason")
+        rows = field_rows(self.run(["sinfo", "-h", "-N", "-n", nodelist, "-O", field_list(fields)]), fields)
+        return {row["NodeList"]: row["StateLong"] + (f": {row['Reason']}" if row["Reason"].strip() not in ("", "none")
+                                                     else "")
+                for row in rows if unusable(row["StateLong"])}
 
     def sacct(self, job_ids: Sequence[str]) -> List[JobRow]:
         """Jobs from accounting; SlurmError where accounting is off or unreachable."""

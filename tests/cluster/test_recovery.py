@@ -291,3 +291,19 @@ def test_every_signal_costs_no_step_and_the_losses_stay_exact(slurm, tmp_path):
     assert sorted(trained) == list(range(1, steps + 1))  # every step once: none lost, none trained twice
     assert slurm.wait(job_id_of(steady.stdout), timeout=300) == "COMPLETED"
     assert losses(run_dir) == losses(tmp_path / "steady")
+
+
+def test_a_drained_node_left_out_of_a_retry_is_shown_with_slurms_state_and_reason(own_cluster, tmp_path):
+    res = own_cluster.launcher(*RUN, "name=drained", root=tmp_path, env=FAULTED)
+    job = job_id_of(res.stdout)
+    run_dir = tmp_path / "drained"
+    wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
+    node = [e for e in events(run_dir) if e["event"] == "attempt"][0]["nodes"]
+    own_cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=trial")
+    os.kill(rank_pid(run_dir, job, 1), signal.SIGKILL)
+    retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 90, "retry")[0]
+    assert retry["exclude"] == [node] and retry["left_out"][node].endswith(": trial"), retry
+    assert retry["left_out"][node].split(":")[0] in ("draining", "drained"), retry
+    own_cluster.completes(retry["job_id"], run_dir, timeout=400)
+    described = own_cluster.launcher("describe", "drained", root=tmp_path).stdout
+    assert f"excluding {node} ({retry['left_out'][node]})" in described, described
