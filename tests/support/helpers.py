@@ -143,41 +143,36 @@ def run_name(root: Path, job_id: str, cluster: str = "local") -> str:
     return names[0]
 
 
+def processes():
+    """Every process this machine shows: its pid, environment and command line (one that ends meanwhile is skipped)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
+            argv = (proc / "cmdline").read_text().split("\0")
+        except OSError:
+            continue
+        yield int(proc.name), environ, argv
+
+
 def rank_pids(run_dir: Path, job_id: str, node: str | None = None) -> dict[int, int]:
     """The processes of the ranks of this test's own job (on ``node``, or every node), by their Slurm variables
     (srun, whose command line names the same module, is not one) and the run directory their command line names:
     job ids repeat across the clusters of tests running side by side (each cluster's first job is 1)."""
     folder = str(Path(run_dir).absolute() / "submitit")
-    found = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
-            argv = (proc / "cmdline").read_text().split("\0")
-        except OSError:
-            continue
-        if environ.get("SLURM_JOB_ID") == job_id and "submitit.core._submit" in argv and "python" in argv[0] \
-                and folder in argv \
-                and "SLURM_PROCID" in environ and node in (None, environ.get("SLURMD_NODENAME")):
-            found[int(environ["SLURM_PROCID"])] = int(proc.name)
-    return found
+    return {int(environ["SLURM_PROCID"]): pid for pid, environ, argv in processes()
+            if environ.get("SLURM_JOB_ID") == job_id and "submitit.core._submit" in argv and "python" in argv[0]
+            and folder in argv and "SLURM_PROCID" in environ and node in (None, environ.get("SLURMD_NODENAME"))}
 
 
 def batch_shell_pid(run_dir: Path, job_id: str) -> int:
     """The batch shell of this test's own job (Slurm's copy of the script, ``slurm_script``), told from another
     cluster's job of the same id by the run root its environment names."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
-            argv = (proc / "cmdline").read_text().split("\0")
-        except OSError:
-            continue
+    for pid, environ, argv in processes():
         if environ.get("SLURM_JOB_ID") == job_id and any(arg.endswith("slurm_script") for arg in argv[1:2]) \
                 and environ.get("LAUNCHER_RUN_ROOT") == str(Path(run_dir).parent):
-            return int(proc.name)
+            return pid
     raise AssertionError(f"no batch shell of job {job_id} (run {Path(run_dir).name})")
 
 
