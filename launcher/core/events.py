@@ -224,6 +224,22 @@ class DuplicateJob(Event):
 
 
 @dataclass(kw_only=True)
+class Signalled(Event):
+    """A SIGTERM reached one rank, not every rank of the attempt as at Slurm's own end of the job (a scancel, a
+    time limit, a node's shutdown), and the rank went on training (``action``). Its ``time`` is when the rank
+    heard it, its ``step`` the last step done when the ranks found that the others had not
+    (launcher/train/interrupt.py). Written by that rank, once per attempt."""
+    kind: ClassVar[str] = "signalled"
+    job_id: Optional[str] = None
+    signal: Optional[str] = None
+    rank: Optional[int] = None
+    node: Optional[str] = None
+    pid: Optional[int] = None
+    step: Optional[int] = None
+    action: Optional[str] = None
+
+
+@dataclass(kw_only=True)
 class Requeued(Event):
     """The job is to start again: the ranks saved on Slurm's signal (``by`` signal, at ``step``), or submitit
     requeued it."""
@@ -305,7 +321,7 @@ class UnknownEvent(Event):
 
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Submitted, Attempt, Preflight, PreflightFailed, Started, Resumed, CheckpointDamaged, Stalled, Failed,
-    AttemptEnded, Retrying, Resubmitted, Watching, DuplicateJob, Requeued, Finished, Cancelled, Evaluated,
+    AttemptEnded, Retrying, Resubmitted, Watching, DuplicateJob, Signalled, Requeued, Finished, Cancelled, Evaluated,
     Exported, ExportFailed, TrialReported, SearchFailed)}
 
 

@@ -302,7 +302,7 @@ class Checkpointer:
 
     def after(self, result: StepResult, done: int, last: bool, begun: Start) -> None:
         tc = self.tc
-        interrupted = not last and self.interrupt.agreed()  # Slurm's time-limit or preemption signal
+        interrupted = not last and self.interrupt.agreed(done)  # Slurm's time-limit or preemption signal
         if last or interrupted or (tc.checkpoint_every > 0 and done % tc.checkpoint_every == 0):
             with self.timer.paused(), self.watchdog.phase(SLOW_PHASE_S):
                 save_checkpoint(self.run_dir, done, begun.model, begun.optimizer, begun.scheduler, self.env,

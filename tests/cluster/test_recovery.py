@@ -265,7 +265,8 @@ def test_a_failed_run_resumes_from_its_checkpoint_and_completes(slurm, tmp_path)
 def test_every_signal_costs_no_step_and_the_losses_stay_exact(slurm, tmp_path):
     """Four time-limit/preemption signals (USR2, as Slurm sends them): every rank saves the step just done
     and the job requeues, so no step is ever trained twice and none is lost, with no periodic checkpoint. The
-    tasks cannot reach Slurm (as in a container without its client): the batch shell on the host requeues."""
+    tasks cannot reach Slurm (as in a container without its client): the batch shell on the host requeues.
+    Before them a SIGTERM to one rank from outside Slurm (a user's kill): the rank records it and trains on."""
     steps = 200
     common = ("model=gpt_tiny", "gpus=2", f"train.steps={steps}", "train.log_every=1", "train.checkpoint_every=0")
     steady = slurm.launcher(*common, "name=steady", root=tmp_path)
@@ -273,6 +274,10 @@ def test_every_signal_costs_no_step_and_the_losses_stay_exact(slurm, tmp_path):
     job = job_id_of(res.stdout)
     run_dir = tmp_path / "cut"
     metrics_lines = lambda: (run_dir / "metrics.jsonl").read_text().count("\n") if (run_dir / "metrics.jsonl").exists() else 0  # noqa: E731
+    wait_for(lambda: metrics_lines() > 5, 180, "progress before the SIGTERM")
+    terminated = rank_pid(run_dir, job, 1)
+    os.kill(terminated, signal.SIGTERM)
+    wait_for(lambda: [e for e in events(run_dir) if e["event"] == "signalled"], 60, "the SIGTERM's record")
     for signal_no in range(4):
         seen = metrics_lines()
         wait_for(lambda: metrics_lines() > seen + 5, 180, f"progress before signal {signal_no + 1}")
@@ -289,6 +294,11 @@ def test_every_signal_costs_no_step_and_the_losses_stay_exact(slurm, tmp_path):
     trained = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                if not json.loads(line).get("final")]
     assert sorted(trained) == list(range(1, steps + 1))  # every step once: none lost, none trained twice
+    signalled = [e for e in events(run_dir) if e["event"] == "signalled"]
+    assert [(e["job_id"], e["signal"], e["rank"], e["pid"], e["action"]) for e in signalled] == [
+        (job, "SIGTERM", 1, terminated, "ignored: training went on (1 of 2 ranks got one)")], signalled
+    assert signalled[0]["node"] in slurm.nodes and signalled[0]["step"] > 5
+    assert "signalled  job_id=" in slurm.launcher("describe", "cut", root=tmp_path).stdout
     assert slurm.wait(job_id_of(steady.stdout), timeout=300) == "COMPLETED"
     assert losses(run_dir) == losses(tmp_path / "steady")
 
