@@ -14,7 +14,7 @@ import yaml
 
 from launcher.search.study import trial_of
 from launcher.search.view import view
-from launcher.views.lookup import lookup, roots_of
+from launcher.views.lookup import duration, lookup, roots_of
 from launcher.views.search_summary import describe_lines, metric_text, named_search
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.plan import read_plan
@@ -150,10 +150,10 @@ def attempt_lines(rows: List[Dict[str, Any]]) -> List[str]:
     if not rows:
         return []
     when = lambda t: time.strftime("%H:%M:%S", time.localtime(t)) if t else ""  # noqa: E731
-    table = [[r["attempt"], r["job_id"], r["nodes"], when(r["start"]), when(r["end"]), r["outcome"], r["cause"],
-              r["then"]] for r in rows]
-    return ["Attempts:", tabulate(table, headers=["#", "JOB", "NODES", "START", "END", "OUTCOME", "CAUSE", "THEN"],
-                                  disable_numparse=True), ""]
+    table = [[r["attempt"], r["job_id"], r["nodes"], duration(r.get("queued_s")), when(r["start"]), when(r["end"]),
+              r["outcome"], r["cause"], r["then"]] for r in rows]
+    return ["Attempts:", tabulate(table, headers=["#", "JOB", "NODES", "QUEUED", "START", "END", "OUTCOME", "CAUSE",
+                                                  "THEN"], disable_numparse=True), ""]
 
 
 def render(info: Dict[str, Any]) -> str:

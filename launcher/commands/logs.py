@@ -13,7 +13,7 @@ from launcher.errors import LaunchError
 from launcher.core.plan import read_plan
 from launcher.core.run_index import RunRecord
 from launcher.slurm.client import Slurm, SlurmError
-from launcher.status.job_state import job_states
+from launcher.status.job_state import JobState, job_states
 
 
 def log_file(rec: RunRecord, rank: int, err: bool) -> Path:
@@ -55,7 +55,7 @@ Offsets = Dict[Tuple[int, str], int]  # (rank, file) -> bytes already printed
 
 def follow(rec: RunRecord, files: Dict[int, Path], offsets: Offsets, err: bool) -> None:
     """Print what the files gain until the job is no longer active, then what is left."""
-    last_check, active = 0.0, True
+    last_check, active, told = 0.0, True, ""
     while True:
         for rank in files:
             files[rank] = log_file(rec, rank, err)  # the rank log appears once the task starts logging
@@ -72,9 +72,17 @@ def follow(rec: RunRecord, files: Dict[int, Path], offsets: Offsets, err: bool) 
         if not active:
             return
         if time.time() - last_check > 2:
-            active = job_states([rec])[rec.name].active
-            last_check = time.time()
+            state = job_states([rec])[rec.name]
+            active, last_check = state.active, time.time()
+            if state.state == "PENDING" and in_short(rec, state) != told:  # why it waits, each time that changes
+                told = in_short(rec, state)
+                print(f"({told})", file=sys.stderr, flush=True)
         time.sleep(0.5)
+
+
+def in_short(rec: RunRecord, state: JobState) -> str:
+    """``job 42 is PENDING: waiting for 16 GPUs ...``: the job's state, and why where Slurm or the run says."""
+    return f"job {rec.job_id} is {state.state}" + (f": {state.reason}" if state.reason else "")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -98,8 +106,7 @@ def main(args: argparse.Namespace) -> int:
         if len(files) > 1:
             print(f"==> rank {rank} <==")
         if not path.exists():
-            state = job_states([rec])[rec.name]
-            print(f"(no output from rank {rank} yet; job {rec.job_id} is {state.state})", file=sys.stderr)
+            print(f"(no output from rank {rank} yet; {in_short(rec, job_states([rec])[rec.name])})", file=sys.stderr)
             continue
         text = tail_lines(path, args.tail) if args.tail is not None else path.read_text(errors="replace")
         sys.stdout.write(text)

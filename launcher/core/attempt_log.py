@@ -12,11 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, Type, TypeVar
 
-from launcher.core.events import Attempt, AttemptEnded, Event, Failed, Finished, Outcome, Retrying
+from launcher.core.events import (Attempt, AttemptEnded, Event, Failed, Finished, Outcome, Requeued, Resubmitted,
+                                   Retrying, Submitted)
 
 E = TypeVar("E", bound=Event)
 # The events that say where the run stands between attempts: begun, retrying, given up or done.
 STANDING = (Attempt, Retrying, Failed, Finished)
+# The events after which the run's job waits in the queue for its next attempt (the newest one before it counts).
+QUEUED = (Submitted, Retrying, Resubmitted, Requeued, AttemptEnded)
 
 
 @dataclass
@@ -31,6 +34,7 @@ class AttemptRow:
     outcome: str = "RUNNING"
     cause: str = ""
     then: str = ""
+    queued_s: Optional[float] = None  # how long its job waited in the queue before the attempt began
 
 
 class AttemptLog:
@@ -73,9 +77,14 @@ class AttemptLog:
     def history(self) -> List[AttemptRow]:
         """One row per attempt: its job, nodes, start and end, outcome, cause, and what came next."""
         rows: List[AttemptRow] = []
+        queued: Optional[float] = None  # since when the job waits for the next attempt
         for event in self.events:
+            if isinstance(event, QUEUED):
+                queued = event.time
             if isinstance(event, Attempt):
-                rows.append(AttemptRow(event.attempt, event.job_id, event.nodes, event.time))
+                rows.append(AttemptRow(event.attempt, event.job_id, event.nodes, event.time,
+                                       queued_s=None if queued is None else max(0.0, event.time - queued)))
+                queued = None
             elif not rows:
                 continue
             elif isinstance(event, AttemptEnded):

@@ -156,11 +156,17 @@ class JobRow:
     exit_code: str = ""
     source: str = ""
     unique_id: str = ""
+    # squeue's only (a pending job's reason in words needs them: launcher/status/pending.py)
+    user: str = ""
+    partition: str = ""
+    gpus: int = 0  # asked for (pending) or held (running)
+    priority: float = 0.0
 
 
 SACCT_FIELDS = ("JobID", "JobIDRaw", "State", "Reason", "ExitCode", "Start", "End", "Elapsed", "NodeList")
 # squeue's JobArrayID is what sacct calls JobID (``123_4``), its JobID what sacct calls JobIDRaw.
-SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "Reason", "NodeList", "StartTime", "TimeUsed")
+SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "Reason", "NodeList", "StartTime", "TimeUsed", "UserName",
+                 "Partition", "tres-alloc", "Priority")
 
 
 def parse_sacct(out: str) -> List[JobRow]:
@@ -171,8 +177,25 @@ def parse_sacct(out: str) -> List[JobRow]:
 
 def parse_squeue(out: str) -> List[JobRow]:
     return [JobRow(element, r["State"], r["Reason"], r["NodeList"], r["StartTime"], "", r["TimeUsed"], "",
-                   "squeue", r["JobID"])
+                   "squeue", r["JobID"], r["UserName"], r["Partition"], tres_gpus(r["tres-alloc"]),
+                   _number(r["Priority"]))
             for r in field_rows(out, SQUEUE_FIELDS) for element in array_elements(r["JobArrayID"])]
+
+
+def tres_gpus(tres: str) -> int:
+    """The GPUs in a job's trackable resources (``cpu=2,node=1,gres/gpu=2``; typed ``gres/gpu:h100=8`` counted
+    only where the untyped total is missing)."""
+    counts = dict(item.split("=", 1) for item in tres.split(",") if "=" in item)
+    if counts.get("gres/gpu", "").isdigit():
+        return int(counts["gres/gpu"])
+    return sum(int(v) for k, v in counts.items() if k.startswith("gres/gpu:") and v.isdigit())
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
 
 
 # A job array's elements that have not started, on one row: ``123_[5-11%2]``, ``123_[1,3,7-9]``.

@@ -11,6 +11,7 @@ all the jobs of a listing, directly (never through submitit's 600 s cache), with
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,8 +25,9 @@ from launcher.core.heartbeats import stalled_for
 from launcher.core.rundir import write_json_atomic
 from launcher.core.safepath import is_safe_root
 from launcher.core.run_index import RunRecord
+from launcher.status.pending import Queue, in_words
 from launcher.status.run_files import RunFiles
-from launcher.slurm.client import JobRow, Slurm, SlurmError
+from launcher.slurm.client import JobRow, Node, Slurm, SlurmError
 
 # A run whose record cannot be read (launcher/core/damage.py): no job to ask Slurm about.
 DAMAGED = "DAMAGED"
@@ -106,7 +108,8 @@ def job_state(row: JobRow) -> JobState:
     state, why = fold(row.state, _clean(row.reason))
     if state == "FAILED" and row.exit_code not in ("", "0:0"):
         why = ", ".join(r for r in (why, f"exit code {row.exit_code}") if r)
-    return JobState(state, why, row.source, row.nodes, _clean_time(row.start), _clean_time(row.end), row.elapsed,
+    nodes = "" if row.nodes in ("None assigned", "(null)", "None") else row.nodes  # sacct's words for none yet
+    return JobState(state, why, row.source, nodes, _clean_time(row.start), _clean_time(row.end), row.elapsed,
                     row.exit_code)
 
 
@@ -277,7 +280,24 @@ def _ask_slurm(slurm: Slurm, job_ids: List[str], queued_ids: List[str] = ()) -> 
         return {}, []
     _in_threads(ask, list(sources))
     rows = [row for name in ("squeue", "sacct") for row in answers.get(name, []) if row.job_id in wanted]
-    return {row.job_id: job_state(row) for row in rows}, failures
+    states = {row.job_id: job_state(row) for row in rows}
+    queue = Queue(answers.get("squeue", []), nodes=_once(slurm))
+    for row in queue.rows:  # a waiting job's reason in words, from the queue's row (sacct's has no user or GPUs)
+        if row.job_id in wanted and states[row.job_id].state == "PENDING":
+            states[row.job_id] = dataclasses.replace(states[row.job_id], reason=in_words(row, queue))
+    return states, failures
+
+
+def _once(slurm: Slurm) -> Callable[[], Optional[List[Node]]]:
+    """The cluster's nodes (one sinfo) the first time a waiting job's reason needs them, and None if Slurm does not
+    answer: the reason is then told without them."""
+    @functools.cache
+    def nodes() -> Optional[List[Node]]:
+        try:
+            return slurm.nodes(timeout=STATUS_TIMEOUT_S)
+        except SlurmError:
+            return None
+    return nodes
 
 
 def _states_on_cluster(slurm: Slurm, files: Dict[str, RunFiles], records: List[RunRecord],

@@ -86,6 +86,34 @@ def test_stop_cancels_frees_gpus_and_delete_removes(own_cluster, tmp_path):
     assert name not in runs_json(own_cluster, tmp_path)
 
 
+def test_a_run_waiting_for_gpus_says_why_in_words_and_when_slurm_expects_it(own_cluster, tmp_path):
+    """Every GPU held by another job (a plain sbatch): the run pends for Resources, and runs, describe and logs say
+    how many GPUs it waits for, how many of the partition's are in use, and Slurm's expected start where it has one."""
+    hog = own_cluster.run("sbatch", "--parsable", "-N2", "--gres=gpu:8", "-t", "30", "-o", "/dev/null",
+                          "--wrap", "sleep 600").stdout.strip()
+    try:
+        wait_for(lambda: own_cluster.run("squeue", "-h", "-j", hog, "-o", "%T").stdout.strip() == "RUNNING", 60,
+                 "every GPU held")
+        name, job_id = submit(own_cluster, tmp_path, "gpus=2", "train.steps=10")
+        waiting = "waiting for 2 GPUs on partition 'gpu': 16 of its 16 are in use; it starts when other jobs end"
+        def in_words():
+            row = runs_json(own_cluster, tmp_path)[name]
+            return row if row["reason"].startswith(waiting) else None
+
+        row = wait_for(in_words, 60, "the reason in words", patient=True)
+        assert row["status"] == "PENDING", row
+        start = own_cluster.run("squeue", "-h", "-j", job_id, "-O", "StartTime").stdout.strip()
+        expected = start[:4].isdigit() and time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S")) > time.time()
+        assert ("; Slurm expects it to start at " in row["reason"]) == expected, (start, row["reason"])
+        assert f"PENDING ({waiting}" in cmd(own_cluster, tmp_path, "runs")
+        described = cmd(own_cluster, tmp_path, "describe", name)
+        assert f"Status: PENDING ({waiting}" in described and "\nNodes: none yet\n" in described
+        logs = own_cluster.launcher("logs", name, root=tmp_path)
+        assert f"(no output from rank 0 yet; job {job_id} is PENDING: {waiting}" in logs.stderr, logs.stderr
+    finally:
+        own_cluster.run("scancel", hog)
+
+
 def test_a_job_killed_before_writing_anything_is_never_running(slurm, tmp_path):
     name, job_id = submit(slurm, tmp_path, "gpus=2", "train.steps=100000", env=UNTIL_STOPPED)
     slurm.run("scancel", "--signal=KILL", "--full", job_id)  # SIGKILL to every task, at once
@@ -134,7 +162,7 @@ def test_without_accounting_state_comes_from_squeue_then_the_run_directory(slurm
 
     row = runs_json(slurm, tmp_path, env)[held.group(1)]
     assert (row["status"], row["state_source"]) == ("PENDING", "squeue")
-    assert "JobHeldUser" in row["reason"]
+    assert row["reason"] == f"held by its owner; release it with 'scontrol release {held.group(2)}'"
     subprocess.run(["scancel", held.group(2)], env={**slurm.env, **env}, check=True)
     cancelled_at = time.time()
 

@@ -76,7 +76,8 @@ def test_no_evidence_at_all_says_so_with_the_exit_status():
 def test_history_has_one_row_per_attempt_with_what_came_next():
     from launcher.core.attempt_log import AttemptLog
 
-    events = [{"event": "attempt", "attempt": 1, "job_id": "7", "nodes": "n[1-2]", "time": 10.0},
+    events = [{"event": "submitted", "job_id": "7", "time": 4.0},
+              {"event": "attempt", "attempt": 1, "job_id": "7", "nodes": "n[1-2]", "time": 10.0},
               failed(2, PEER),
               {"event": "attempt_ended", "outcome": "FAILED", "cause": "rank 2 on n2: killed", "time": 20.0},
               {"event": "retrying", "job_id": "8", "exclude": ["n2"], "time": 21.0},
@@ -85,6 +86,18 @@ def test_history_has_one_row_per_attempt_with_what_came_next():
     rows = AttemptLog([e if not isinstance(e, dict) else decode(e) for e in events]).history()
     assert [(r.attempt, r.job_id, r.outcome) for r in rows] == [(1, "7", "FAILED"), (2, "8", "COMPLETED")]
     assert rows[0].then == "retried as job 8, excluding n2" and rows[1].then == ""
+    assert [r.queued_s for r in rows] == [6.0, 9.0]  # from its submission, and from the retry's
+
+
+def test_an_attempt_of_a_record_that_never_said_its_submission_has_no_queue_time():
+    from launcher.core.attempt_log import AttemptLog
+
+    events = [{"event": "attempt", "attempt": 1, "job_id": "7", "time": 10.0},
+              {"event": "requeued", "job_id": "7", "by": "signal", "time": 50.0},
+              {"event": "attempt_ended", "outcome": "REQUEUED", "time": 52.0},
+              {"event": "attempt", "attempt": 2, "job_id": "7", "time": 70.0}]
+    rows = AttemptLog([decode(e) for e in events]).history()
+    assert [r.queued_s for r in rows] == [None, 18.0]  # a requeue waits from its attempt's end
 
 
 def test_a_running_run_whose_steps_stopped_is_shown_stalled(tmp_path):

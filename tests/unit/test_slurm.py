@@ -12,7 +12,8 @@ from launcher.compose.composer import compose_runs
 from launcher.slurm.client import Slurm
 from launcher.slurm.fit import explain_rejection, mem_mb, refusal
 from launcher.slurm.output import (Partition, SlurmError, array_elements, field_rows, max_job_nodes, minutes,
-                                   parse_nodes, parse_sacct, parse_squeue, partitions_of, sbatch_reason)
+                                   parse_nodes, parse_sacct, parse_squeue, partitions_of, sbatch_reason,
+                                   tres_gpus)
 
 SINFO = """\
 a-node1|gpu*|gpu:h100:8(S:0-1)|gpu:h100:3(IDX:0-2)|mixed|64|512000|2-00:00:00|1-4|
@@ -55,15 +56,23 @@ def test_sacct_and_squeue_rows_by_name():
     (row,) = parse_sacct("42|42|FAILED|None|1:0|2026-01-01T00:00:00|2026-01-01T00:01:00|00:01:00|n[1-2]\n")
     assert (row.job_id, row.state, row.exit_code, row.nodes, row.elapsed, row.source) == \
         ("42", "FAILED", "1:0", "n[1-2]", "00:01:00", "sacct")
-    (row,) = parse_squeue("7|7|PENDING|JobHeldUser||N/A|0:00|\n")
+    (row,) = parse_squeue("7|7|PENDING|JobHeldUser||N/A|0:00|ana|gpu|cpu=16,node=2,billing=16,gres/gpu=16|0.5|\n")
     assert (row.job_id, row.state, row.reason, row.start, row.source) == ("7", "PENDING", "JobHeldUser", "N/A", "squeue")
+    assert (row.user, row.partition, row.gpus, row.priority) == ("ana", "gpu", 16, 0.5)
+
+
+def test_a_jobs_gpus_from_its_trackable_resources_typed_or_not():
+    assert tres_gpus("cpu=2,mem=4G,node=1,billing=2,gres/gpu=2") == 2
+    assert tres_gpus("cpu=8,node=1,gres/gpu=8,gres/gpu:h100=8") == 8  # the total, not the total and its type
+    assert tres_gpus("cpu=8,gres/gpu:h100=4,gres/gpu:a100=2") == 6
+    assert tres_gpus("cpu=1,mem=4G,node=1,billing=1") == 0 and tres_gpus("") == 0
 
 
 def test_array_elements_are_rows_of_their_own_named_as_their_runs_records_name_them():
     """A started element is ``123_4`` with a job id of its own; pending ones share a row, ``123_[5-7%2]``, which
     stands for each of them (the record of element 6's run names ``123_6``)."""
-    rows = parse_squeue("123_4|127|RUNNING|None|n1|2026-01-01T00:00:00|0:05|\n"
-                        "123_[5-7%2]|123|PENDING|JobArrayTaskLimit||N/A|0:00|\n")
+    rows = parse_squeue("123_4|127|RUNNING|None|n1|2026-01-01T00:00:00|0:05|ana|gpu|gres/gpu=1|0.5|\n"
+                        "123_[5-7%2]|123|PENDING|JobArrayTaskLimit||N/A|0:00|ana|gpu|gres/gpu=1|0.5|\n")
     assert [(r.job_id, r.unique_id, r.state) for r in rows] == \
         [("123_4", "127", "RUNNING"), ("123_5", "123", "PENDING"), ("123_6", "123", "PENDING"),
          ("123_7", "123", "PENDING")]
