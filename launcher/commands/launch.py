@@ -22,6 +22,7 @@ from launcher.views.lookup import invocation
 
 if TYPE_CHECKING:
     from launcher.compose.composer import ComposedRun
+    from launcher.submit.checks import Verdict
     from launcher.submit.submitter import Launched
 
 
@@ -82,24 +83,25 @@ def main(args: argparse.Namespace) -> int:
     overrides = overrides_of(args)
     if asked(overrides):  # search=optuna: launcher/search/
         return search(overrides, args.multirun)
-    if not dry_run_asked(overrides):  # a submission: git and Slurm answer while Hydra composes
-        from launcher.submit.prefetch import prefetch  # lazy: keeps omegaconf out of start-up
+    from launcher.submit.prefetch import prefetch  # lazy: keeps omegaconf out of start-up
 
-        prefetch(overrides)
+    prefetch(overrides, source=not dry_run_asked(overrides))  # Slurm (and git, to submit) answer while Hydra composes
     runs = compose_runs(overrides, multirun=args.multirun)
     modes = {run.config.dry_run for run in runs}
     if len(modes) > 1:
         raise LaunchError("dry_run must be the same for every run of a sweep")
     mode = modes.pop()
-    # Refuse (exit 2, before anything is submitted) a run that cannot fit its GPUs' memory, unless force=true;
-    # a dry run only warns. See launcher/forecast/gate.py and docs/planning.md.
-    from launcher.forecast.gate import check_launch
+    # Every refusal before anything is submitted, in the same words for a launch and a dry run
+    # (launcher/submit/checks.py; the memory gate: docs/planning.md).
+    from launcher.submit.checks import judge  # lazy: keeps hydra, submitit out of start-up
 
-    for warning in check_launch(runs, dry_run=mode is not False):
-        print(f"warning: {warning}", file=sys.stderr)
+    verdict = judge(runs)
+    if mode is False and verdict.refusals:  # one line, and nothing else
+        raise verdict.error(runs)
+    warn(verdict.lines(runs, verdict.warnings))
     if mode is not False:
         print_runs(runs, mode, sweep=args.multirun)
-        return 0
+        return would_refuse(verdict, runs)
     if any(run.config.cluster.ssh for run in runs):  # a cluster reached over SSH: submitted there
         print_submitted(launch_remote(runs, sweep=args.multirun))
         return 0
@@ -109,17 +111,32 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def warn(lines: List[str]) -> None:
+    for line in lines:
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def would_refuse(verdict: Verdict, runs: List[ComposedRun]) -> int:
+    """A dry run's end: the checks not made and why, then what a launch would refuse (exit 2), or exit 0."""
+    for note in verdict.unchecked:
+        print(f"not checked: {note}", file=sys.stderr)
+    for line in verdict.lines(runs, verdict.refusals):
+        print(f"a launch would be refused: {line}", file=sys.stderr)
+    return 2 if verdict.refusals else 0
+
+
 def search(overrides: List[str], multirun: bool) -> int:
     """A search launch: its corners' dry run, or the study made and its first trials submitted."""
     from launcher.search.start import check_search, start_search  # lazy: keeps omegaconf out of start-up
 
     checked = check_search(overrides, multirun)
-    for warning in checked.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    mode = checked.corners[0].config.dry_run
+    verdict, mode = checked.verdict, checked.corners[0].config.dry_run
+    if mode is False and verdict.refusals:
+        raise verdict.error(checked.corners)
+    warn(verdict.lines(checked.corners, verdict.warnings))
     if mode is not False:  # the plans at the space's corners: what the search may submit at its extremes
         print_runs(checked.corners, mode)
-        return 0
+        return would_refuse(verdict, checked.corners)
     started, settings = start_search(checked), checked.settings
     from launcher.submit.freeze import dirty_note, source_state  # lazy: keeps launcher.submit out of start-up
 
@@ -148,7 +165,7 @@ def print_runs(runs: List[ComposedRun], mode: object, sweep: bool = False) -> No
 
 def dry_run_asked(overrides: List[str]) -> bool:
     """Whether the overrides ask for a dry run (composition decides; this only spares a dry run the
-    submission's early questions to git and Slurm)."""
+    submission's early question to git)."""
     return any(o.split("=", 1)[0].lstrip("+") == "dry_run" and o.split("=", 1)[1].lower() != "false"
                for o in overrides if "=" in o)
 

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-from typing import List
+from typing import TYPE_CHECKING, List
 
 from launcher.core.gpus import DEFAULT_GPU, GPUS
 from launcher.core.config import CHECKPOINTING, LOCAL_CLUSTER
-from launcher.forecast.disk import checkpoint_room
 from launcher.forecast.estimate import Estimate, estimate, set_scaling
-from launcher.forecast.gate import sweep_label
 from launcher.forecast.host import host_memory, machine_memory, to_fit
 from launcher.forecast.target import GIB, Assumptions, hardware_for, precision_of
 from launcher.forecast.memory import activation_components, activation_terms, shard_group
+
+if TYPE_CHECKING:
+    from launcher.compose.composer import ComposedRun
+    from launcher.submit.checks import Verdict
 
 DEFAULTS = Assumptions()
 
@@ -49,6 +50,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="sweep: one row per combination of comma-separated values")
     p.add_argument("--json", action="store_true", help="one JSON object per run, one per line")
     p.add_argument("--detail", action="store_true", help="with -m: also the full tables of every run")
+    p.add_argument("--check", action="store_true",
+                   help="exit 2 if a launch of any of the runs would be refused (each is marked either way)")
     p.add_argument("--mfu", type=float, default=DEFAULTS.mfu,
                    help="fraction of the GPU's dense peak (in the run's precision) sustained on the FLOPs executed "
                         "(default %(default)s)")
@@ -67,32 +70,42 @@ def main(args: argparse.Namespace) -> int:
                        overhead_gib=args.overhead_gib)
     opts.check()
 
-    from launcher.commands.launch import overrides_of  # lazy: keeps launcher.commands.launch out of start-up
+    from launcher.commands.launch import overrides_of, warn  # lazy: keeps launcher.commands.launch out of start-up
     from launcher.compose.composer import compose_runs  # lazy: keeps hydra out of start-up
+    from launcher.submit.checks import judge  # lazy: keeps hydra, submitit out of start-up
 
     runs = compose_runs(overrides_of(args), multirun=args.multirun)
     estimates = [estimate(run.config, run.plan,
                           hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True), opts,
                           overrides=run.overrides) for run in runs]
     set_scaling(estimates)
-    for run in runs:  # the launch's warnings, before the figures
-        warning = checkpoint_room(run.config, run.plan)
-        if warning:
-            print(f"warning: {sweep_label(run, runs)}{warning}", file=sys.stderr)
+    verdict = judge(runs)  # what a launch of these runs would refuse, or warn of (launcher/submit/checks.py)
+    warn(verdict.lines(runs, verdict.warnings))
+    refused = 2 if args.check and verdict.refusals else 0
     if args.json:
-        for est, run in zip(estimates, runs):
-            print(json.dumps({**est.to_dict(), "data": run.data.to_dict()}))
-        return 0
+        for index, (est, run) in enumerate(zip(estimates, runs)):
+            print(json.dumps({**est.to_dict(), "data": run.data.to_dict(), "refused": verdict.refusing(index)}))
+        return refused
     if len(estimates) > 1:
         print(comparison(estimates))
+        print_refusals(verdict, runs)
         if not args.detail:
-            return 0
+            return refused
     for index, (est, run) in enumerate(zip(estimates, runs)):
         if index or len(estimates) > 1:
             print()
         print(detail(est))
         print(run.data.line())
-    return 0
+    if len(estimates) == 1:
+        print_refusals(verdict, runs)
+    return refused
+
+
+def print_refusals(verdict: Verdict, runs: List[ComposedRun]) -> None:
+    """Below the figures: the checks not made, and each run a launch would refuse, with why (or that none)."""
+    lines = [f"not checked: {note}" for note in verdict.unchecked]
+    lines += [f"a launch would be refused: {line}" for line in verdict.lines(runs, verdict.refusals)]
+    print("\n".join(["", *lines] if lines else ["", "a launch would pass every check"]))
 
 
 # ----------------------------------------------------------------------------------------------

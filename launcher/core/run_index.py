@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import tempfile
 import secrets
 from dataclasses import asdict, dataclass, field
 from operator import itemgetter
@@ -105,15 +106,36 @@ def ensure_root(root: str, share_group: Optional[str] = None) -> Path:
     """The run root, created if needed; a one-line error if it cannot be written, or if another user could
     change it (launcher/core/safepath.py), checked before anything is created and again after."""
     path = Path(os.path.expanduser(root))
-    check_run_root(path, share_group)
+    check_run_root(path, share_group)  # UnsafePath, as its own type
+    problem = root_problem(root, share_group)  # in the words a dry run says it
+    if problem:
+        raise PermissionError(problem)
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)  # a new root is private (launcher/core/privacy.py)
     except OSError as err:
         raise PermissionError(f"run root {path} cannot be created ({err.strerror})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise PermissionError(f"run root {path} is not writable; set run_root=... or LAUNCHER_RUN_ROOT")
     check_run_root(path, share_group)  # what was created took the umask: 0777 under umask 0
     return path
+
+
+def root_problem(root: str, share_group: Optional[str] = None) -> Optional[str]:
+    """Why :func:`ensure_root` would refuse the run root, found without leaving anything behind (a dry run, a
+    plan, and the launch itself before it creates the root); None if it would pass. Whether the root, or the
+    nearest directory above it that exists, can be written is tried (a directory made and removed at once):
+    ``os.access`` answers yes to root wherever the file system itself refuses (``/proc``, a read-only mount)."""
+    path = Path(os.path.expanduser(root))
+    try:
+        check_run_root(path, share_group)
+    except (PermissionError, ValueError) as err:
+        return str(err)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".launcher-probe-", dir=existing))
+    except OSError as err:
+        if existing == path:
+            return f"run root {path} is not writable ({err.strerror}); set run_root=... or LAUNCHER_RUN_ROOT"
+        return f"run root {path} cannot be created ({existing} cannot be written: {err.strerror})"
+    return None
 
 
 def base_name(model: str, gpus: int) -> str:

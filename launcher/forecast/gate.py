@@ -2,10 +2,10 @@
 the local cluster this machine's memory (docs/planning.md, "Refusal at launch")."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from launcher.core.config import LOCAL_CLUSTER
-from launcher.errors import LaunchError
 from launcher.forecast.advice import MAX_GPUS
 from launcher.forecast.disk import checkpoint_room
 from launcher.forecast.estimate import Estimate, estimate
@@ -26,11 +26,11 @@ def _anyway(overrides: Sequence[str]) -> str:
     return f"or add force=true to launch anyway (details: '{command}')"
 
 
-def _findings(run: Any, dry_run: bool, machine: Optional[int]) -> Iterator[Tuple[str, str]]:
+def _findings(run: Any, machine: Optional[int]) -> Iterator[Tuple[str, str]]:
     """(summary, refusal) for each memory the run does not fit: its GPUs', and on the local cluster this
     machine's RAM, which all of the cluster's nodes and ranks share (forecast/host.py)."""
     cfg = run.config
-    hw = hardware_for(cfg.cluster, precision_of(cfg), query_slurm=not dry_run)
+    hw = hardware_for(cfg.cluster, precision_of(cfg), query_slurm=not cfg.cluster.ssh)  # a remote one: asked there
     if hw.enforce:
         est = estimate(cfg, run.plan, hw)
         if not est.fits:
@@ -63,37 +63,32 @@ def sweep_label(run: Any, runs: Sequence[Any]) -> str:
     return f"[{' '.join(run.overrides)}] " if len(runs) > 1 else ""
 
 
-def check_launch(runs: Sequence[Any], dry_run: bool) -> List[str]:
-    """Refuse (LaunchError) before anything is submitted if a run cannot fit its GPUs' memory, or on the
-    local cluster this machine's memory.
+@dataclass(frozen=True)
+class Finding:
+    """What a check before submitting found about one run of a launch (``run``: its index): a reason the launch
+    is refused (``refuses``), or a warning. The same findings refuse a launch, end a dry run with exit 2 and mark
+    a plan's row (launcher/submit/checks.py)."""
 
-    GPU memory is checked only where it is known (cluster.gpu_memory_gb, the GPU type, or the local
-    cluster's documented stand-in). A run that cannot finish within its time budget, whose run root cannot
-    hold its checkpoints (forecast/disk.py), is only warned of. A run with ``force=true`` passes with a warning;
-    in a dry run nothing is refused, and the warnings say what a launch would do. Returns the warnings (the
-    caller prints them to stderr).
-    """
-    warnings, refused = [], []  # refused: each refused run's first reason
-    machine = machine_memory() if any(run.config.cluster.name == LOCAL_CLUSTER for run in runs) else None
-    for run in runs:
-        label = sweep_label(run, runs)
-        late = time_budget(run)
-        if late:
-            warnings.append(label + late)
-        reasons = []
-        for summary, refusal_line in _findings(run, dry_run, machine):
-            if run.config.force:
-                warnings.append(f"{label}{summary}; force=true: " + ("a launch would go ahead" if dry_run
-                                                                     else "launching anyway"))
-            elif dry_run:
-                warnings.append(f"{label}{summary}; a launch would be refused (force=true overrides)")
-            else:
-                reasons.append(label + refusal_line)
-        refused += reasons[:1]
-        room = checkpoint_room(run.config, run.plan)
-        if room:
-            warnings.append(label + room)
-    if refused:
-        more = f" ({len(refused)} of {len(runs)} runs do not fit; nothing was submitted)" if len(runs) > 1 else ""
-        raise LaunchError(refused[0] + more)
-    return warnings
+    run: int
+    text: str
+    refuses: bool = True
+
+
+def fit_findings(index: int, run: Any, machine: Optional[int]) -> List[Finding]:
+    """The memory gate and the run's budgets: a run that cannot fit its GPUs' memory, or on the local cluster
+    this machine's memory, is refused, unless ``force=true`` (then warned of). A run that cannot finish within its
+    time budget, or whose run root cannot hold its checkpoints (forecast/disk.py), is only warned of.
+
+    GPU memory is checked only where it is known (cluster.gpu_memory_gb, the GPU type, or the local cluster's
+    documented stand-in)."""
+    found = [Finding(index, late, refuses=False) for late in filter(None, [time_budget(run)])]
+    for summary, refusal_line in _findings(run, machine):
+        found.append(Finding(index, f"{summary}; force=true overrides the refusal", refuses=False) if run.config.force
+                     else Finding(index, refusal_line))
+    room = checkpoint_room(run.config, run.plan)
+    return found + ([Finding(index, room, refuses=False)] if room else [])
+
+
+def machine_for(runs: Sequence[Any]) -> Optional[int]:
+    """This machine's memory where a run goes to the local cluster (whose ranks all share it), else None."""
+    return machine_memory() if any(run.config.cluster.name == LOCAL_CLUSTER for run in runs) else None

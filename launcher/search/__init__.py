@@ -12,5 +12,5 @@
 
 Optuna is imported only here, and only when a search is used.
 
-Imports: compose, core, errors, forecast, slurm, submit, train.
+Imports: compose, core, errors, slurm, submit, train.
 """

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 from launcher.compose.runfile import hydra_value, key_of
 from launcher.core.config import SearchConfig
 from launcher.errors import LaunchError
-from launcher.forecast.gate import check_launch
 from launcher.search.space import Space, checked_point, read_space
 from launcher.search.study import Search, create
 from launcher.search.submission import submit_trial
 from launcher.search.trials import start
 from launcher.slurm.client import slurm_conf_for
+from launcher.submit.checks import Verdict, judge
 
 if TYPE_CHECKING:
     from launcher.compose.composer import ComposedRun
@@ -29,12 +29,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Checked:
-    """A search launch that passed every check: its space, settings, and the runs at the space's corners."""
+    """A search launch checked: its space, settings, the runs at the space's corners and what the launch's checks
+    found about them (launcher/submit/checks.py)."""
 
     space: Space
     settings: SearchConfig
     corners: List["ComposedRun"]
-    warnings: List[str]
+    verdict: Verdict
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,7 @@ def check_search(overrides: List[str], multirun: bool) -> Checked:
                           "(set train.eval_every=N, or search.metric=loss)")
     if any(run.config.cluster.ssh for run in corners):
         raise LaunchError("a search on a cluster reached over SSH is not supported yet; launch it on the cluster")
-    warnings = check_launch(corners, dry_run=corners[0].config.dry_run is not False)
-    return Checked(space, settings, corners, warnings)
+    return Checked(space, settings, corners, judge(corners))
 
 
 def compose_corner(space: Space, point: Dict[str, Any], with_settings: bool = False) -> "ComposedRun":

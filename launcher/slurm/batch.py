@@ -123,7 +123,7 @@ def container_args(cfg: RunConfig, run_dir: Path | None, mounts: Sequence[str] =
 def host_python(cluster: ClusterConfig) -> str:
     """The interpreter of the batch script's own steps on the cluster's hosts: ``cluster.python``, else the one
     that submits (which must then exist at the same path on the compute nodes)."""
-    return cluster.python or shlex.quote(sys.executable)
+    return shlex.quote(cluster.python or sys.executable)
 
 
 def task_python(cluster: ClusterConfig) -> str:

@@ -64,6 +64,8 @@ class Slurm:
     def run(self, args: Sequence[str], timeout: Optional[float] = None) -> str:
         """Run a client tool; its stdout, or SlurmError with its last error line (tool name said once)."""
         timeout = timeout or self.timeout
+        if self.conf and not os.path.isfile(self.conf):  # the tools would wait for their timeout to say so
+            raise SlurmError(f"{args[0]}: its slurm.conf {self.conf} does not exist")
         try:
             proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=self.env)
         except FileNotFoundError:

@@ -13,12 +13,13 @@ from launcher.slurm.client import for_conf, slurm_conf_for
 from launcher.submit.freeze import prefetch_source_state
 
 
-def prefetch(overrides: List[str]) -> None:
-    """Ask git and Slurm what a launch will ask them, in threads, before composing: they answer while Hydra
-    composes. Slurm is asked about the cluster the overrides name (``cluster=NAME``, else conf/'s default),
-    its slurm.conf read from its file (in whichever config layer); should the composed run go elsewhere, the
-    answer is not used."""
-    prefetch_source_state()
+def prefetch(overrides: List[str], source: bool = True) -> None:
+    """Ask git (``source``: a submission freezes the code; a dry run does not) and Slurm what a launch will ask
+    them, in threads, before composing: they answer while Hydra composes. Slurm is asked about the cluster the
+    overrides name (``cluster=NAME``, else conf/'s default), its slurm.conf read from its file (in whichever config
+    layer); should the composed run go elsewhere, the answer is not used."""
+    if source:
+        prefetch_source_state()
     named = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "cluster"]
     name = named[0] if named else default_choices()["cluster"]
     path = option_path("cluster", name) if isinstance(name, str) and "/" not in name else None

@@ -81,7 +81,9 @@ def test_without_extras_pip_installs_no_torch_and_the_launcher_plans_dry_runs_an
     plan = run(python, "-m", "launcher", "plan", "model=gpt_tiny", "gpus=2", cwd=tmp_path, env=env)
     assert plan.returncode == 0 and "gpt_tiny" in plan.stdout, plan.stderr
     dry = run(python, "-m", "launcher", "model=gpt_tiny", "gpus=2", "dry_run=true", cwd=tmp_path, env=env)
-    assert dry.returncode == 0 and "#SBATCH" in dry.stdout and "srun" in dry.stdout, dry.stderr
+    assert dry.returncode == 2 and "#SBATCH" in dry.stdout and "srun" in dry.stdout, dry.stderr
+    # the local cluster's tasks would run this very Python: the launch's refusal, said by the dry run
+    assert f"a launch would be refused: {NO_TORCH.format(python=python)}" in dry.stderr.splitlines(), dry.stderr
     (tmp_path / "in.txt").write_text("the launcher prepares data without torch\n" * 200)
     prepared = run(python, "-m", "launcher", "data", "prepare", "out", "in.txt", "--tokenizer", "bpe:300", cwd=tmp_path,
                    env=env)
@@ -121,14 +123,24 @@ def test_installed_it_trains_gpt_tiny_to_completed(installed, tmp_path, slurm):
     assert final["final"] and final["step"] == 20
 
 
-def test_tasks_whose_python_has_no_torch_fail_at_once_naming_it(bare, tmp_path, slurm):
+def test_tasks_whose_python_has_no_torch_are_refused_or_fail_at_once_naming_it(bare, tmp_path, slurm):
     """``cluster.python`` names an interpreter with the launcher's dependencies but not the ``[train]`` extra: the
-    run ends FAILED within a minute, after one attempt, and `runs`, `describe` and its events say why and what
-    to do."""
+    launch refuses it in one line. Where the nodes' interpreter is not what the login node saw (here: a link
+    pointed elsewhere once the job is queued), the run ends FAILED within a minute, after one attempt, and `runs`,
+    `describe` and its events say why and what to do."""
     python, _ = bare
-    res = slurm.launcher("model=gpt_tiny", "gpus=2", "train.steps=20", f"cluster.python={python}", "name=notorch",
-                         root=tmp_path)
+    refused = slurm.launcher("model=gpt_tiny", "gpus=2", f"cluster.python={python}", "name=notorch", root=tmp_path)
+    assert (refused.returncode, refused.stderr) == (2, f"error: {NO_TORCH.format(python=python)}\n")
+    assert not (tmp_path / "notorch").exists()
+    wrapper = tmp_path / "bin" / "python"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # what the launch checks: a Python with torch
+    wrapper.chmod(0o755)
+    res = slurm.launcher("model=gpt_tiny", "gpus=2", "train.steps=20", f"cluster.python={wrapper}", "name=notorch",
+                         "+cluster.sbatch_flags.hold=true", root=tmp_path)
     assert res.returncode == 0, res.stderr
+    wrapper.write_text(f'#!/bin/sh\nexec {python} "$@"\n')  # what the nodes run
+    slurm.run("scontrol", "release", job_id_of(res.stdout))
     run_dir = tmp_path / "notorch"
     assert slurm.wait(job_id_of(res.stdout), timeout=120) == "FAILED", record(run_dir)
     cause = NO_TORCH.format(python=python)

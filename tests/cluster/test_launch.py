@@ -64,6 +64,12 @@ def test_refused_launches_submit_and_record_nothing(slurm, tmp_path, args, env, 
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], res.stderr
+    dry = slurm.launcher(*args, "dry_run=true", root=root, env=env)  # the same check, the same words
+    if "SLURM_CONF" in env:  # no cluster to ask is no refusal: the dry run says what it could not check
+        assert dry.returncode == 0 and "not checked: the partition's limits on cluster local" in dry.stderr, dry.stderr
+    else:
+        assert dry.returncode == 2 and "#SBATCH" in dry.stdout, dry.stderr
+        assert f"a launch would be refused: {lines[0].removeprefix('error: ')}" in dry.stderr.splitlines()
     assert not root.exists() or not any(root.iterdir())
     # No job writes its output under this root (other sessions' jobs may come and go meanwhile).
     assert str(root) not in slurm.run("squeue", "-h", "-O", "JobID:12,StdOut:500").stdout

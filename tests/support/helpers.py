@@ -305,3 +305,9 @@ def run_up(*args: str, env_extra: dict | None = None) -> subprocess.CompletedPro
 def run_down(state: Path) -> subprocess.CompletedProcess:
     """slurm/down.sh for the cluster whose state is in ``state``."""
     return subprocess.run(["bash", DOWN, "--dir", str(state)], capture_output=True, text=True, timeout=120)
+
+
+def said(stderr: str) -> list[str]:
+    """stderr's lines but those naming a check a dry run or a plan could not make (``not checked: ...``: the quick
+    tier has no cluster to ask, the cluster tier has one)."""
+    return [line for line in stderr.splitlines() if not line.startswith("not checked: ")]

@@ -11,7 +11,7 @@ from launcher.core.checkpoints import checkpoints_on_disk
 from launcher.core.rundir import frozen_files
 from launcher.forecast.disk import free_space
 from launcher.train.preflight import disk_problem
-from support.helpers import REPO, run_launcher
+from support.helpers import REPO, run_launcher, said
 
 TINY_2 = 1_707_776  # checkpoint_bytes of gpt_tiny on 2 ranks: 12 B x 119,104 + 2 x (16 KiB + 4 x 15 x 2 KiB)
 
@@ -45,7 +45,7 @@ def test_plan_and_dry_runs_warn_in_one_line_when_the_run_root_is_too_small(tmpfs
     for command in (("plan", *args), ("plan", "--json", *args), (*args, "dry_run=true"), (*args, "dry_run=json")):
         result = launcher(*command, root=root)
         assert result.returncode == 0, result.stderr
-        assert result.stderr.splitlines() == [f"warning: {need}"], command
+        assert said(result.stderr) == [f"warning: {need}"], command
     assert not root.exists()  # nothing made by a plan or a dry run
     sweep = launcher("plan", "-m", "model=gpt_tiny", "gpus=2,4", "train.keep_checkpoints=3", root=root)
     assert [line.split(" checkpoints need ")[0] for line in sweep.stderr.splitlines()] == [

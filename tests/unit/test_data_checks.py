@@ -193,6 +193,6 @@ def test_plan_and_dry_runs_show_tokens_and_epochs(datasets, capsys):
     assert cli.main([*args, "dry_run=true"]) == 0
     assert line in capsys.readouterr().out.splitlines()
     assert cli.main(["plan", *args]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == line
+    assert line in capsys.readouterr().out.splitlines()
     assert cli.main(["plan", "--json", *args]) == 0
     assert json.loads(capsys.readouterr().out)["data"]["epochs"] == pytest.approx(epochs)

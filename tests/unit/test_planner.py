@@ -19,7 +19,7 @@ from launcher.forecast.target import GIB, Assumptions, hardware_for
 from launcher.forecast.host import RANK_RUNTIME_GIB, host_fixes, host_memory, machine_memory
 from launcher.forecast.memory import activation_components, local_param_numel, memory, shard_numel
 from launcher.compose.layout import plan_of as layout_of
-from support.helpers import H100, REPO, run_launcher
+from support.helpers import H100, REPO, run_launcher, said
 
 
 
@@ -314,14 +314,14 @@ def test_launch_refuses_a_run_that_cannot_fit(submissions, capsys):
 
 def test_launch_refuses_before_any_run_of_a_sweep_is_submitted(submissions, capsys):
     assert cli.main(["-m", "model=gpt_tiny,gpt_70b", "gpus=8"]) == 2
-    assert "(1 of 2 runs do not fit; nothing was submitted)" in capsys.readouterr().err
+    assert "(1 of 2 runs refused; nothing was submitted)" in capsys.readouterr().err
     assert submissions == []
 
 
 def test_force_true_launches_anyway(submissions, capsys):
     assert cli.main(["model=gpt_70b", "gpus=8", "force=true"]) == 0
     assert len(submissions) == 1
-    assert "force=true: launching anyway" in capsys.readouterr().err
+    assert "force=true overrides the refusal" in capsys.readouterr().err
 
 
 def test_small_models_and_unknown_gpus_are_not_refused(submissions, capsys):
@@ -335,13 +335,17 @@ def test_small_models_and_unknown_gpus_are_not_refused(submissions, capsys):
         "warning: checkpoints need 1,556.58 GB (2 x 778.29 GB: all the run saves") for w in warnings), warnings
 
 
-def test_dry_runs_warn_instead(capsys):
-    assert cli.main(["model=gpt_70b", "gpus=8", "dry_run=json"]) == 0
+def test_dry_runs_print_the_plan_then_the_refusal_and_exit_2(capsys):
+    assert cli.main(["model=gpt_70b", "gpus=8", "dry_run=json"]) == 2
     out, err = capsys.readouterr()
-    assert json.loads(out)["model"] == "gpt_70b"
-    assert err.startswith("warning: gpt_70b on 8 GPUs") and "a launch would be refused" in err
+    assert json.loads(out)["model"] == "gpt_70b"  # the plan, whole, then what a launch would refuse
+    refused = [line for line in said(err) if not line.startswith("warning: checkpoints need")]
+    assert [line.split(" needs ")[0] for line in refused] == [  # its GPUs' memory, and this machine's
+        "a launch would be refused: gpt_70b on 8 GPUs (full sharding, full checkpointing, micro-batch 4)",
+        "a launch would be refused: gpt_70b on 8 local ranks"]
+    assert all("or add force=true to launch anyway" in line for line in refused)
     assert cli.main(["model=gpt_70b", "gpus=8", "dry_run=json", "force=true"]) == 0
-    assert "force=true: a launch would go ahead" in capsys.readouterr().err
+    assert "force=true overrides the refusal" in capsys.readouterr().err
 
 
 # The local cluster's real memory: every rank is a process on this machine
@@ -384,10 +388,10 @@ def test_launch_refuses_a_run_the_machine_cannot_hold(submissions, capsys):
                      r"\(details: 'launcher plan model=gpt_1b gpus=16'\)$", err)
     assert cli.main(["model=gpt_1b", "gpus=16", "force=true"]) == 0 and len(submissions) == 1
     assert "gpt_1b on 16 local ranks needs 726.8 GiB" in (err := capsys.readouterr().err)
-    assert "force=true: launching anyway" in err
-    assert cli.main(["model=gpt_1b", "gpus=16", "dry_run=json"]) == 0
+    assert "force=true overrides the refusal" in err
+    assert cli.main(["model=gpt_1b", "gpus=16", "dry_run=json"]) == 2
     out, err = capsys.readouterr()
-    assert json.loads(out)["model"] == "gpt_1b" and "a launch would be refused (force=true overrides)" in err
+    assert json.loads(out)["model"] == "gpt_1b" and "a launch would be refused: gpt_1b on 16 local ranks" in err
     assert cli.main(["-m", "model=gpt_tiny,gpt_small", "gpus=16"]) == 0 and len(submissions) == 2
     assert capsys.readouterr().err == ""
 

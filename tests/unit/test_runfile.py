@@ -90,10 +90,12 @@ def test_a_missing_or_unreadable_run_file_is_one_line(make, message, tmp_path, c
 def test_command_line_overrides_win_over_the_file(tmp_path, capsys):
     path = tmp_path / "run.yaml"
     path.write_text("model: gpt_1b\ngpus: 8\ntrain: {steps: 7, lr: 0.001}\n")
-    assert cli.main(["-f", str(path), "gpus=16", "train.steps=9", "dry_run=json"]) == 0
+    # cluster=slurm: on the local cluster this machine's memory would refuse gpt_1b (a dry run then exits 2)
+    assert cli.main(["-f", str(path), "gpus=16", "train.steps=9", "cluster=slurm", "dry_run=json"]) == 0
     (plan,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert (plan["model"], plan["gpus"], plan["nodes"]) == ("gpt_1b", 16, 2)
-    assert plan["overrides"] == ["model=gpt_1b", "train.lr=0.001", "gpus=16", "train.steps=9", "dry_run=json"]
+    assert plan["overrides"] == ["model=gpt_1b", "train.lr=0.001", "gpus=16", "train.steps=9", "cluster=slurm",
+                                 "dry_run=json"]
 
 
 def test_plan_takes_a_run_file_too(tmp_path, capsys):
@@ -107,7 +109,7 @@ def test_plan_takes_a_run_file_too(tmp_path, capsys):
 def test_a_file_with_a_command_line_sweep(tmp_path, capsys):
     path = tmp_path / "run.yaml"
     path.write_text("model: gpt_125m\n")
-    assert cli.main(["-m", "-f", str(path), "gpus=8,16", "dry_run=json"]) == 0
+    assert cli.main(["-m", "-f", str(path), "gpus=8,16", "cluster=slurm", "dry_run=json"]) == 0
     plans = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(p["model"], p["gpus"]) for p in plans] == [("gpt_125m", 8), ("gpt_125m", 16)]
 

@@ -80,7 +80,7 @@ def root(tmp_path, monkeypatch):
     (["-m", "search=optuna", "model=choice(gpt_tiny, gpt_nope)"], "unknown model 'gpt_nope'"),
     (["-m", "search=optuna", LR, "train.eval_every=0"], "search.metric=eval_loss needs an evaluation"),
     (["-m", "search=optuna", LR, "model=gpt_70b", "cluster.gpu_memory_gb=1"],
-     "(2 of 2 runs do not fit; nothing was submitted)"),
+     "(2 of 2 runs refused; nothing was submitted)"),
 ])  # fmt: skip
 def test_every_value_of_the_space_is_checked_before_anything_is_made(args, message, root, capsys):
     assert cli.main(args) == 2

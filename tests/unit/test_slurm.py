@@ -137,7 +137,7 @@ def test_only_the_adapter_runs_slurm_tools():
     """launcher/slurm/client.py is the one module of the launcher that names a Slurm tool to run; it,
     launcher/submit/git.py (git) and launcher/remote/ssh.py (ssh) are the only ones that start a process (what runs
     on a remote cluster goes through ssh.py), besides launcher/train/hf_export.py, whose main rank starts its own Python
-    to export a checkpoint beside training. The tasks' code (launcher/train/) runs no tool at all: a rank may be in a
+    to export a checkpoint beside training, and launcher/submit/checks.py, which asks the tasks' Python what it has. The tasks' code (launcher/train/) runs no tool at all: a rank may be in a
     container without Slurm's client, so the requeue and the progress comment are the batch shell's
     (launcher/job/recovery.py, launcher/job/comment.py)."""
     package = Path(launcher.__file__).parent
@@ -146,7 +146,7 @@ def test_only_the_adapter_runs_slurm_tools():
                  if path.relative_to(package).as_posix() != "slurm/client.py"
                  and (("subprocess" in path.read_text()
                        and path.relative_to(package).as_posix() not in ("submit/git.py", "remote/ssh.py",
-                                                                         "train/hf_export.py"))
+                                                                         "train/hf_export.py", "submit/checks.py"))
                       or any(tool in path.read_text() for tool in tools))]
     assert offenders == []
 
