@@ -80,6 +80,19 @@ def follow(rec: RunRecord, files: Dict[int, Path], offsets: Offsets, err: bool) 
         time.sleep(0.5)
 
 
+EARLY_ERROR_LINES = 20
+
+
+def print_early_error(rec: RunRecord, rank: int, shown: Path, err: bool) -> None:
+    """Where a rank ended before it began its own log (an import error, a Python it could not run), its output is
+    submitit's, whose stdout says only that the job "triggered an exception": the end of its stderr says what."""
+    stderr = log_file(rec, rank, err=True)
+    if err or shown.parent.name != "submitit" or not stderr.exists() or not stderr.stat().st_size:
+        return  # stderr shown already, or the rank's own log (it began training: its log says the rest)
+    print(f"==> the end of rank {rank}'s stderr ({stderr}) <==")
+    sys.stdout.write(tail_lines(stderr, EARLY_ERROR_LINES))
+
+
 def in_short(rec: RunRecord, state: JobState) -> str:
     """``job 42 is PENDING: waiting for 16 GPUs ...``: the job's state, and why where Slurm or the run says."""
     return f"job {rec.job_id} is {state.state}" + (f": {state.reason}" if state.reason else "")
@@ -111,6 +124,8 @@ def main(args: argparse.Namespace) -> int:
         text = tail_lines(path, args.tail) if args.tail is not None else path.read_text(errors="replace")
         sys.stdout.write(text)
         offsets[(rank, str(path))] = path.stat().st_size
+        if not args.follow:
+            print_early_error(rec, rank, path, args.err)
     if args.follow:
         try:
             follow(rec, files, offsets, args.err)

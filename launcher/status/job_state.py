@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -105,7 +106,9 @@ def _clean(reason: str) -> str:
 
 def job_state(row: JobRow) -> JobState:
     """A job row from sacct or squeue as our state."""
-    state, why = fold(row.state, _clean(row.reason))
+    # Slurm's reason is why a job waits: a job that ran keeps its last one (JobHeldUser of a job long released)
+    waiting = row.state.split()[0].rstrip("+") in ("PENDING", "REQUEUED", "REQUEUE_HOLD") if row.state else False
+    state, why = fold(row.state, _clean(row.reason) if waiting else "")
     if state == "FAILED" and row.exit_code not in ("", "0:0"):
         why = ", ".join(r for r in (why, f"exit code {row.exit_code}") if r)
     nodes = "" if row.nodes in ("None assigned", "(null)", "None") else row.nodes  # sacct's words for none yet
@@ -165,6 +168,10 @@ def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = Non
         return dataclasses.replace(state, state="RECOVERING", reason=", ".join(r for r in (why, state.reason) if r))
     if state.state == "FAILED" and isinstance(last, Failed):  # the verdict, or a rank's own if none came
         return dataclasses.replace(state, reason=in_a_word(last))
+    if state.state == "FAILED" and state.exit_code.split(":")[0] in NOT_EXECUTED:
+        # The shell or slurmstepd could not run the tasks' Python: no step of the launcher's ran to record why.
+        said = cannot_execute(run_dir)
+        return dataclasses.replace(state, reason=f"{state.reason}: {said}" if said else state.reason)
     if state.state == "COMPLETED" and isinstance(last, Finished) and finished_early(last):
         return dataclasses.replace(state, reason=finished_early(last))
     if state.state in ("RUNNING", "PENDING") and attempts.ended_complete():
@@ -176,6 +183,29 @@ def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = Non
         if idle is not None:
             return dataclasses.replace(state, reason=f"stalled? no step for {idle:.0f} s")
     return state
+
+
+# A shell's and slurmstepd's exit statuses for a command it could not execute (126) or find (127).
+NOT_EXECUTED = ("126", "127")
+# How they say which, in the job's output: ``slurmstepd: error: execve(): /x/python: Permission denied``, and
+# ``.../slurm_script: line 20: /x/python: Permission denied`` (or ``No such file or directory``, ``not found``).
+_EXEC_FAILURE = re.compile(r"execve\(\): (?P<execve>.+)|: line \d+: (?P<shell>.+: (?:Permission denied|No such file or "
+                           r"directory|command not found|cannot execute.*))$")
+
+
+def cannot_execute(run_dir: Path) -> Optional[str]:
+    """What the job's output says could not be executed (the newest such line of its submitit logs), or None."""
+    logs = sorted((run_dir / "submitit").glob("*_log.*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in logs:
+        try:
+            lines = path.read_text(errors="replace").splitlines()[-200:]
+        except OSError:
+            continue
+        for line in reversed(lines):
+            match = _EXEC_FAILURE.search(line.strip())
+            if match:
+                return f"cannot execute {match['execve'] or match['shell']}"
+    return None
 
 
 def _stall_limit(run_dir: Path) -> Optional[float]:

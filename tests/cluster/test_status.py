@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -112,6 +113,26 @@ def test_a_run_waiting_for_gpus_says_why_in_words_and_when_slurm_expects_it(own_
         assert f"(no output from rank 0 yet; job {job_id} is PENDING: {waiting}" in logs.stderr, logs.stderr
     finally:
         own_cluster.run("scancel", hog)
+
+
+def test_a_tasks_python_that_cannot_be_executed_is_named_by_runs_describe_and_logs(slurm, tmp_path):
+    """The tasks' Python passed the launch's check, then lost its execute bit before the job started: nothing of the
+    launcher's can run on the cluster to record why, so the status commands read it from the job's own output."""
+    wrapper = tmp_path / "bin" / "python"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    name, job_id = submit(slurm, tmp_path, "gpus=2", "train.steps=5", f"cluster.python={wrapper}",
+                          "+cluster.sbatch_flags.hold=true")
+    wrapper.chmod(0o644)
+    slurm.run("scontrol", "release", job_id)
+    assert slurm.wait(job_id, timeout=120) == "FAILED"
+    cause = f"cannot execute {wrapper}: Permission denied"
+    row = wait_status(slurm, tmp_path, name, {"FAILED"})
+    assert row["reason"].startswith("exit code 126") and row["reason"].endswith(cause), row
+    assert f"Status: FAILED (exit code 126:0: {cause})" in cmd(slurm, tmp_path, "describe", name)
+    logs = slurm.launcher("logs", name, root=tmp_path)
+    assert "==> the end of rank 0's stderr (" in logs.stdout and f"execve(): {wrapper}: Permission denied" in logs.stdout
 
 
 def test_a_job_killed_before_writing_anything_is_never_running(slurm, tmp_path):
