@@ -18,6 +18,12 @@ import pytest
 
 pytest_plugins = ["support.planter"]
 
+# pyarrow's bundled jemalloc runs a background purging thread in every process that imports it (a worker, once a
+# test imports launcher.dataset). In the suite's long-lived workers that thread was measured at 3 to 9 % of a core
+# each, for the whole session, more than some workers' own main thread (process accounting, docs/development.md):
+# off for the suite and what it starts. Purging still happens, on the allocating thread.
+os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
+
 # The fixtures that are, or stand on, a running cluster: a test that uses one is marked ``slurm``
 # (pytest_itemcollected), so that ``pytest -m "not slurm"`` runs the quick tier. A test that starts a cluster of
 # its own with slurm/up.sh, or that takes minutes by nature (a benchmark's quick mode), carries the mark itself.
