@@ -546,7 +546,7 @@ def watch(run_dir: Path, job_id: str) -> Optional[Decision]:
     mend_record(run_dir)
     events = read_events(run_dir)
     attempt, since = AttemptLog(events).this_attempt()
-    if attempt is None or attempt.job_id != job_id or any(isinstance(e, AttemptEnded) for e in since):
+    if attempt is None or any(isinstance(e, AttemptEnded) for e in since):
         return None  # its end step ran, or the job never began an attempt (cancelled while pending, say)
     since = [e for e in since if not isinstance(e, Requeued)]  # the job ended for good: no requeue came
     slurm = Slurm(None, timeout=15)
@@ -554,6 +554,9 @@ def watch(run_dir: Path, job_id: str) -> Optional[Decision]:
         row = slurm.job_end(job_id)
     except SlurmError:  # no accounting: squeue's state while it remembers the job, else nothing
         row = JobRow(job_id, slurm.job_state(job_id), "", "", "")
+    if attempt.job_id not in (job_id, row and row.unique_id):  # an array element's attempt names its own id
+        return None  # an attempt of another job of the run
+    holder, job_id = job_id, attempt.job_id  # the claim's name for the job, and the attempt's (the end step's)
     state, exit_code = (row.state, row.exit_code) if row else ("", "")
     number = attempt.attempt
     settled = without_failure(run_dir, since, number, job_id, exit_status(exit_code), state)
@@ -566,7 +569,7 @@ def watch(run_dir: Path, job_id: str) -> Optional[Decision]:
     began = trained(since, read_pulses(run_dir, since=attempt.time))
     append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=cause.outcome, cause=text,
                                        short=cause.short, fault=cause.fault, node=node, step=step, trained=began))
-    return respond(run_dir, events, attempt, cause, text, began, job_id, job_id)
+    return respond(run_dir, events, attempt, cause, text, began, job_id, holder)
 
 
 def exit_status(exit_code: str) -> int:

@@ -51,20 +51,35 @@ def watch(run_dir: Path, job_id: str) -> None:
     """Submit the job that judges job ``job_id``'s attempt should its batch step die before its end step
     (launcher/slurm/batch.py ``watcher``), and record it, or why Slurm refused it (the run goes on unwatched:
     such an attempt is then judged when the run is next resumed). Called once the submission is recorded."""
-    cfg = load_run_config(run_dir / CONFIG)
-    script, flags = watcher(cfg, run_dir, job_id)
-    path = run_dir / "submitit" / f"watch_{job_id}.sh"
+    _watch(load_run_config(run_dir / CONFIG), [(run_dir, job_id)], job_id, run_dir.name,
+           run_dir / "submitit" / f"watch_{job_id}.sh")
+
+
+def watch_array(run_dirs: Sequence[Path], array_id: str, folder: Path) -> None:
+    """:func:`watch` for a job array's elements (element ``i`` runs ``run_dirs[i]``): one watcher for the whole
+    array, which Slurm starts once every element has ended and one did not complete; each element's run records
+    it. An element whose batch step died is judged then, not at once (docs/recovery.md)."""
+    cfg = load_run_config(run_dirs[0] / CONFIG)  # one request for every element (launcher/submit/array.py)
+    _watch(cfg, [(run_dir, f"{array_id}_{index}") for index, run_dir in enumerate(run_dirs)], array_id, folder.name,
+           folder / f"watch_{array_id}.sh")
+
+
+def _watch(cfg: RunConfig, watched: Sequence[tuple], after: str, name: str, path: Path) -> None:
+    script, flags = watcher(cfg, watched, after, name, path.with_name("watch_%j.log"))
     try:
         path.write_text(script)
-        append_event(run_dir, Watching(job_id=job_id, watcher=for_cluster(cfg.cluster).sbatch(path, flags)))
+        found = Watching(watcher=for_cluster(cfg.cluster).sbatch(path, flags))
     except (SlurmError, OSError) as err:
-        append_event(run_dir, Watching(job_id=job_id, refused=str(err)))
+        found = Watching(refused=str(err))
+    for run_dir, job_id in watched:
+        append_event(run_dir, Watching(job_id=job_id, watcher=found.watcher, refused=found.refused))
 
 
 def watcher_of(run_dir: Path) -> Optional[str]:
-    """The job watching the run's newest job (see :func:`watch`), or None."""
+    """The job watching the run's newest job (see :func:`watch`) and no other run's, or None: a job array's watcher
+    watches every element (:func:`watch_array`), and a run of it that is gone is passed over by it."""
     newest = next((e for e in reversed(read_events(run_dir)) if isinstance(e, Watching)), None)
-    return newest.watcher if newest else None
+    return newest.watcher if newest and "_" not in (newest.job_id or "") else None
 
 
 def frozen_layout_problem(run_dir: Path) -> str | None:

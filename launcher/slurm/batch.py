@@ -198,19 +198,25 @@ def host_end(cfg: RunConfig, where: str) -> list:
 WATCHER_MINUTES = 10  # the watcher reads the run's record and Slurm's account of the job, and may submit a retry
 
 
-def watcher(cfg: RunConfig, run_dir: Path, job_id: str) -> Tuple[str, List[str]]:
-    """The script and sbatch flags of the job that watches job ``job_id`` of the run in ``run_dir``: it runs only
-    if that job ends in any state but COMPLETED (``afternotok``; Slurm drops it otherwise, and a requeue leaves it
-    waiting), on one CPU of the run's partition, account and QOS, and judges an attempt whose batch step died
-    before its end step could (``python -m launcher.job.recovery watch``). The cluster's setup lines come first,
-    as in the run's own script: they may be what puts the cluster's Python on PATH."""
-    cluster, where = cfg.cluster, shlex.quote(str(Path(run_dir).absolute()))
+def watcher(cfg: RunConfig, watched: Sequence[Tuple[Path, str]], after: str, name: str,
+            output: Path) -> Tuple[str, List[str]]:
+    """The script and sbatch flags of the job that watches the jobs ``watched`` ((run directory, job id) each): it
+    runs only if job ``after`` ends in any state but COMPLETED (``afternotok``; Slurm drops it otherwise, and a
+    requeue leaves it waiting), on one CPU of the run's partition, account and QOS, and for each watched job judges an
+    attempt whose batch step died before its end step could (``python -m launcher.job.recovery watch``). A plain
+    job watches itself; a job array is ``after`` for all its elements, which Slurm counts as failed once every
+    element has ended and one did not complete. The cluster's setup lines come first, as in the run's own script:
+    they may be what puts the cluster's Python on PATH."""
+    cluster = cfg.cluster
     lines = ["#!/bin/bash", umask_line(cfg.share_group), env_line(cluster.env),
-             *(_setup_line(line) for line in cluster.setup), _frozen_code_export(where),
-             f"exec {host_python(cluster)} -m launcher.job.recovery watch {where} {_token('job id', job_id)}"]
-    flags = [f"--job-name={run_dir.name}.watch", f"--dependency=afternotok:{job_id}", "--kill-on-invalid-dep=yes",
-             "--ntasks=1", f"--time={WATCHER_MINUTES}", "--no-requeue", f"--comment=launcher-watch:{run_dir.name}",
-             f"--output={Path(run_dir).absolute() / 'submitit' / 'watch_%j.log'}", "--open-mode=append"]
+             *(_setup_line(line) for line in cluster.setup)]
+    for run_dir, job_id in watched:  # each with its run's own frozen code
+        where = shlex.quote(str(Path(run_dir).absolute()))
+        lines += [_frozen_code_export(where),
+                  f"{host_python(cluster)} -m launcher.job.recovery watch {where} {_token('job id', job_id)}"]
+    flags = [f"--job-name={name}.watch", f"--dependency=afternotok:{after}", "--kill-on-invalid-dep=yes",
+             "--ntasks=1", f"--time={WATCHER_MINUTES}", "--no-requeue", f"--comment=launcher-watch:{name}",
+             f"--output={Path(output).absolute()}", "--open-mode=append"]
     for key in ("partition", "account", "qos", "wckey"):
         value = getattr(cluster, key)
         if value is not None:

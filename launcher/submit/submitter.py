@@ -29,7 +29,7 @@ from launcher.core.run_index import (RunRecord, base_name, create_run_dir, defau
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
 from launcher.job.secret_store import secrets_dir
 from launcher.slurm.fit import explain_rejection, refusal
-from launcher.job.submission import submit_job, watch
+from launcher.job.submission import submit_job, watch, watch_array
 from launcher.submit.array import submit_array
 from launcher.slurm.batch import array_script, render_sbatch
 from launcher.submit.freeze import dirty_note, freeze, source_state
@@ -215,8 +215,10 @@ def submit_elements(runs: List[ComposedRun], root: Path, sweep_id: str, part: Op
             for run_dir in run_dirs:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise refused(err, runs[0], part, sweep_id) from None
-        return [recorded(run, run_dir, f"{array_id}_{index}", sweep_id, folder / f"{array_id}_submission.sh")
-                for index, (run, run_dir) in enumerate(zip(runs, run_dirs))]
+        records = [recorded(run, run_dir, f"{array_id}_{index}", sweep_id, folder / f"{array_id}_submission.sh")
+                   for index, (run, run_dir) in enumerate(zip(runs, run_dirs))]
+        watch_array(run_dirs, array_id, folder)
+        return records
 
 
 def new_run_dir(run: ComposedRun, root: Path) -> Path:

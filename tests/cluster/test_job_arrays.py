@@ -9,7 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from support.helpers import UNTIL_STOPPED, events, preempt_after_a_checkpoint, rank_pids, runs_json, wait_for, wait_status
+from support.helpers import (UNTIL_STOPPED, batch_shell_pid, events, paced, preempt_after_a_checkpoint, rank_pids, runs_json,
+                             wait_for, wait_status)
 from support.helpers import events as read_events
 
 TINY = ("model=gpt_tiny", "gpus=1")
@@ -93,6 +94,30 @@ def test_a_killed_rank_of_one_element_is_retried_as_a_plain_job_of_that_run(slur
     for rec in (victim, other):
         assert wait_status(slurm, tmp_path, rec["name"], {"COMPLETED", "FAILED"}, timeout=300)["status"] == "COMPLETED"
     assert [e["event"] for e in events(Path(other["run_dir"]))].count("attempt") == 1
+
+
+def test_an_elements_batch_shell_killed_is_judged_by_the_arrays_watcher_once_the_array_ended(slurm, tmp_path):
+    """One watcher for the array (every element's record names it): with one element's batch shell SIGKILLed, Slurm
+    starts it once the other element has completed, and it records the dead one's cause and retries it."""
+    res = slurm.launcher("-m", *TINY, "train.steps=60", "train.log_every=5", "train.checkpoint_every=10",
+                         "train.lr=1e-3,2e-3", root=tmp_path, timeout=120, env=paced(0.05))
+    assert res.returncode == 0, res.stderr
+    victim, other = sweep_records(tmp_path)
+    watching = [[e for e in events(Path(rec["run_dir"])) if e["event"] == "watching"] for rec in (victim, other)]
+    assert [[(e["job_id"], e["refused"]) for e in seen] for seen in watching] == [
+        [(victim["job_id"], None)], [(other["job_id"], None)]] and watching[0][0]["watcher"] == watching[1][0]["watcher"]
+    run_dir = Path(victim["run_dir"])
+    wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
+    queue = slurm.run("squeue", "-h", "-O", "JobArrayID:|,JobID:|").stdout.splitlines()
+    own = next(line.split("|")[1] for line in queue if line.split("|")[0] == victim["job_id"])
+    os.kill(batch_shell_pid(run_dir, own), signal.SIGKILL)
+
+    ended = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 240, "attempt end")[0]
+    assert (ended["job_id"], ended["fault"]) == (own, "batch step died"), ended  # the element's own job id
+    assert ended["cause"].startswith("the job's batch step died: killed by SIGKILL"), ended
+    retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 60, "retry")[0]
+    slurm.completes(retry["job_id"], run_dir, timeout=300)
+    assert [e["outcome"] for e in events(Path(other["run_dir"])) if e["event"] == "attempt_ended"] == ["COMPLETED"]
 
 
 def test_a_preempted_element_is_requeued_as_itself_and_resumes(slurm, tmp_path):

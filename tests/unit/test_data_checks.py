@@ -134,7 +134,7 @@ def test_ids_past_the_stated_vocabulary_are_refused(tmp_path, capsys):
     meta = json.loads((tmp_path / "ds" / "metadata.json").read_text())
     vocab = meta["tokenizer"]["vocab_size"]
     assert vocab < 5000 and meta["shards"][0]["max_id"] == 5000
-    assert f"model.vocab_size=5001 (or more)" in capsys.readouterr().out  # what prepare says to train with
+    assert "model.vocab_size=5001 (or more)" in capsys.readouterr().out  # what prepare says to train with
     with pytest.raises(DatasetError) as refused:
         verify(DataConfig(path=str(tmp_path / "ds")), vocab_size=vocab)
     assert str(refused.value) == (f"shard {tmp_path}/ds/tokens_00000.bin holds token ids up to 5,000, not below "

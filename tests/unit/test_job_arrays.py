@@ -92,11 +92,14 @@ def test_a_four_point_grid_is_one_sbatch_and_four_runs_named_by_their_elements(t
     monkeypatch.setenv("LAUNCHER_RUN_ROOT", str(tmp_path / "runs"))
     monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "home"))
     scripts = []
-    monkeypatch.setattr(Slurm, "sbatch", lambda self, path: scripts.append(Path(path).read_text()) or "77")
+    watchers = []  # the array's one watcher: sbatch with flags (launcher/job/submission.py watch_array)
+    monkeypatch.setattr(Slurm, "sbatch", lambda self, path, flags=(): (watchers.append(list(flags)) or "78") if flags
+                        else (scripts.append(Path(path).read_text()) or "77"))
     monkeypatch.setattr(submit, "check_cluster", lambda runs: [None] * len(runs))
     runs = grid("train.lr=1e-3,2e-3,3e-3,4e-3")
     launched = submit.launch(runs, sweep=True)
     assert len(scripts) == 1 and "#SBATCH --array=0-3%4" in scripts[0]
+    assert len(watchers) == 1 and "--dependency=afternotok:77" in watchers[0]
     assert [rec.job_id for rec in launched.records] == ["77_0", "77_1", "77_2", "77_3"]
     assert {rec.sweep for rec in launched.records} == {launched.sweep_id}
     for index, rec in enumerate(launched.records):
@@ -106,6 +109,9 @@ def test_a_four_point_grid_is_one_sbatch_and_four_runs_named_by_their_elements(t
         assert (run_dir / "code" / "launcher" / "job" / "entry.py").is_file()
         assert (run_dir / "sbatch.sh").read_text() == scripts[0]
         assert "RUN_DIRS=(" in scripts[0] and str(run_dir) in scripts[0]
+        (watching,) = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()
+                       if json.loads(line)["event"] == "watching"]
+        assert (watching["job_id"], watching["watcher"]) == (f"77_{index}", "78")
     sweep_dir = tmp_path / "runs" / ".sweeps" / launched.sweep_id
     assert (sweep_dir / "77_submission.sh").read_text() == scripts[0]
     assert sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")) == \

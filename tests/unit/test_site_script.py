@@ -7,7 +7,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from launcher.compose.composer import compose_runs
 from launcher.errors import LaunchError
-from launcher.slurm.batch import executor_params, render_sbatch
+from launcher.slurm.batch import executor_params, render_sbatch, watcher
 
 
 def script(tmp_path, *overrides, exclude=()):
@@ -134,3 +134,20 @@ def test_gres_memory_per_node_and_srun_options_for_a_site(tmp_path):
         script(tmp_path, "cluster.gres=gpu:h100:8")
     with pytest.raises(LaunchError, match="cluster.sbatch_flags.mem is set by the launcher"):
         script(tmp_path, "+cluster.sbatch_flags.mem=0")
+
+
+def test_a_job_arrays_watcher_judges_each_element_once_the_array_ended_unfinished(tmp_path):
+    """One watcher for a whole array: it waits on the array (Slurm counts it failed once every element ended and
+    one did not complete) and runs the watch step for each element with that element's own frozen code; a plain
+    job's watcher waits on that job alone."""
+    (run,) = compose_runs(["cluster=slurm", "gpus=8", "model=gpt_tiny", "cluster.account=ml", "cluster.python=/opt/py"])
+    elements = [(tmp_path / "a", "77_0"), (tmp_path / "b c", "77_1")]
+    text, flags = watcher(run.config, elements, "77", "sweep-1", tmp_path / "watch_%j.log")
+    watch_lines = [line for line in lines(text) if "launcher.job.recovery watch" in line]
+    assert watch_lines == [f"/opt/py -m launcher.job.recovery watch {tmp_path}/a 77_0",
+                           f"/opt/py -m launcher.job.recovery watch '{tmp_path}/b c' 77_1"]
+    exports = [line for line in lines(text) if line.startswith("export PYTHONPATH=")]
+    assert len(exports) == 2 and f"{tmp_path}/a" in exports[0] and "b c" in exports[1]
+    assert "--dependency=afternotok:77" in flags and "--kill-on-invalid-dep=yes" in flags
+    assert "--account=ml" in flags and "--job-name=sweep-1.watch" in flags
+    assert f"--output={tmp_path}/watch_%j.log" in flags
