@@ -55,7 +55,7 @@ def main() -> int:
 
     runs = compose_runs(GRID, multirun=True)
     sbatches: List[str] = []
-    watchers: List[str] = []  # the job beside each plain job that judges it should its batch step die
+    watchers: List[str] = []  # the job beside each plain job, or each array, that judges it should its batch step die
     sbatch = Slurm.sbatch
 
     def counted(self, script, flags=()):
@@ -83,8 +83,9 @@ def main() -> int:
         arrayed.append(timed(arrays))
     subprocess.run(["scancel", *dict.fromkeys(job_id.split("_")[0] for job_id in sbatches + watchers)], check=False)
     before, after = statistics.median(t for t, *_ in each), statistics.median(t for t, *_ in arrayed)
-    print(f"12-point grid submission   one sbatch each {before:7.3f} s ({each[0][1]} sbatch, {each[0][2]} watchers)"
-          f"   as job arrays {after:7.3f} s ({arrayed[0][1]} sbatch, {arrayed[0][2]} watchers)   ratio "
+    jobs = lambda sbatched, watching: f"({sbatched} sbatch, {watching} watcher{'' if watching == 1 else 's'})"  # noqa: E731
+    print(f"12-point grid submission   one sbatch each {before:7.3f} s {jobs(*each[0][1:])}"
+          f"   as job arrays {after:7.3f} s {jobs(*arrayed[0][1:])}   ratio "
           f"{before / after:5.2f}x faster   "
           f"({args.repeats} repeats, medians; {len(runs)} runs each)")
     return 0

@@ -57,4 +57,4 @@ def test_bench_sweep_quick_without_a_cluster_says_it_skipped(tmp_path):
 
 def test_bench_sweep_quick_on_a_cluster_times_a_grid_both_ways(slurm):
     (line,) = figures(bench("bench_sweep.py", slurm.env))
-    assert "(12 sbatch, 12 watchers)" in line and "(1 sbatch, 0 watchers)" in line, line
+    assert "(12 sbatch, 12 watchers)" in line and "(1 sbatch, 1 watcher)" in line, line
