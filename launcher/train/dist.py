@@ -70,6 +70,9 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:
     process is a world of one (rank 0 on a free local port).
     """
     launch = _launch_from_environ()
+    threads = cpu_threads(launch.world_size // launch.nodes)
+    if threads is not None:
+        torch.set_num_threads(threads)
     if torch.cuda.is_available():
         # Slurm's GPU binding may leave each task a single visible GPU.
         device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
@@ -93,6 +96,26 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:
                    nodes=launch.nodes, node=launch.node, device=device)
 
 
+def cpu_threads(ranks_on_node: int) -> int | None:
+    """How many threads this rank's CPU operators may use: the CPUs Slurm gave the task, not the node's.
+
+    torch's default is every core it can see, and without CPU binding (``TaskPlugin=task/none``, common)
+    each rank sees the whole node: 8 ranks of 8 threads each on 8 cores, whose OpenMP threads spin
+    between operators and starve each other (two ranks of two threads on two cores take 5x the CPU of
+    one thread each). torchrun sets ``OMP_NUM_THREADS=1`` for the same reason. Slurm's
+    ``SLURM_CPUS_PER_TASK`` (``cluster.cpus_per_gpu``) is the task's share; without it, the CPUs this
+    process may run on, shared by the node's ranks unless binding already narrowed them. ``None`` when
+    ``OMP_NUM_THREADS`` is set: the user or the site chose.
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    visible = len(os.sched_getaffinity(0))
+    if os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return max(1, min(visible, int(os.environ["SLURM_CPUS_PER_TASK"])))
+    bound = visible < (os.cpu_count() or visible)
+    return visible if bound else max(1, visible // max(1, ranks_on_node))
+
+
 def global_mean(value: torch.Tensor, env: DistEnv) -> float:
     """The mean of a scalar over all ranks (gloo has no AVG, hence SUM / world)."""
     total = value.detach().clone().reshape(1)
@@ -110,8 +133,8 @@ def check_allreduce(env: DistEnv) -> int:
     dist.all_reduce(value)
     got, expected = int(value.item()), env.world_size * (env.world_size + 1) // 2
     status = "ok" if got == expected else f"WRONG (expected {expected})"
-    log.info("rank %d/%d local %d node %s device %s allreduce %d %s",
-             env.rank, env.world_size, env.local_rank, env.node, env.device, got, status)
+    log.info("rank %d/%d local %d node %s device %s threads %d allreduce %d %s",
+             env.rank, env.world_size, env.local_rank, env.node, env.device, torch.get_num_threads(), got, status)
     if got != expected:
         raise RuntimeError(f"all-reduce check failed on rank {env.rank} ({env.node}): got {got}, expected {expected}")
     return got

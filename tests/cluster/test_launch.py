@@ -24,7 +24,7 @@ def test_sixteen_gpus_run_as_two_nodes_of_eight_ranks_in_one_group(own_cluster, 
     nodes_of_rank = {}
     for rank in range(16):
         log = (run_dir / "logs" / f"rank_{rank}.log").read_text()
-        m = re.search(rf"rank {rank}/16 local (\d+) node (\S+) device cpu allreduce (\d+) ok", log)
+        m = re.search(rf"rank {rank}/16 local (\d+) node (\S+) device cpu threads 1 allreduce (\d+) ok", log)
         assert m, f"rank {rank} did not report its all-reduce check"
         assert int(m.group(3)) == sum(range(1, 17))  # every rank contributed rank+1
         assert int(m.group(1)) == rank % 8

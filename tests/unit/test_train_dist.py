@@ -82,3 +82,25 @@ def test_rendezvous_failure_names_node_and_port(clean_env):
 def test_unresolvable_host_is_named(clean_env):
     with pytest.raises(RuntimeError, match="cannot resolve the rendezvous host 'no-such-node.invalid'"):
         tdist._resolve("no-such-node.invalid")
+
+
+@pytest.mark.parametrize("cpus_per_task, visible, node_cpus, ranks_on_node, threads", [
+    ("4", 16, 16, 4, 4),     # Slurm's share of the task, however many cores it can see
+    ("8", 2, 16, 4, 2),      # never more than it may run on
+    (None, 16, 16, 8, 2),    # no --cpus-per-task, no binding: the node's cores shared by its ranks
+    (None, 2, 16, 8, 2),     # bound to 2 cores by Slurm's task/affinity: those
+    (None, 2, 2, 8, 1),      # 8 ranks on 2 cores: one each, not none
+])
+def test_a_rank_uses_the_cpus_slurm_gave_it(clean_env, cpus_per_task, visible, node_cpus, ranks_on_node, threads):
+    clean_env.delenv("OMP_NUM_THREADS", raising=False)
+    if cpus_per_task:
+        clean_env.setenv("SLURM_CPUS_PER_TASK", cpus_per_task)
+    clean_env.setattr(os, "sched_getaffinity", lambda pid: set(range(visible)))
+    clean_env.setattr(os, "cpu_count", lambda: node_cpus)
+    assert tdist.cpu_threads(ranks_on_node) == threads
+
+
+def test_omp_num_threads_is_the_users_choice(clean_env):
+    clean_env.setenv("OMP_NUM_THREADS", "3")
+    clean_env.setenv("SLURM_CPUS_PER_TASK", "1")
+    assert tdist.cpu_threads(8) is None

@@ -63,7 +63,7 @@ def test_full_sharding_matches_one_rank(reference, tokens, tmp_path, world_size)
     for rank in range(world_size):
         log = (tmp_path / "logs" / f"rank_{rank}.log").read_text()
         assert f"rank {rank}/{world_size} local {rank} node " in log
-        assert f"device cpu allreduce {result['allreduce']} ok" in log
+        assert f"device cpu threads 1 allreduce {result['allreduce']} ok" in log
 
 
 @pytest.mark.parametrize("micro_batch", [2, 1], ids=["grad_accum_1", "grad_accum_2"])
