@@ -3,10 +3,13 @@
 # slurmctld and one slurmd per node, each node with its own port and virtual (or real) GPUs as gres.
 #
 # Usage: slurm/up.sh [--nodes N] [--gpus N] [--cpus N] [--mem MB] [--port BASE] [--name NAME]
-#                    [--dir DIR] [--no-accounting] [--min-job-age S] [--restart]
+#                    [--dir DIR] [--no-accounting] [--min-job-age S] [--strict USERS] [--restart]
 # The same settings can come from SLURM_LOCAL_NODES, SLURM_LOCAL_GPUS, SLURM_LOCAL_CPUS,
 # SLURM_LOCAL_MEM_MB, SLURM_LOCAL_PORT, SLURM_LOCAL_NAME, SLURM_LOCAL_DIR, SLURM_LOCAL_ACCOUNTING=0,
 # SLURM_LOCAL_MIN_JOB_AGE (how long squeue remembers finished jobs, default 300 s).
+# --strict USERS sets the cluster up as a strict site does: accounting enforced (associations, limits, QOS),
+# the comma-separated USERS in one account `lab` with QOS `normal` (at most 8 GPUs per user, their default)
+# and `big`, and a `debug` partition (MaxNodes=1, MaxTime=10) beside the default one (MaxTime=60).
 # Running it on a cluster that is already up with the same settings changes nothing. On one with some
 # daemons gone (a node's slurmd died), it repairs: it starts only the missing ones, returns their nodes
 # to service, and leaves every job alone. --restart stops the whole cluster first (down.sh: queued and
@@ -23,6 +26,7 @@ PORT=${SLURM_LOCAL_PORT:-16810}
 NAME=${SLURM_LOCAL_NAME:-local}
 ACCOUNTING=${SLURM_LOCAL_ACCOUNTING:-1}
 MIN_JOB_AGE=${SLURM_LOCAL_MIN_JOB_AGE:-300}
+STRICT=""
 RESTART=0
 while (($#)); do
   case $1 in
@@ -35,9 +39,10 @@ while (($#)); do
     --dir) export SLURM_LOCAL_DIR=${2-}; shift 2 ;;
     --no-accounting) ACCOUNTING=0; shift ;;
     --min-job-age) MIN_JOB_AGE=${2-}; shift 2 ;;
+    --strict) STRICT=${2-}; shift 2 ;;
     --restart) RESTART=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown option '$1' (allowed: --nodes --gpus --cpus --mem --port --name --dir --no-accounting --min-job-age --restart)" ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1' (allowed: --nodes --gpus --cpus --mem --port --name --dir --no-accounting --min-job-age --strict --restart)" ;;
   esac
 done
 
@@ -56,6 +61,12 @@ positive "--min-job-age" "$MIN_JOB_AGE"
 ((PORT >= 1024 && PORT + 20 + NODES <= 65535)) || die "--port must be in 1024..$((65535 - 20 - NODES)), got $PORT"
 [[ $NAME =~ ^[a-z][a-z0-9]{0,15}$ ]] || die "--name must be lowercase letters and digits (max 16), got '$NAME'"
 [[ $ACCOUNTING =~ ^[01]$ ]] || die "SLURM_LOCAL_ACCOUNTING must be 0 or 1, got '$ACCOUNTING'"
+if [[ -n $STRICT ]]; then
+  ((ACCOUNTING)) || die "--strict needs accounting (drop --no-accounting)"
+  for user in ${STRICT//,/ }; do
+    id -u "$user" >/dev/null 2>&1 || die "--strict: no such user '$user' (give existing users, comma-separated)"
+  done
+fi
 for tool in munged slurmctld slurmd sinfo scontrol; do
   command -v "$tool" >/dev/null || die "'$tool' is not installed; run scripts/setup.sh first"
 done
@@ -79,7 +90,7 @@ if ((REAL_GPUS > 0)); then GPUS=$REAL_GPUS; fi
 # As many (virtual) CPUs as GPUs by default: one task per GPU with one CPU each fits any layout.
 if [[ -z $CPUS ]]; then CPUS=$((GPUS > 0 ? GPUS : 1)); fi
 
-SETTINGS="name=$NAME nodes=$NODES gpus=$GPUS cpus=$CPUS mem=$MEM_MB port=$PORT accounting=$ACCOUNTING min_job_age=$MIN_JOB_AGE"
+SETTINGS="name=$NAME nodes=$NODES gpus=$GPUS cpus=$CPUS mem=$MEM_MB port=$PORT accounting=$ACCOUNTING min_job_age=$MIN_JOB_AGE strict=$STRICT"
 export SLURM_CONF=$SLURM_LOCAL_ETC/slurm.conf
 
 ready() {
@@ -214,12 +225,18 @@ write_configs() {
       echo "AccountingStoragePort=$DBD_PORT"
       echo "AccountingStoragePass=$MUNGE_SOCKET"  # for slurmdbd this names the munge socket
       echo "AccountingStorageTRES=gres/gpu"
+      [[ -z $STRICT ]] || echo "AccountingStorageEnforce=associations,limits,qos"
     fi
     for ((n = 1; n <= NODES; n++)); do
       # Features=virtual_gpus: this cluster's GPUs are CPU processes (`launcher clusters add` reads it).
       echo "NodeName=$(node_name "$n") NodeAddr=127.0.0.1 Port=$(node_port "$n") CPUs=$CPUS RealMemory=$MEM_MB $gres Features=virtual_gpus State=UNKNOWN"
     done
-    echo "PartitionName=gpu Nodes=$NODE_LIST Default=YES MaxTime=INFINITE State=UP"
+    if [[ -n $STRICT ]]; then
+      echo "PartitionName=gpu Nodes=$NODE_LIST Default=YES MaxTime=60 State=UP"
+      echo "PartitionName=debug Nodes=$NODE_LIST MaxTime=10 MaxNodes=1 State=UP"
+    else
+      echo "PartitionName=gpu Nodes=$NODE_LIST Default=YES MaxTime=INFINITE State=UP"
+    fi
   } >"$SLURM_LOCAL_ETC/slurm.conf"
   if ((GPUS > 0)); then
     echo "NodeName=$NODE_LIST Name=gpu File=$GPU_FILES" >"$SLURM_LOCAL_ETC/gres.conf"
@@ -310,6 +327,20 @@ start_slurmdbd() {
     || sacctmgr -i add cluster "$NAME" >>"$log" 2>&1 || die "sacctmgr could not register cluster '$NAME'; read $log"
 }
 
+# add_site_rules: a strict site's accounts and QOS (--strict), once slurmctld has told slurmdbd its TRES (a limit on
+# gres/gpu cannot be set before); adding what exists already changes nothing.
+add_site_rules() {
+  local log=$SLURM_LOCAL_LOG/slurmdbd.log
+  {
+    sacctmgr -i add qos big || true
+    sacctmgr -i modify qos normal set MaxTRESPerUser=gres/gpu=8
+    sacctmgr -i add account lab cluster="$NAME" || true
+    sacctmgr -i add user "$STRICT" account=lab cluster="$NAME" qos=normal,big defaultqos=normal || true
+    sacctmgr -i modify user where name="$STRICT" cluster="$NAME" set defaultaccount=lab || true
+    sacctmgr -n -P show assoc cluster="$NAME" account=lab format=user | grep -q .
+  } >>"$log" 2>&1 || die "sacctmgr could not set up the strict site's account and QOS; read $log"
+}
+
 start_slurmctld() {
   local log=$SLURM_LOCAL_LOG/slurmctld.log
   start slurmctld "$log" slurmctld -D -i -f "$SLURM_CONF"
@@ -347,7 +378,10 @@ if ((ACCOUNTING)); then
   if started mariadbd; then start_mariadb; fi
   if started slurmdbd; then start_slurmdbd; fi
 fi
-if started slurmctld; then start_slurmctld; fi
+if started slurmctld; then
+  start_slurmctld
+  [[ -z $STRICT ]] || add_site_rules
+fi
 start_slurmds "${NODES_STARTED[@]}"
 for ((i = 0; i < 300; i++)); do
   nodes_serving "${NODES_STARTED[@]}" && break

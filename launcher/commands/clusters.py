@@ -23,6 +23,7 @@ from launcher.errors import LaunchError
 from launcher.remote.ship import call, remote_error, run_launcher
 from launcher.remote.ssh import Remote
 from launcher.slurm.client import Slurm, SlurmError, slurm_conf_for
+from launcher.slurm.limits import Request, SiteRules, access, largest_run
 from launcher.status.usage import PartitionUsage, usage
 
 SINFO_TIMEOUT_S = 5
@@ -102,6 +103,9 @@ def survey(clusters: Dict[str, Configured]) -> List[ClusterUsage]:
                 slurm = Slurm(entry.slurm_conf)
                 slurm.ping()
                 entry.partitions = usage(slurm.nodes(timeout=SINFO_TIMEOUT_S))
+                rules = _rules(slurm)
+                for part in entry.partitions:
+                    part.yours = _yours(rules, part)
             entry.reachable = True
         except (SlurmError, LaunchError) as err:
             entry.error = err.message if isinstance(err, LaunchError) else str(err)
@@ -114,8 +118,26 @@ def survey(clusters: Dict[str, Configured]) -> List[ClusterUsage]:
     return list(listed.values())
 
 
+def _rules(slurm: Slurm) -> Optional[SiteRules]:
+    """The site's rules for this user; None where Slurm cannot say."""
+    try:
+        return slurm.site_rules()
+    except SlurmError:
+        return None
+
+
+def _yours(rules: Optional[SiteRules], part: PartitionUsage) -> str:
+    """The largest run this user may start on the partition, and what sets it where that is a site limit."""
+    if rules is None:
+        return "not known"
+    if not rules.enforced:
+        return str(part.max_run)
+    most, why = largest_run(rules, part.name, part.max_run)
+    return f"{most} ({why})" if why != "the partition" else str(most)
+
+
 HEADERS = ["CLUSTER", "PARTITION", "GPU", "GPUS/NODE", "NODES IDLE/ALLOC/DOWN", "GPUS FREE/TOTAL", "MAX RUN NOW",
-           "MAX RUN", "TIME LIMIT"]
+           "MAX RUN", "YOUR MAX RUN", "TIME LIMIT"]
 
 
 def table_rows(entry: ClusterUsage) -> List[list]:
@@ -124,7 +146,7 @@ def table_rows(entry: ClusterUsage) -> List[list]:
         return [[name, "unreachable (below)"] + [""] * (len(HEADERS) - 2)]
     return [[name, p.name + ("*" if p.default else ""), p.gpu_type, p.gpus_per_node,
              f"{p.nodes_idle}/{p.nodes_allocated}/{p.nodes_down}", f"{p.gpus_free}/{p.gpus_total}",
-             p.max_run_now, p.max_run, p.time_limit] for p in entry.partitions]
+             p.max_run_now, p.max_run, p.yours or "-", p.time_limit] for p in entry.partitions]
 
 
 def to_json(entry: ClusterUsage) -> dict:
@@ -166,10 +188,14 @@ def proposal(name: str, slurm: Slurm, partition: Optional[str]) -> str:
     if not part.gpus_per_node:
         raise SlurmError(f"partition '{part.name}' has no GPUs (no gres gpu on its nodes); choose another "
                          "with --partition")
-    account = slurm.default_account()
+    account, qos = slurm.default_account(), None
+    rules = _rules(slurm)
+    if rules and rules.enforced:
+        under = access(Request(0, 0, 0, None, None, None, part.name), rules)
+        account, qos = under if isinstance(under, tuple) else (account, None)
     limit = part.max_time_min
     data = {
-        "name": name, "slurm_conf": slurm.conf, "partition": part.name, "account": account,
+        "name": name, "slurm_conf": slurm.conf, "partition": part.name, "account": account, "qos": qos,
         "gpus_per_node": part.gpus_per_node, "gpu_type": part.gpu_type,
         "virtual_gpus": "virtual_gpus" in slurm.features(part.name),
         "cpus_per_gpu": max(1, part.cpus_per_node // part.gpus_per_node),
@@ -177,7 +203,7 @@ def proposal(name: str, slurm: Slurm, partition: Optional[str]) -> str:
         "time_limit_min": min(limit, 1440) if limit else 1440,
     }
     said = (f"partition {part.name}: {part.offers()}, MaxTime {part.max_time}; default account "
-            f"{account or 'none'}")
+            f"{account or 'none'}" + (f", default QOS {qos}" if qos else ""))
     return (f"# Written by `launcher clusters add {name}` on {time.strftime('%Y-%m-%d')} from what Slurm said:\n"
             f"# {said}.\n# Edit freely; every key and its allowed values: docs/configuration.md.\n"
             + yaml.safe_dump(data, sort_keys=False))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import pwd
 import re
@@ -19,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from launcher.core.rundir import SOURCE_ROOT
+from launcher.core.rundir import SOURCE_ROOT, launcher_home
+from launcher.slurm.limits import (ASSOC_FIELDS, QOS_FIELDS, SiteRules, cached, enforce_words, parse_associations,
+                                   parse_partition_rules, parse_qos)
 from launcher.slurm.output import (NODE_FIELDS, SACCT_FIELDS, SQUEUE_FIELDS, JobRow, Node, Partition, SlurmError,
                                    field_list, field_rows, parse_nodes, parse_sacct, parse_squeue, partitions_of,
                                    sbatch_reason, srun_lost_nodes, unusable)
@@ -143,12 +146,31 @@ class Slurm:
 
     def default_account(self) -> Optional[str]:
         """This user's default account in accounting, or None (no accounting, or no account set)."""
-        user = os.environ.get("USER") or pwd.getpwuid(os.getuid()).pw_name
         try:
-            out = self.run(["sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount"])
+            out = self.run(["sacctmgr", "-n", "-P", "show", "user", user_name(), "format=DefaultAccount"])
         except SlurmError:
             return None
         return next((line.strip() for line in out.splitlines() if line.strip()), None)
+
+    def site_rules(self) -> SiteRules:
+        """What the site's accounting lets this user run (launcher/slurm/limits.py), asked at most every few
+        minutes: kept in the launcher's home per cluster and user. SlurmError when Slurm cannot be asked."""
+        user = user_name()
+        key = hashlib.sha256(f"{self.conf or '$SLURM_CONF'}\0{user}".encode()).hexdigest()[:16]
+        return cached(launcher_home() / "cache" / f"site-rules-{key}.json", lambda: self._ask_site_rules(user))
+
+    def _ask_site_rules(self, user: str) -> SiteRules:
+        config = self.run(["scontrol", "show", "config"])
+        enforce = enforce_words(config)
+        if not enforce:  # nothing to know: Slurm refuses no job for its account or QOS
+            return SiteRules(user, (), "", (), {}, {})
+        cluster = re.search(r"^ClusterName\s*=\s*(\S+)", config, re.M)
+        where = [f"cluster={cluster.group(1)}"] if cluster else []
+        assocs = parse_associations(self.run(["sacctmgr", "-n", "-P", "show", "assoc", f"user={user}", *where,
+                                              f"format={','.join(ASSOC_FIELDS)}"]))
+        qos = parse_qos(self.run(["sacctmgr", "-n", "-P", "show", "qos", f"format={','.join(QOS_FIELDS)}"]))
+        parts = parse_partition_rules(self.run(["scontrol", "show", "partition", "-o"]))
+        return SiteRules(user, enforce, self.default_account() or "", assocs, qos, parts)
 
     def hostnames(self, nodelist: str) -> List[str]:
         """``node[1-2]`` as ``[node1, node2]``, in Slurm's order."""
@@ -265,6 +287,14 @@ class Slurm:
 
 
 _CLUSTERS: Dict[Optional[str], Slurm] = {}
+
+
+def user_name() -> str:
+    """The user Slurm sees (it goes by the uid): the password entry's name, else $USER."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid without an entry (some containers)
+        return os.environ.get("USER", str(os.getuid()))
 
 
 def for_cluster(cluster) -> Slurm:

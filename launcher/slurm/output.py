@@ -161,12 +161,13 @@ class JobRow:
     partition: str = ""
     gpus: int = 0  # asked for (pending) or held (running)
     priority: float = 0.0
+    qos: str = ""
 
 
 SACCT_FIELDS = ("JobID", "JobIDRaw", "State", "Reason", "ExitCode", "Start", "End", "Elapsed", "NodeList")
 # squeue's JobArrayID is what sacct calls JobID (``123_4``), its JobID what sacct calls JobIDRaw.
 SQUEUE_FIELDS = ("JobArrayID", "JobID", "State", "Reason", "NodeList", "StartTime", "TimeUsed", "UserName",
-                 "Partition", "tres-alloc", "Priority")
+                 "Partition", "tres-alloc", "Priority", "QOS")
 
 
 def parse_sacct(out: str) -> List[JobRow]:
@@ -178,7 +179,7 @@ def parse_sacct(out: str) -> List[JobRow]:
 def parse_squeue(out: str) -> List[JobRow]:
     return [JobRow(element, r["State"], r["Reason"], r["NodeList"], r["StartTime"], "", r["TimeUsed"], "",
                    "squeue", r["JobID"], r["UserName"], r["Partition"], tres_gpus(r["tres-alloc"]),
-                   _number(r["Priority"]))
+                   _number(r["Priority"]), r["QOS"])
             for r in field_rows(out, SQUEUE_FIELDS) for element in array_elements(r["JobArrayID"])]
 
 

@@ -8,9 +8,11 @@ meant for checking before GPU hours are spent, must say so in the same words. So
 - ``launcher plan`` marks each row a launch would refuse (``--check``: exit 2 if any).
 
 What is checked: the tracker's package, the share group, the launcher home and the run root (without creating
-them), the memory gate and the run's budgets (launcher/forecast/gate.py), the tasks' Python, and the partition's
-limits (launcher/slurm/fit.py). A check that needs a cluster that does not answer (or one reached over SSH, which
-checks there when launching) is not a refusal: the verdict says which checks were not made and why.
+them), the memory gate and the run's budgets (launcher/forecast/gate.py), the tasks' Python, the partition's
+limits (launcher/slurm/fit.py), and the site's accounts, QOS and their limits (launcher/slurm/limits.py): the
+runs of one launch count against those limits together, behind the user's own queued and running jobs. A check
+that needs a cluster that does not answer (or one reached over SSH, which checks there when launching) is not a
+refusal: the verdict says which checks were not made and why.
 """
 from __future__ import annotations
 
@@ -32,8 +34,10 @@ from launcher.core.safepath import check_home
 from launcher.errors import LaunchError
 from launcher.forecast.gate import Finding, fit_findings, machine_for, sweep_label
 from launcher.job.entry import NoTorch
-from launcher.slurm.client import Partition, SlurmError, for_cluster
-from launcher.slurm.fit import refusal
+from launcher.slurm.client import Partition, Slurm, SlurmError, for_cluster
+from launcher.slurm.fit import cpus_per_task, refusal
+from launcher.slurm.limits import Request, SiteRules, judge_site
+from launcher.slurm.output import JobRow
 
 # What the tasks' Python must import (the launcher itself comes from the run's frozen code on PYTHONPATH).
 TASK_MODULES = ("torch", "submitit", "omegaconf", "yaml", "numpy")
@@ -77,6 +81,7 @@ def judge(runs: Sequence[ComposedRun]) -> Verdict:
     verdict = Verdict()
     machine = machine_for(runs)
     partitions: Dict[tuple, tuple] = {}
+    sites: Dict[Optional[str], Optional[_Site]] = {}
     home = _problem(lambda: check_home(launcher_home()))
     for index, run in enumerate(runs):
         cfg = run.config
@@ -88,7 +93,52 @@ def judge(runs: Sequence[ComposedRun]) -> Verdict:
         part, problem = _partition(cfg.cluster, partitions, verdict.unchecked)
         fits = refusal(run.plan, cfg.cluster, part) if part is not None else problem
         verdict.findings += [Finding(index, fits)] if fits else []
+        if part is not None and not fits:
+            verdict.findings += site_findings(index, run, part, sites, verdict.unchecked)
     return verdict
+
+
+@dataclass
+class _Site:
+    """A cluster's rules for this user, and its jobs so far: the user's queued and running ones, then the runs of
+    this launch already judged (each will be one more job behind the next)."""
+
+    rules: SiteRules
+    jobs: List[JobRow]
+
+
+def site_findings(index: int, run: ComposedRun, part: Partition, sites: Dict[Optional[str], Optional[_Site]],
+                  unchecked: List[str]) -> List[Finding]:
+    """Whether the site's accounting takes the run and lets it start (launcher/slurm/limits.py), asked once per
+    cluster; where accounting enforces nothing, or cannot be asked, a note in ``unchecked`` says so."""
+    cluster = run.config.cluster
+    slurm = for_cluster(cluster)
+    if slurm.conf not in sites:
+        sites[slurm.conf] = _site(slurm, cluster.name, unchecked)
+    site = sites[slurm.conf]
+    if site is None:
+        return []
+    plan = run.plan
+    req = Request(gpus=plan.gpus, nodes=plan.nodes, cpus=plan.nodes * plan.tasks_per_node * cpus_per_task(cluster),
+                  minutes=cluster.time_limit_min, account=cluster.account, qos=cluster.qos, partition=part.name)
+    found = judge_site(req, site.rules, site.jobs)
+    site.jobs.append(JobRow(f"(run {index + 1} of this launch)", "PENDING", "", "", "", user=site.rules.user,
+                            gpus=plan.gpus, qos=cluster.qos or ""))
+    return [Finding(index, text) for text in found.refusals] + \
+        [Finding(index, text, refuses=False) for text in found.warnings]
+
+
+def _site(slurm: Slurm, name: str, unchecked: List[str]) -> Optional[_Site]:
+    try:
+        rules = slurm.site_rules()
+        if not rules.enforced:
+            _note(unchecked, f"the site's account and QOS limits on cluster {name}: its accounting enforces none "
+                             "(AccountingStorageEnforce), so Slurm refuses no run for them")
+            return None
+        return _Site(rules, slurm.squeue())
+    except SlurmError as err:
+        _note(unchecked, f"the site's account and QOS limits on cluster {name} ({err})")
+        return None
 
 
 def _problem(check) -> Optional[str]:
