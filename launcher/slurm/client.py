@@ -53,6 +53,7 @@ class Slurm:
     _partitions: Optional[List[Partition]] = field(default=None, repr=False)
     _asking: Optional[threading.Thread] = field(default=None, repr=False, compare=False)
     _failed: Optional[SlurmError] = field(default=None, repr=False, compare=False)
+    _rules: Optional[SiteRules] = field(default=None, repr=False, compare=False)
 
     @property
     def env(self) -> Dict[str, str]:
@@ -104,18 +105,18 @@ class Slurm:
 
     def partitions(self) -> List[Partition]:
         """The cluster's partitions, asked once per process (their shape does not change under a launch)."""
-        if self._asking is not None:  # asked already in a thread (prefetch_partitions): its answer, or its error
-            self._asking.join()
-            self._asking, failed, self._failed = None, self._failed, None
-            if failed is not None:
-                raise failed
+        self._join()
+        if self._failed is not None:  # the prefetch's error, said once
+            failed, self._failed = self._failed, None
+            raise failed
         if self._partitions is None:
             self._partitions = partitions_of(self.nodes(timeout=PARTITIONS_TIMEOUT_S))
         return self._partitions
 
-    def prefetch_partitions(self) -> None:
-        """Start asking for the partitions in a thread, so that sinfo answers while Hydra composes a launch;
-        :meth:`partitions` then waits for that answer (or raises its SlurmError) instead of asking again."""
+    def prefetch(self) -> None:
+        """Start asking for the partitions and the site's rules in a thread, so that Slurm answers while Hydra
+        composes a launch; :meth:`partitions` and :meth:`site_rules` then wait for those answers (or raise the
+        partitions' SlurmError) instead of asking again. Rules that could not be asked are asked again then."""
         if self._partitions is not None or self._asking is not None:
             return
 
@@ -124,9 +125,19 @@ class Slurm:
                 self._partitions = partitions_of(self.nodes(timeout=PARTITIONS_TIMEOUT_S))
             except SlurmError as err:
                 self._failed = err
+                return
+            try:
+                self._rules = self._cached_rules()
+            except SlurmError:
+                pass
 
         self._asking = threading.Thread(target=ask, daemon=True)
         self._asking.start()
+
+    def _join(self) -> None:
+        if self._asking is not None:
+            self._asking.join()
+            self._asking = None
 
     def partition(self, name: Optional[str]) -> Partition:
         """The named partition, or the default one."""
@@ -155,6 +166,12 @@ class Slurm:
     def site_rules(self) -> SiteRules:
         """What the site's accounting lets this user run (launcher/slurm/limits.py), asked at most every few
         minutes: kept in the launcher's home per cluster and user. SlurmError when Slurm cannot be asked."""
+        self._join()
+        if self._rules is None:
+            self._rules = self._cached_rules()
+        return self._rules
+
+    def _cached_rules(self) -> SiteRules:
         user = user_name()
         key = hashlib.sha256(f"{self.conf or '$SLURM_CONF'}\0{user}".encode()).hexdigest()[:16]
         return cached(launcher_home() / "cache" / f"site-rules-{key}.json", lambda: self._ask_site_rules(user))

@@ -1,6 +1,6 @@
 """What a launch will ask git and Slurm, asked in threads before composing, so that they answer while Hydra
 composes (a submission's two round trips off its critical path; launcher/submit/submitter.py then finds the
-answers waiting: launcher/submit/freeze.py's source_state, launcher/slurm/client.py's partitions).
+answers waiting: launcher/submit/freeze.py's source_state, launcher/slurm/client.py's partitions and site rules).
 """
 from __future__ import annotations
 
@@ -31,4 +31,4 @@ def prefetch(overrides: List[str], source: bool = True) -> None:
     except Exception:  # noqa: BLE001 (a file the composition will say is wrong: nothing to ask)
         return
     if ssh is None and (slurm_conf is None or isinstance(slurm_conf, str)):  # a remote cluster is asked there
-        for_conf(slurm_conf_for(name, beside(slurm_conf, path) if slurm_conf else None)).prefetch_partitions()
+        for_conf(slurm_conf_for(name, beside(slurm_conf, path) if slurm_conf else None)).prefetch()
