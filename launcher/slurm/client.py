@@ -23,9 +23,9 @@ from typing import Dict, List, Optional, Sequence
 from launcher.core.rundir import SOURCE_ROOT, launcher_home
 from launcher.slurm.limits import (ASSOC_FIELDS, QOS_FIELDS, SiteRules, cached, enforce_words, parse_associations,
                                    parse_partition_rules, parse_qos)
-from launcher.slurm.output import (NODE_FIELDS, SACCT_FIELDS, SQUEUE_FIELDS, JobRow, Node, Partition, SlurmError,
-                                   field_list, field_rows, parse_nodes, parse_sacct, parse_squeue, partitions_of,
-                                   sbatch_reason, srun_lost_nodes, unusable)
+from launcher.slurm.output import (NODE_FIELDS, SACCT_FIELDS, SQUEUE_FIELDS, JobRow, Node, NoPartition, Partition,
+                                   SlurmError, field_list, field_rows, parse_nodes, parse_sacct, parse_squeue,
+                                   partitions_of, sbatch_reason, srun_lost_nodes, unusable)
 
 LOCAL_SLURM_CONF = SOURCE_ROOT / ".slurm" / "etc" / "slurm.conf"
 TIMEOUT_S = 20
@@ -147,7 +147,7 @@ class Slurm:
                 return part
         names = ", ".join(p.name for p in parts) or "none"
         wanted = f"partition '{name}'" if name else "a default partition"
-        raise SlurmError(f"the cluster has no {wanted} (partitions: {names})")
+        raise NoPartition(f"the cluster has no {wanted} (partitions: {names})")
 
     def features(self, partition: str) -> List[str]:
         """The node features every node of ``partition`` has (slurm.conf's ``Features=``)."""

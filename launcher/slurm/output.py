@@ -27,6 +27,10 @@ class SlurmError(RuntimeError):
         self.transient = bool(CONTROLLER_SILENT.search(message)) if transient is None else transient
 
 
+class NoPartition(SlurmError):
+    """Slurm answered, and the cluster has no such partition (or no default one): a refusal, not a silence."""
+
+
 @dataclass(frozen=True)
 class Gres:
     gpus: int

@@ -34,7 +34,7 @@ from launcher.core.safepath import check_home
 from launcher.errors import LaunchError
 from launcher.forecast.gate import Finding, fit_findings, machine_for, sweep_label
 from launcher.job.entry import NoTorch
-from launcher.slurm.client import Partition, Slurm, SlurmError, for_cluster
+from launcher.slurm.client import NoPartition, Partition, Slurm, SlurmError, for_cluster
 from launcher.slurm.fit import cpus_per_task, refusal
 from launcher.slurm.limits import Request, SiteRules, judge_site
 from launcher.slurm.output import JobRow
@@ -162,11 +162,11 @@ def _partition(cluster: ClusterConfig, asked: Dict[tuple, tuple],
     if key not in asked:
         try:
             asked[key] = slurm.partition(cluster.partition), None
+        except NoPartition as err:  # Slurm answered: the partition itself is wrong
+            asked[key] = None, str(err)
         except SlurmError as err:
-            down = slurm.unreachable()
-            asked[key] = None, None if down else str(err)  # Slurm answered: the partition itself is wrong
-            if down:
-                _note(unchecked, f"the partition's limits on cluster {cluster.name} ({down})")
+            asked[key] = None, None
+            _note(unchecked, f"the partition's limits on cluster {cluster.name} ({err})")
     return asked[key]
 
 
