@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -228,11 +229,12 @@ def print_submitted(launched: Launched) -> None:
         rec = records[0]
         print(f"Submitted {rec.name} as Slurm job {rec.job_id}: {rec.model} on {rec.nodes} node(s) x "
               f"{rec.gpus_per_node} GPUs, {rec.steps} steps")
-        print(f"  run dir  {launched.remote + ':' if launched.remote else ''}{rec.run_dir}")
-        print(f"  status   {launcher} describe {rec.name}")
-        print(f"  logs     {launcher} logs {rec.name} --follow")
+        where = f"{launched.remote}:{rec.run_dir}" if launched.remote else str(rec.run_dir)
+        print(f"  run dir  {shlex.quote(where)}")
+        print(f"  status   {launcher} describe {shlex.quote(rec.name)}")
+        print(f"  logs     {launcher} logs {shlex.quote(rec.name)} --follow")
         if not launched.remote:  # a remote run's run.yaml is on its cluster
-            print(f"  again    {launcher} -f {rec.run_dir}/run.yaml")
+            print(f"  again    {launcher} -f {shlex.quote(f'{rec.run_dir}/run.yaml')}")
         return
     from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 

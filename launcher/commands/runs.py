@@ -267,14 +267,17 @@ def statuses(text: str) -> set:
     return wanted
 
 
-def render(rows: List[RunRow], as_json: bool, search: Optional["SearchView"] = None) -> str:
+def render(rows: List[RunRow], as_json: bool, search: Optional["SearchView"] = None,
+           roots: Sequence[Path] = ()) -> str:
     """The listing; for a search's sweep, each trial's columns and, under the table, the best trial so far and
-    the study's progress (--json: the rows only, each trial's fields in its row)."""
+    the study's progress (--json: the rows only, each trial's fields in its row). No runs: which ``roots`` were
+    looked in, so a user whose runs are elsewhere knows where to point ``--root``."""
     if as_json:
         return json_rows(rows)
     lines = [f"Search {search.search.id}: {progress_line(search)}", best_line(search)] if search else []
     if not rows:
-        return "\n".join(["No runs.", *lines])
+        looked = f" (looked in {', '.join(map(str, roots))}; --root names another)" if roots else ""
+        return "\n".join([f"No runs{looked}.", *lines])
     from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     if search is None:
@@ -340,7 +343,7 @@ def main(args: argparse.Namespace) -> int:
     roots = roots_of(args)
     if not args.watch:
         rows, search = listing(roots, args)
-        print(render(rows, args.json, search))
+        print(render(rows, args.json, search, roots))
         return 0
     try:
         watch(roots, args, sys.stdout)
@@ -360,7 +363,7 @@ def watch(roots: List[Path], args, out: TextIO) -> None:
         stamp = time.strftime("%H:%M:%S")
         head = (f"{stamp}  {active} of {len(rows)} runs active; every {args.interval:g}s, Ctrl-C to stop" if active
                 else f"{stamp}  no run active: final table")
-        out.write(("\x1b[H\x1b[2J" if in_place else "") + head + "\n" + render(rows, args.json, search) + "\n"
+        out.write(("\x1b[H\x1b[2J" if in_place else "") + head + "\n" + render(rows, args.json, search, roots) + "\n"
                   + ("" if in_place or not active else "\n"))
         out.flush()
         if not active:

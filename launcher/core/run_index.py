@@ -40,20 +40,29 @@ def default_root() -> Path:
     return Path(os.path.expanduser(os.environ.get("LAUNCHER_RUN_ROOT", DEFAULT_ROOT)))
 
 
-# In the launcher's home: every run root a launch used besides the default (a cluster's run_root on its
-# scratch, a run_root= override), one per line, so that status commands find those runs too.
+def builtin_root() -> Path:
+    """The root of a user who chose none: ~/.launcher/runs."""
+    return Path(os.path.expanduser(DEFAULT_ROOT))
+
+
+# In the launcher's home: every run root a launch used besides the built-in one ($LAUNCHER_RUN_ROOT, a cluster's
+# run_root on its scratch, a run_root= override, a run file's), one per line, so that status commands in a shell
+# without that variable find those runs too.
 ROOTS = "roots"
+
+
+def _listed_roots() -> list[Path]:
+    try:
+        with os.fdopen(open_nofollow(launcher_home() / ROOTS)) as f:
+            return [Path(line.rstrip("\n")) for line in f if line.strip()]
+    except OSError:
+        return []
 
 
 def known_roots() -> list[Path]:
     """The default root, then every other root a launch used that still exists."""
     roots = [default_root()]
-    try:
-        with os.fdopen(open_nofollow(launcher_home() / ROOTS)) as f:
-            listed = [Path(line.rstrip("\n")) for line in f if line.strip()]
-    except OSError:
-        listed = []
-    for root in listed:
+    for root in _listed_roots():
         if root not in roots and os.path.isdir(root):
             roots.append(root)
     return roots
@@ -63,7 +72,7 @@ def remember_root(root: Path) -> None:
     """Add a run root to the launcher's list, once (one O_APPEND write; a root it cannot list is only not
     found by ``runs`` without ``--root``), in a launcher home no other user can change."""
     root = Path(root).absolute()
-    if root in known_roots():
+    if root == builtin_root() or root in _listed_roots():
         return
     try:
         home = ensure_home(launcher_home())

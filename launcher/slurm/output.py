@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 # Slurm's words for a controller that did not answer (rather than one that refused): asked again, with backoff.
@@ -119,6 +119,7 @@ class Partition:
     mem_mb_per_node: int
     max_nodes: Optional[int]  # per job (MaxNodes); None if unlimited
     max_time: str  # as Slurm prints it
+    gpu_types: Tuple[str, ...] = ()  # every type of GPU its nodes have (gres gpu:TYPE:N), sorted
 
     @property
     def max_time_min(self) -> Optional[int]:
@@ -138,7 +139,8 @@ def partitions_of(nodes: List[Node]) -> List[Partition]:
                       gpus_per_node=max(n.gpus for n in group),
                       gpu_type=next((n.gpu_type for n in group if n.gpu_type), None),
                       cpus_per_node=max(n.cpus for n in group), mem_mb_per_node=max(n.mem_mb for n in group),
-                      max_nodes=group[0].max_nodes, max_time=group[0].max_time)
+                      max_nodes=group[0].max_nodes, max_time=group[0].max_time,
+                      gpu_types=tuple(sorted({n.gpu_type for n in group if n.gpu_type})))
             for name, group in by_name.items()]
 
 

@@ -24,7 +24,7 @@ from launcher.core.events import Submitted
 from launcher.core.rundir import (CONFIG, PLAN, append_event, launcher_home, sweep_dir, write_atomic,
                                   write_json_atomic)
 from launcher.core.safepath import check_home
-from launcher.core.run_index import (RunRecord, base_name, create_run_dir, default_root, ensure_root, remember_root,
+from launcher.core.run_index import (RunRecord, base_name, create_run_dir, ensure_root, remember_root,
                                    ensure_sweep_dir, save_record)
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
 from launcher.job.secret_store import secrets_dir
@@ -75,8 +75,8 @@ def check_runs(runs: List[ComposedRun]) -> Tuple[List[Path], List[Partition]]:
             group_id(run.config.share_group)
         check_home(launcher_home())
         roots = [ensure_root(run.config.run_root, run.config.share_group) for run in runs]
-        for root in set(roots) - {default_root()}:
-            remember_root(root)  # so that `launcher runs` lists its runs without --root
+        for root in set(roots):
+            remember_root(root)  # so that `launcher runs` in any shell lists its runs without --root
         return roots, check_cluster(runs)
     except (SlurmError, PermissionError, ValueError) as err:
         raise LaunchError(str(err)) from None

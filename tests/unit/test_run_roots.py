@@ -57,3 +57,22 @@ def test_status_commands_find_runs_in_every_root_a_launch_used(home, tmp_path, c
     assert [row["name"] for row in json.loads(capsys.readouterr().out)] == ["here"]
     assert cli.main(["describe", "nowhere"]) == 2
     assert capsys.readouterr().err.startswith(f"error: no run named 'nowhere' in {default}")
+
+
+def test_a_root_from_the_environment_is_remembered_for_a_shell_without_it(home, tmp_path, monkeypatch, capsys):
+    """A launch with $LAUNCHER_RUN_ROOT set remembers that root; a new shell without the variable finds its runs."""
+    scratch = tmp_path / "scratch"
+    monkeypatch.setenv("LAUNCHER_RUN_ROOT", str(scratch))
+    record(scratch, "there", 2.0)
+    remember_root(scratch)  # what the submission does for each run's root
+    remember_root(home / ".launcher" / "runs")  # the built-in root is always looked in: never listed
+    assert (home / ".launcher" / "roots").read_text() == f"{scratch}\n"
+    monkeypatch.delenv("LAUNCHER_RUN_ROOT")
+    assert known_roots() == [home / ".launcher" / "runs", scratch]
+    assert cli.main(["runs", "--json"]) == 0
+    assert [row["name"] for row in json.loads(capsys.readouterr().out)] == ["there"]
+
+
+def test_no_runs_says_where_it_looked(home, capsys):
+    assert cli.main(["runs"]) == 0
+    assert capsys.readouterr().out == f"No runs (looked in {home}/.launcher/runs; --root names another).\n"

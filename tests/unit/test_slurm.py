@@ -35,7 +35,8 @@ def test_sinfo_nodes_are_parsed_by_field_name():
 def test_partitions_are_summed_from_nodes():
     parts = {p.name: p for p in partitions_of(parse_nodes(SINFO))}
     assert parts["gpu"] == Partition(name="gpu", default=True, nodes=2, gpus_per_node=8, gpu_type="h100",
-                                     cpus_per_node=64, mem_mb_per_node=512000, max_nodes=4, max_time="2-00:00:00")
+                                     cpus_per_node=64, mem_mb_per_node=512000, max_nodes=4, max_time="2-00:00:00",
+                                     gpu_types=("h100",))
     assert (parts["gpu"].max_time_min, parts["debug"].max_time_min, parts["cpu"].max_time_min) == (2880, 30, None)
     assert (parts["debug"].nodes, parts["debug"].default, parts["cpu"].gpus_per_node) == (1, False, 0)
 
@@ -113,10 +114,19 @@ def run_of(*overrides):
     (["cluster.cpus_per_gpu=4", "cluster.overcommit=true"], None),
     (["cluster.mem_per_gpu=10G"], "needs 81920 MB per node (cluster.mem_per_gpu=10G); partition 'gpu' nodes have "
                                   "65536 MB; lower cluster.mem_per_gpu (at most 8192M)"),
+    (["cluster.gpu_type=a100"], "cluster.gpu_type=a100: partition 'gpu' names no GPU type (untyped gres gpu); set "
+                                "cluster.gpu_type=null"),
+    (["cluster.gpu_type=a100", "+typed=h100"], "cluster.gpu_type=a100: partition 'gpu' has GPUs of type h100; set "
+                                               "cluster.gpu_type=h100"),
+    (["cluster.gpu_type=a100", "+typed=h100,l40s"], "cluster.gpu_type=a100: partition 'gpu' has GPUs of type h100, "
+                                                    "l40s; set cluster.gpu_type to one of them"),
+    (["cluster.gpu_type=h100", "+typed=h100,l40s"], None),
 ])
 def test_refusals_name_the_value_and_what_to_change(overrides, message):
-    run = run_of(*overrides)
-    found = refusal(run.plan, run.config.cluster, PART)
+    typed = next((o.split("=", 1)[1] for o in overrides if o.startswith("+typed=")), None)
+    run = run_of(*(o for o in overrides if not o.startswith("+typed=")))
+    part = dataclasses.replace(PART, gpu_types=tuple(typed.split(","))) if typed else PART
+    found = refusal(run.plan, run.config.cluster, part)
     assert found is None if message is None else message in found, found
 
 
