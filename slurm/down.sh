@@ -2,7 +2,15 @@
 # Stop everything slurm/up.sh started, by pid, and leave nothing running. Harmless on a stopped cluster.
 # Usage: slurm/down.sh [--dir DIR]   (or SLURM_LOCAL_DIR)
 set -uo pipefail
-if [[ ${1-} == --dir ]]; then export SLURM_LOCAL_DIR=${2-}; fi
+while (($#)); do
+  case $1 in
+    --dir)
+      [[ -n ${2-} ]] || { echo "slurm/down.sh: --dir needs a directory" >&2; exit 2; }
+      export SLURM_LOCAL_DIR=$2; shift 2 ;;
+    -h|--help) sed -n '2,3p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "slurm/down.sh: unknown argument '$1' (allowed: --dir DIR, --help); nothing was stopped" >&2; exit 2 ;;
+  esac
+done
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 export SLURM_CONF=$SLURM_LOCAL_ETC/slurm.conf

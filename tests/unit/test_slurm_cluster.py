@@ -1,11 +1,13 @@
 """The local Slurm cluster (slurm/up.sh) behaves like a real multi-node GPU cluster."""
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 
 import pytest
 
-from support.helpers import run_up
+from support.helpers import DOWN, run_up
 
 
 @pytest.mark.parametrize(
@@ -15,6 +17,8 @@ from support.helpers import run_up
         (["--gpus", "abc"], "--gpus must be a non-negative integer, got 'abc'"),
         (["--cpus", "-1"], "--cpus must be a positive integer, got '-1'"),
         (["--bogus"], "unknown option '--bogus'"),
+        (["--strict", "nosuchuser"], "--strict: no such user 'nosuchuser'"),
+        (["--strict", "root", "--no-accounting"], "--strict needs accounting"),
     ],
 )
 def test_up_rejects_impossible_settings_without_starting_anything(tmp_path, args, message):
@@ -34,3 +38,25 @@ def test_up_names_a_taken_port(tmp_path):
         res = run_up("--dir", str(tmp_path / "s"), "--name", "porttest", "--no-accounting", "--port", str(port))
     assert res.returncode != 0
     assert f"port {port} is already in use" in res.stderr
+
+
+@pytest.mark.parametrize("args, rc, out, err", [
+    (["--help"], 0, "Stop everything slurm/up.sh started", ""),
+    (["-h"], 0, "Stop everything slurm/up.sh started", ""),
+    (["--bogus"], 2, "", "slurm/down.sh: unknown argument '--bogus' (allowed: --dir DIR, --help); nothing was stopped"),
+    (["--dir"], 2, "", "slurm/down.sh: --dir needs a directory"),
+])
+def test_down_prints_its_usage_and_refuses_what_it_does_not_know_stopping_nothing(tmp_path, args, rc, out, err):
+    # a cluster directory whose controller is a process of the test's own: down.sh would stop it if it went on
+    run = tmp_path / "state" / "run"
+    run.mkdir(parents=True)
+    daemon = subprocess.Popen(["sleep", "60"])
+    try:
+        (run / "slurmctld.pid").write_text(f"{daemon.pid}\n")
+        res = subprocess.run(["bash", DOWN, *args], capture_output=True, text=True, timeout=30,
+                             env={**os.environ, "SLURM_LOCAL_DIR": str(tmp_path / "state")})
+        assert (res.returncode, res.stderr.strip()) == (rc, err) and res.stdout.startswith(out), res
+        assert daemon.poll() is None and (run / "slurmctld.pid").exists()
+    finally:
+        daemon.kill()
+        daemon.wait()
