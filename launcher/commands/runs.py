@@ -149,6 +149,9 @@ _SCALARS = {str: json.encoder.encode_basestring_ascii, int: int.__repr__, float:
             bool: lambda value: "true" if value else "false", type(None): lambda value: "null"}
 
 
+# The STATUS column's widest: a long cause (a cluster that is gone, a pending reason in words) is cut there, whole
+# in ``describe`` and ``runs --json``, so that the table still fits a terminal.
+STATUS_WIDTH = 72
 HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "TRY", "PROGRESS", "LOSS", "TOK/S", "MFU",
            "SUBMITTED", "ELAPSED/ETA"]
 
@@ -158,6 +161,8 @@ def table_row(row: RunRow) -> list:
                                                                                   "UNKNOWN", "REQUEUED", DAMAGED)
                                                                   or row.reason.startswith(("stalled", "pruned")))
                                                                   else "")
+    if len(status) > STATUS_WIDTH:
+        status = status[:STATUS_WIDTH - 2].rstrip() + "…" + (")" if status.endswith(")") else "")
     if row.status == DAMAGED:
         return [row.name, "", "", "", "", status, "", "", "", "", "", clock(row.submitted_at), ""]
     progress = f"{row.step}/{row.steps} ({100 * row.step // row.steps}%)" if row.step is not None else f"-/{row.steps}"

@@ -250,3 +250,14 @@ def test_goodput_counts_kept_steps_and_where_the_rest_of_the_wall_time_went():
     assert measured.line() == ("Goodput: 0.61 of 330 s since submission trained kept steps; lost: queue 40 s, "
                                "start-up 15 s, re-trained 55 s, detection and ending 25 s")
     assert goodput(events[:2], [], now=20.0) is None  # no timed record yet
+
+
+def test_a_long_cause_is_cut_to_one_short_status_in_the_table_and_kept_whole_in_the_row(tmp_path):
+    run_dir = make_run(tmp_path, "r", 1.0)
+    cause = ("cluster gone is not reachable (scontrol: error: Unable to contact slurm controller (connect failure)); "
+             "start it or check its slurm.conf")
+    row = runs.build_row(RunRecord(name="r", run_dir=str(run_dir), model="gpt_tiny", gpus=1, nodes=1, gpus_per_node=1,
+                                   steps=40, cluster="gone", submitted_at=1.0), JobState("UNKNOWN", cause, "squeue"))
+    status = runs.table_row(row)[5]
+    assert len(status) == runs.STATUS_WIDTH and status.startswith("UNKNOWN (cluster gone is not reachable")
+    assert status.endswith("…)") and row.reason == cause
