@@ -1,6 +1,7 @@
 """``launcher clusters``: every configured cluster (the cluster files of every config layer), each partition's
 GPUs and how much of them is free, whether the cluster answers at all, and where each cluster file comes from;
-``launcher clusters add NAME`` writes a cluster file from what a cluster's Slurm says.
+``launcher clusters add NAME`` writes a cluster file from what a cluster's Slurm says; ``launcher clusters default
+NAME`` makes it the cluster a launch uses when it names none (the user's config.yaml: launcher/compose/catalog.py).
 
 The two MAX columns answer "where does a 16- or 128-GPU run fit": the largest run the partition can
 start right now (whole idle nodes, or the free GPUs of one node) and the largest it can ever hold.
@@ -10,15 +11,18 @@ seconds. Clusters that resolve to the same slurm.conf are asked once and shown a
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
-from launcher.compose.catalog import beside, option_files, option_path, origin, user_dir
+from launcher.compose.catalog import (SETTINGS_FILE, beside, default_cluster, option_files, option_path, origin,
+                                      user_dir)
 from launcher.errors import LaunchError
 from launcher.remote.ship import call, remote_error, run_launcher
 from launcher.remote.ssh import Remote
@@ -141,7 +145,8 @@ HEADERS = ["CLUSTER", "PARTITION", "GPU", "GPUS/NODE", "NODES IDLE/ALLOC/DOWN", 
 
 
 def table_rows(entry: ClusterUsage) -> List[list]:
-    name = entry.cluster + "".join(f", {other}" for other in entry.also)
+    default = default_cluster()[0]
+    name = ", ".join(n + (" (default)" if n == default else "") for n in [entry.cluster, *entry.also])
     if not entry.reachable:
         return [[name, "unreachable (below)"] + [""] * (len(HEADERS) - 2)]
     return [[name, p.name + ("*" if p.default else ""), p.gpu_type, p.gpus_per_node,
@@ -150,17 +155,20 @@ def table_rows(entry: ClusterUsage) -> List[list]:
 
 
 def to_json(entry: ClusterUsage) -> dict:
-    data = asdict(entry)
+    data = {**asdict(entry), "default": default_cluster()[0] in (entry.cluster, *entry.also)}
     for part in data["partitions"]:
         part.pop("free_per_node")
     return data
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "launcher clusters [--cluster-conf SLURM_CONF] [--json] | launcher clusters add NAME [options]"
-    parser.add_argument("action", nargs="?", choices=["add"],
-                        help="add NAME: ask Slurm and write a cluster file for it into your config directory")
-    parser.add_argument("name", nargs="?", metavar="NAME", help="with add: the cluster's name (cluster=NAME)")
+    parser.usage = ("launcher clusters [--cluster-conf SLURM_CONF] [--json] | launcher clusters add NAME [options] | "
+                    "launcher clusters default [NAME]")
+    parser.add_argument("action", nargs="?", choices=["add", "default"],
+                        help="add NAME: ask Slurm and write a cluster file for it into your config directory; "
+                             "default NAME: launch on it when no cluster= is given (no NAME: say which it is)")
+    parser.add_argument("name", nargs="?", metavar="NAME",
+                        help="with add or default: the cluster's name (cluster=NAME)")
     parser.add_argument("--cluster-conf", metavar="SLURM_CONF",
                         help="show only the cluster of this slurm.conf; with add: the cluster to ask")
     parser.add_argument("--partition", help="with add: the partition to run on (default: the default partition)")
@@ -169,15 +177,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="with add: replace an existing cluster file")
     parser.add_argument("--ssh", metavar="DEST", help="with add: a cluster reached over SSH (an ~/.ssh/config alias, "
                                                      "user@host or ssh://user@host:port), asked there")
-    parser.add_argument("--python", metavar="PATH", help="with add --ssh: the interpreter on the cluster that has this "
-                                                         "package (default python3)")
+    parser.add_argument("--python", metavar="PATH",
+                        help="with add: the interpreter the tasks run, with this package's [train] extra (default: "
+                             "this one if it has torch; with --ssh: the cluster's python3)")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def proposal(name: str, slurm: Slurm, partition: Optional[str]) -> str:
+def proposal(name: str, slurm: Slurm, partition: Optional[str], python: Optional[str] = None) -> str:
     """A cluster file for ``name`` from what Slurm says of the partition: its GPUs per node and their type, CPUs
     and memory per GPU, MaxTime, whether its GPUs are virtual (the local cluster's nodes say so with the
     ``virtual_gpus`` feature), and the user's default account."""
@@ -201,6 +210,7 @@ def proposal(name: str, slurm: Slurm, partition: Optional[str]) -> str:
         "cpus_per_gpu": max(1, part.cpus_per_node // part.gpus_per_node),
         "mem_per_gpu": f"{part.mem_mb_per_node // part.gpus_per_node}M" if part.mem_mb_per_node else None,
         "time_limit_min": min(limit, 1440) if limit else 1440,
+        "python": python,
     }
     said = (f"partition {part.name}: {part.offers()}, MaxTime {part.max_time}; default account "
             f"{account or 'none'}" + (f", default QOS {qos}" if qos else ""))
@@ -230,17 +240,21 @@ def add(args: argparse.Namespace) -> int:
     if not args.name or not NAME.fullmatch(args.name):
         raise LaunchError(f"clusters add needs a NAME of 1-64 letters, digits, '.', '_' or '-' (got "
                           f"{args.name!r}); e.g. launcher clusters add mysite")
+    notes: List[str] = []
     if args.ssh:
         text = remote_proposal(args)
     else:
         conf = os.path.abspath(os.path.expanduser(args.cluster_conf)) if args.cluster_conf else \
             os.environ.get("SLURM_CONF")
+        python = tasks_python(args.python, notes)
         try:
-            text = proposal(args.name, Slurm(conf), args.partition)
+            text = proposal(args.name, Slurm(conf), args.partition, python)
         except SlurmError as err:
             raise LaunchError(str(err)) from None
     if args.print_only:
         print(text, end="")
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
         return 0
     path = user_dir() / "cluster" / f"{args.name}.yaml"
     if path.exists() and not args.force:
@@ -253,17 +267,71 @@ def add(args: argparse.Namespace) -> int:
     print(f"Wrote {path}")
     if shadowed is not None and shadowed != path:
         print(f"  it takes the place of {shadowed} for cluster={args.name}")
+    for note in notes:
+        print(f"  note     {note}")
     gpus = next(line.split()[1] for line in text.splitlines() if line.startswith("gpus_per_node:"))
     print(f"  try      launcher plan cluster={args.name} gpus={gpus}")
+    return 0
+
+
+def tasks_python(given: Optional[str], notes: List[str]) -> Optional[str]:
+    """The interpreter the cluster's tasks run (``python:`` in the file): ``--python``, else this one where it has
+    torch. One this host sees must be able to run the tasks; one it does not see must exist on the nodes (a note);
+    with neither, a note says the tasks need one, and a launch would refuse until the file names it."""
+    from launcher.submit.checks import missing_modules  # lazy: keeps the checks out of start-up
+
+    if given is None:
+        if importlib.util.find_spec("torch") is not None:
+            notes.append(f"the tasks run this Python, {sys.executable} (it has torch); --python names another")
+            return sys.executable
+        notes.append(f"the tasks need a Python with torch, which {sys.executable} lacks: add python: PATH to the "
+                     "file, or run clusters add again with --python PATH (one with 'slurm-gpt-launcher[train]')")
+        return None
+    path = os.path.abspath(os.path.expanduser(given))
+    if not os.path.exists(path):
+        notes.append(f"--python {path} does not exist on this host: it must on the cluster's nodes")
+        return path
+    missing = missing_modules(path)
+    if missing:
+        what = missing if isinstance(missing, str) else f"lacks {', '.join(missing)}"
+        raise LaunchError(f"--python {path} {what}: name an interpreter with 'slurm-gpt-launcher[train]'")
+    return path
+
+
+def set_default(args: argparse.Namespace) -> int:
+    """Write ``cluster: NAME`` into the user's config.yaml (a cluster some layer defines), or say which is the
+    default and where that comes from."""
+    if args.partition or args.print_only or args.force or args.ssh or args.python or args.cluster_conf or args.json:
+        raise LaunchError("clusters default takes only a NAME")
+    if args.name is None:
+        name, where = default_cluster()
+        print(f"{name} (from {where})")
+        return 0
+    known = sorted(option_files("cluster"))
+    if args.name not in known:
+        raise LaunchError(f"clusters default {args.name}: no such cluster (clusters: {', '.join(known)}); "
+                          f"add it first with 'launcher clusters add {args.name}'")
+    path = user_dir() / SETTINGS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(f"# The cluster a launch uses when it names none (launcher clusters default).\n"
+                   f"cluster: {args.name}\n")
+    tmp.replace(path)
+    name, where = default_cluster()
+    print(f"Wrote {path}: launches without cluster= go to {args.name}")
+    if name != args.name:  # a project's .launcher/conf/config.yaml wins here
+        print(f"  but here {where} makes {name} the default")
     return 0
 
 
 def main(args: argparse.Namespace) -> int:
     if args.action == "add":
         return add(args)
+    if args.action == "default":
+        return set_default(args)
     if args.name or args.partition or args.print_only or args.force or args.ssh or args.python:
         raise LaunchError("NAME, --partition, --print, --force, --ssh and --python go with "
-                          "'launcher clusters add NAME'")
+                          "'launcher clusters add NAME' (NAME also with 'launcher clusters default NAME')")
     clusters = {args.cluster_conf: Configured(args.cluster_conf, "--cluster-conf")} if args.cluster_conf \
         else configured()
     entries = survey(clusters)

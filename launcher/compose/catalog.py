@@ -11,6 +11,10 @@ adding options and overriding an earlier file of the same name:
 So ``~/.config/launcher/cluster/mysite.yaml`` is all it takes to make ``cluster=mysite`` valid. Validation
 messages and ``--help`` list the choices from here, ``launcher clusters`` says where each cluster comes from,
 and composition (launcher/compose/composer.py) composes from the winning files.
+
+Beside its groups, a site's, a user's or a project's layer may hold a ``config.yaml`` of settings: today one,
+``cluster: NAME``, the cluster a launch uses when it names none (``launcher clusters default NAME`` writes the
+user's). A later layer's wins; ``cluster=`` on the command line or in a run file wins over all of them.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from launcher.core.rundir import SOURCE_ROOT
+from launcher.errors import LaunchError
 
 # An installed package carries its config groups inside (launcher/conf, pyproject.toml); a checkout has them
 # at the top, beside launcher/.
@@ -73,6 +78,41 @@ def option_files(group: str) -> Dict[str, Path]:
     return files
 
 
+SETTINGS_FILE = "config.yaml"
+SETTINGS = ("cluster",)  # what a layer's config.yaml may set
+
+
+def settings_file(layer: Layer) -> Path:
+    return layer.path / SETTINGS_FILE
+
+
+def layer_settings() -> Dict[str, tuple]:
+    """Each setting the layers' config.yaml files give, with the file that gave it (the last layer's wins); a file
+    that is not a mapping of known settings to names is a LaunchError naming it."""
+    found: Dict[str, tuple] = {}
+    for layer in layers()[1:]:  # the package's config.yaml is Hydra's primary config, not settings
+        path = settings_file(layer)
+        if not path.is_file():
+            continue
+        import yaml  # lazy: keeps yaml out of start-up
+
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise LaunchError(f"{path} cannot be read: {' '.join(str(err).split())}") from None
+        if not isinstance(data, dict) or set(data) - set(SETTINGS) or \
+                not all(isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,64}", v) for v in data.values()):
+            raise LaunchError(f"{path} must set only {', '.join(SETTINGS)} (cluster: NAME), got {data!r}")
+        found.update({key: (value, path) for key, value in data.items()})
+    return found
+
+
+def default_cluster() -> tuple:
+    """The cluster a launch uses when it names none, and where that comes from (a config.yaml, or the package)."""
+    name, path = layer_settings().get("cluster", (package_default("cluster"), None))
+    return name, str(path) if path else "the package's default"
+
+
 def beside(value: str, path: Optional[Path]) -> str:
     """A path a config file gives, absolute: a relative one is relative to the file's own directory (to the
     current directory where no file gave it)."""
@@ -111,9 +151,14 @@ def _defaults() -> Dict[str, Any]:
     return {key: value for entry in entries if isinstance(entry, dict) for key, value in entry.items()}
 
 
+def package_default(group: str) -> Any:
+    """A group's default in the package's conf/config.yaml."""
+    return _defaults()[group]
+
+
 def default_choices() -> Dict[str, Any]:
-    """Each group's default option, from the defaults list of conf/config.yaml."""
-    return {group: _defaults()[group] for group in GROUPS}
+    """Each group's default option: the defaults list of conf/config.yaml, the cluster's as the layers set it."""
+    return {**{group: _defaults()[group] for group in GROUPS}, "cluster": default_cluster()[0]}
 
 
 def gpu_presets() -> List[int]:

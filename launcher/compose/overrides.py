@@ -23,7 +23,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import OverrideParseException
 
-from launcher.compose.catalog import CUSTOM_GPUS, GROUPS, gpu_presets
+from launcher.compose.catalog import CUSTOM_GPUS, GROUPS, default_cluster, gpu_presets, package_default
 from launcher.compose.runfile import key_of
 from launcher.compose.schema import check_option, field_type, free_form_keys, gpu_count
 from launcher.errors import LaunchError
@@ -88,8 +88,11 @@ def check_given_once(lines: Sequence[str]) -> None:
 
 
 def normalise(parsed: Sequence[Override]) -> List[str]:
-    """The override strings to hand to Hydra, with ``gpus=N`` made composable."""
-    hydra_overrides = []
+    """The override strings to hand to Hydra, with ``gpus=N`` made composable, and the layers' default cluster
+    (launcher/compose/catalog.py default_cluster) where the overrides choose none."""
+    cluster = default_cluster()[0]
+    hydra_overrides = [] if any(o.key_or_group == "cluster" for o in parsed) or cluster == package_default("cluster") \
+        else [f"cluster={cluster}"]
     for override in parsed:
         if override.key_or_group != "gpus" or override.package is not None or override.is_delete():
             hydra_overrides.append(override.input_line)

@@ -28,6 +28,18 @@ from launcher.slurm.output import (NODE_FIELDS, SACCT_FIELDS, SQUEUE_FIELDS, Job
                                    partitions_of, sbatch_reason, srun_lost_nodes, unusable)
 
 LOCAL_SLURM_CONF = SOURCE_ROOT / ".slurm" / "etc" / "slurm.conf"
+LOCAL_UP = SOURCE_ROOT / "slurm" / "up.sh"  # what starts the local cluster, in a checkout only
+LOCAL_MARK = "# Written by slurm/up.sh"  # the first line of every slurm.conf it writes
+
+
+def not_the_local_cluster(conf: Optional[str]) -> bool:
+    """Whether ``conf`` (cluster ``local``'s slurm.conf: $SLURM_CONF, else the checkout's) is a real cluster's,
+    not one slurm/up.sh wrote: a site's, exported for its own tools."""
+    try:
+        with open(conf or "", encoding="utf-8", errors="replace") as f:
+            return not f.readline().startswith(LOCAL_MARK)
+    except OSError:
+        return False  # none there: unreachable, said as such
 TIMEOUT_S = 20
 PING_TIMEOUT_S = 4
 PARTITIONS_TIMEOUT_S = 10  # a dry run asks for the GPU type and must not wait long on a silent cluster
@@ -94,6 +106,11 @@ class Slurm:
     def ping(self, timeout: float = PING_TIMEOUT_S) -> None:
         """SlurmError with a one-line hint when the controller cannot be reached."""
         why = self.unreachable(timeout)
+        if why and self.conf == str(LOCAL_SLURM_CONF) and not LOCAL_UP.is_file():
+            # an installed package's own local cluster: its path means nothing to the user, there is no up.sh
+            raise SlurmError("the local cluster is not running (no slurm/up.sh started one for this installation; "
+                             "it is for a checkout's tests): choose your cluster with cluster=NAME, or 'launcher "
+                             "clusters add NAME' first")
         if why:
             where = self.conf or "$SLURM_CONF, else the site's default"
             raise SlurmError(f"Slurm is not reachable ({why}); start the cluster ('bash slurm/up.sh' for a local one) "

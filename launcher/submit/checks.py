@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from launcher.compose.catalog import option_files
 from launcher.compose.composer import ComposedRun
 from launcher.core.config import ClusterConfig, tracker_missing
 from launcher.core.privacy import group_id
@@ -34,7 +35,7 @@ from launcher.core.safepath import check_home
 from launcher.errors import LaunchError
 from launcher.forecast.gate import Finding, fit_findings, machine_for, sweep_label
 from launcher.job.entry import NoTorch
-from launcher.slurm.client import NoPartition, Partition, Slurm, SlurmError, for_cluster
+from launcher.slurm.client import NoPartition, Partition, Slurm, SlurmError, for_cluster, not_the_local_cluster
 from launcher.slurm.fit import cpus_per_task, refusal
 from launcher.slurm.limits import Request, SiteRules, judge_site
 from launcher.slurm.output import JobRow
@@ -85,7 +86,8 @@ def judge(runs: Sequence[ComposedRun]) -> Verdict:
     home = _problem(lambda: check_home(launcher_home()))
     for index, run in enumerate(runs):
         cfg = run.config
-        found = [tracker_missing(cfg.tracking.backend), _problem(lambda: group_id(cfg.share_group)), home,
+        found = [local_problem(cfg.cluster), tracker_missing(cfg.tracking.backend),
+                 _problem(lambda: group_id(cfg.share_group)), home,
                  root_problem(cfg.run_root, cfg.share_group) if not cfg.cluster.ssh else None]
         verdict.findings += [Finding(index, text) for text in found if text]
         verdict.findings += fit_findings(index, run, machine)
@@ -141,6 +143,22 @@ def _site(slurm: Slurm, name: str, unchecked: List[str]) -> Optional[_Site]:
         return None
 
 
+def local_problem(cluster: ClusterConfig) -> Optional[str]:
+    """Cluster ``local`` is this machine's test cluster (slurm/up.sh, virtual GPUs): with a site's slurm.conf in
+    $SLURM_CONF it would submit there with ``virtual_gpus: true``, which turns off the check that refuses to train
+    on CPUs where GPUs are expected."""
+    if cluster.name != "local" or cluster.ssh:
+        return None
+    conf = for_cluster(cluster).conf
+    if not not_the_local_cluster(conf):
+        return None
+    others = [name for name in sorted(option_files("cluster")) if name not in ("local", "slurm")]
+    hint = f" (configured: {', '.join(others)}; cluster={others[0]}?)" if others else ""
+    return (f"cluster local is the local test cluster of slurm/up.sh, but $SLURM_CONF names another cluster's "
+            f"slurm.conf ({conf}): add that cluster with 'launcher clusters add NAME' and launch with cluster=NAME"
+            f"{hint}")
+
+
 def _problem(check) -> Optional[str]:
     try:
         check()
@@ -192,7 +210,7 @@ def python_findings(index: int, cluster: ClusterConfig, unchecked: List[str]) ->
     if not os.access(path, os.X_OK) or os.path.isdir(path):
         return [Finding(index, f"cluster.python={python} cannot be executed by you (mode "
                                f"{os.stat(path).st_mode & 0o777:o}); name an interpreter you may run")]
-    missing = _missing_modules(path)
+    missing = missing_modules(path)
     if isinstance(missing, str):
         return [Finding(index, f"cluster.python={python} {missing}; name an interpreter with the [train] extra")]
     if "torch" in missing:
@@ -204,7 +222,7 @@ def python_findings(index: int, cluster: ClusterConfig, unchecked: List[str]) ->
 
 
 @functools.lru_cache(maxsize=None)
-def _missing_modules(python: str) -> Union[List[str], str]:
+def missing_modules(python: str) -> Union[List[str], str]:
     """The modules of :data:`TASK_MODULES` that ``python`` cannot find (this process's own when it is the same
     interpreter), or what went wrong asking it."""
     if os.path.abspath(python) == os.path.abspath(sys.executable):  # not realpath: a venv's python is a symlink

@@ -121,3 +121,67 @@ def test_a_relative_data_path_is_where_the_command_runs_and_recorded_absolute(la
     assert run.config.data.path == str(Path.cwd() / "tokens.bin")
     assert run.resolved.data.path == str(Path.cwd() / "tokens.bin")  # config.yaml
     assert run.run_file["data"]["path"] == str(Path.cwd() / "tokens.bin")  # run.yaml
+
+
+def test_the_default_cluster_comes_from_the_layers_and_cluster_on_the_command_line_wins(layers, capsys):
+    from launcher import cli
+
+    write(layers["user"], "cluster", "mysite", "name: mysite\npartition: a100\n")
+    write(layers["site"], "cluster", "lab", "name: lab\n")
+    assert cluster_of().name == "local"  # the package's default
+    assert cli.main(["clusters", "default", "mysite"]) == 0
+    assert (layers["user"] / "config.yaml").read_text().endswith("cluster: mysite\n")
+    assert capsys.readouterr().out == (f"Wrote {layers['user'] / 'config.yaml'}: launches without cluster= go to "
+                                       "mysite\n")
+    assert cluster_of().name == "mysite" and cluster_of("cluster=local").name == "local"
+    (run,) = compose_runs(["gpus=2"])
+    assert run.run_file["cluster"] == "mysite"  # a run file records the cluster it went to
+    (layers["site"] / "config.yaml").write_text("cluster: lab\n")  # the user's layer wins over the site's
+    assert cluster_of().name == "mysite"
+    (layers["project"] / "config.yaml").write_text("cluster: lab\n")  # and a project's over the user's
+    assert cluster_of().name == "lab"
+    assert cli.main(["clusters", "default"]) == 0
+    assert capsys.readouterr().out == f"lab (from {layers['project'] / 'config.yaml'})\n"
+    assert cli.main(["clusters", "default", "mysite"]) == 0
+    assert capsys.readouterr().out.endswith(f"  but here {layers['project'] / 'config.yaml'} makes lab the default\n")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("cluster: [a, b]\n", "must set only cluster (cluster: NAME), got {'cluster': ['a', 'b']}"),
+    ("clusters: mysite\n", "must set only cluster (cluster: NAME), got {'clusters': 'mysite'}"),
+    ("cluster: : x\n", "cannot be read: "),
+])  # fmt: skip
+def test_a_wrong_settings_file_is_one_line_naming_it(layers, capsys, text, message):
+    from launcher import cli
+
+    (layers["user"] / "config.yaml").write_text(text)
+    assert cli.main(["model=gpt_tiny", "dry_run=true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {layers['user'] / 'config.yaml'} {message}") and err.count("\n") == 1, err
+
+
+def test_clusters_default_refuses_a_cluster_no_layer_defines(layers, capsys):
+    from launcher import cli
+
+    assert cli.main(["clusters", "default", "nope"]) == 2
+    assert capsys.readouterr().err == ("error: clusters default nope: no such cluster (clusters: local, slurm); add it "
+                                       "first with 'launcher clusters add nope'\n")
+    assert not (layers["user"] / "config.yaml").exists()
+
+
+def test_local_with_a_sites_slurm_conf_is_refused_naming_the_clusters_configured(layers, tmp_path, monkeypatch, capsys):
+    """$SLURM_CONF exported for a site's own tools: cluster local would submit there with virtual GPUs."""
+    from launcher import cli
+
+    site_conf = tmp_path / "site.conf"
+    site_conf.write_text("ClusterName=big\nSlurmctldHost=ctl\n")
+    monkeypatch.setenv("SLURM_CONF", str(site_conf))
+    write(layers["user"], "cluster", "mysite", f"name: mysite\nslurm_conf: {site_conf}\n")
+    assert cli.main(["model=gpt_tiny", "gpus=2", "dry_run=true"]) == 2
+    refused = [line for line in capsys.readouterr().err.splitlines() if line.startswith("a launch would be refused")]
+    assert refused == [f"a launch would be refused: cluster local is the local test cluster of slurm/up.sh, but "
+                       f"$SLURM_CONF names another cluster's slurm.conf ({site_conf}): add that cluster with "
+                       "'launcher clusters add NAME' and launch with cluster=NAME (configured: mysite; "
+                       "cluster=mysite?)"]
+    site_conf.write_text("# Written by slurm/up.sh (name=x). Edit up.sh, not this file.\nClusterName=x\n")
+    assert cli.main(["model=gpt_tiny", "gpus=2", "dry_run=true"]) == 0  # one that up.sh wrote is the local one
