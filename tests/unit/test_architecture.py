@@ -3,7 +3,7 @@ cycle among our modules (imports inside functions count), packages that import o
 launcher/train/ that reaches the launcher only through its torch-free contract (launcher/core), an in-job path that
 never loads Hydra or the CLI, package docstrings that name the packages they import truly, functions of at most
 60 lines, a training loop that reads as the step, and lines a reader takes in. (That one package speaks to Slurm is checked in
-test_slurm_units.py.) The layers and what each package owns are in README.md, "How the code is laid out".
+test_slurm_units.py.) The layers and what each package owns are in docs/layout.md.
 """
 from __future__ import annotations
 
