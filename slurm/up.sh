@@ -6,7 +6,7 @@
 #                    [--dir DIR] [--no-accounting] [--min-job-age S] [--strict USERS] [--restart]
 # The same settings can come from SLURM_LOCAL_NODES, SLURM_LOCAL_GPUS, SLURM_LOCAL_CPUS,
 # SLURM_LOCAL_MEM_MB, SLURM_LOCAL_PORT, SLURM_LOCAL_NAME, SLURM_LOCAL_DIR, SLURM_LOCAL_ACCOUNTING=0,
-# SLURM_LOCAL_MIN_JOB_AGE (how long squeue remembers finished jobs, default 300 s).
+# SLURM_LOCAL_MIN_JOB_AGE (how long squeue remembers finished jobs, default 300 s), SLURM_LOCAL_STRICT.
 # --strict USERS sets the cluster up as a strict site does: accounting enforced (associations, limits, QOS),
 # the comma-separated USERS in one account `lab` with QOS `normal` (at most 8 GPUs per user, their default)
 # and `big`, and a `debug` partition (MaxNodes=1, MaxTime=10) beside the default one (MaxTime=60).
@@ -26,7 +26,7 @@ PORT=${SLURM_LOCAL_PORT:-16810}
 NAME=${SLURM_LOCAL_NAME:-local}
 ACCOUNTING=${SLURM_LOCAL_ACCOUNTING:-1}
 MIN_JOB_AGE=${SLURM_LOCAL_MIN_JOB_AGE:-300}
-STRICT=""
+STRICT=${SLURM_LOCAL_STRICT:-}
 RESTART=0
 while (($#)); do
   case $1 in

@@ -13,7 +13,8 @@ from support.helpers import UP, cluster_port, run_down, run_up, wait_for
 # slurm/up.sh's settings file, key -> the variable that sets it.
 SETTINGS_ENV = {"name": "SLURM_LOCAL_NAME", "nodes": "SLURM_LOCAL_NODES", "gpus": "SLURM_LOCAL_GPUS",
                 "cpus": "SLURM_LOCAL_CPUS", "mem": "SLURM_LOCAL_MEM_MB", "port": "SLURM_LOCAL_PORT",
-                "accounting": "SLURM_LOCAL_ACCOUNTING", "min_job_age": "SLURM_LOCAL_MIN_JOB_AGE"}
+                "accounting": "SLURM_LOCAL_ACCOUNTING", "min_job_age": "SLURM_LOCAL_MIN_JOB_AGE",
+                "strict": "SLURM_LOCAL_STRICT"}
 
 
 def up_env(slurm) -> dict:

@@ -174,37 +174,38 @@ def cluster_without_accounting(slurm, tmp_path_factory):
 def test_without_accounting_state_comes_from_squeue_then_the_run_directory(slurm, tmp_path, cluster_without_accounting):
     env = cluster_without_accounting
     conf = f"cluster.slurm_conf={env['SLURM_CONF']}"
-    res = slurm.launcher("model=gpt_tiny", "gpus=1", "train.steps=2", conf, root=tmp_path, env=env)
+    # Each run in a root of its own: a listing of the held run must not list the finished one while squeue still
+    # knows it (a listing keeps a settled squeue answer in the run's directory).
+    done_root, held_root = tmp_path / "done", tmp_path / "held"
+    res = slurm.launcher("model=gpt_tiny", "gpus=1", "train.steps=2", conf, root=done_root, env=env)
     assert res.returncode == 0, res.stderr
     done = re.search(r"Submitted (\S+)", res.stdout).group(1)
     res = slurm.launcher("model=gpt_tiny", "gpus=1", "train.steps=100000", conf, "+cluster.sbatch_flags.hold=true",
-                         root=tmp_path, env=env)
+                         root=held_root, env=env)
     held = re.search(r"Submitted (\S+) as Slurm job (\d+)", res.stdout)
 
-    row = runs_json(slurm, tmp_path, env)[held.group(1)]
+    row = runs_json(slurm, held_root, env)[held.group(1)]
     assert (row["status"], row["state_source"]) == ("PENDING", "squeue")
     assert row["reason"] == f"held by its owner; release it with 'scontrol release {held.group(2)}'"
     subprocess.run(["scancel", held.group(2)], env={**slurm.env, **env}, check=True)
     cancelled_at = time.time()
 
-    # The finished job is not listed while squeue knows it (a listing would keep squeue's final answer in
-    # its directory); once squeue has forgotten it, only the run directory can tell.
-    done_job = json.loads((tmp_path / done / "run.json").read_text())["job_id"]
+    # Once squeue has forgotten the finished job, only the run directory can tell.
+    done_job = json.loads((done_root / done / "run.json").read_text())["job_id"]
 
     def queued():
         return subprocess.run(["squeue", "-h", "-a", "--states=all", "-o", "%i"], env={**slurm.env, **env},
                               capture_output=True, text=True).stdout.split()
 
-    # Neither job is listed before squeue has forgotten both: a listing keeps a settled squeue answer.
-    wait_for(lambda: done_job not in queued() and any(e["event"] == "finished" for e in events(tmp_path / done)),
+    wait_for(lambda: done_job not in queued() and any(e["event"] == "finished" for e in events(done_root / done)),
              120, f"job {done_job} forgotten by squeue, its run finished")
     wait_for(lambda: held.group(2) not in queued(), 60, f"cancelled job {held.group(2)} forgotten by squeue")
     print(f"squeue forgot both jobs {time.time() - cancelled_at:.1f} s after the scancel")
-    rows = runs_json(slurm, tmp_path, env)
-    assert (rows[done]["status"], rows[done]["state_source"]) == ("COMPLETED", "run directory")
+    row = runs_json(slurm, done_root, env)[done]
+    assert (row["status"], row["state_source"]) == ("COMPLETED", "run directory")
     # Cancelled outside the launcher and forgotten by squeue: it left no final record, so UNKNOWN.
-    assert rows[held.group(1)]["status"] == "UNKNOWN"
-    assert "no final record" in rows[held.group(1)]["reason"]
+    row = runs_json(slurm, held_root, env)[held.group(1)]
+    assert row["status"] == "UNKNOWN" and "no final record" in row["reason"], row
 
 
 def test_a_run_json_cut_in_half_while_the_run_trains_is_rebuilt_and_mended_by_its_end(slurm, tmp_path):

@@ -5,11 +5,13 @@ plan and a launch refuse in the same one line, naming the way out; a run that wi
 warned, then says why it waits in words; a second Unix user gets the same answers."""
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -115,21 +117,73 @@ def test_the_runs_of_a_sweep_count_against_the_limit_together(site, tmp_path):
         "user 8 GPUs at once and your jobs (run 1 of this launch) hold or ask for 8"], sweep.stderr
 
 
-def test_a_second_user_gets_the_same_answers(site, tmp_path):
-    """``lstrict``, another Unix user of the site, with a home, launcher home and run root of their own."""
+@pytest.fixture
+def second_user(site, wheel):
+    """``lstrict``, another Unix user of the site, with a home of their own and the launcher installed there from
+    the wheel without torch (its dependencies reused from the suite's environment, torch and CUDA's left out: a
+    real ``pip install`` from the index is the installed-wheel tests'). Yields a function that runs a command as
+    that user in a shell of its own (``env``: variables of that shell beyond HOME, USER, PATH and SLURM_CONF)."""
     home = Path(tempfile.mkdtemp(prefix="w-strict-", dir="/tmp"))
     try:
         user = pwd.getpwnam(SECOND)
-        os.chown(home, user.pw_uid, user.pw_gid)
+        home.chmod(0o755)
         let_reach(SECOND, [Path(sys.executable), Path(sys.executable).resolve(), Path(sys.prefix),
-                           Path(sys.base_prefix), Path(__file__).parents[2], Path(site.env["SLURM_CONF"]).parent])
-        env = {"PATH": os.environ["PATH"], "HOME": str(home), "USER": SECOND, "SLURM_CONF": site.env["SLURM_CONF"],
-               "LAUNCHER_HOME": str(home / ".launcher"), "XDG_CONFIG_HOME": str(home / ".config"),
-               "XDG_CACHE_HOME": str(home / ".cache"), "LAUNCHER_RUN_ROOT": str(home / "runs")}
-        as_second = ("setpriv", f"--reuid={SECOND}", f"--regid={SECOND}", "--clear-groups")
-        dry = subprocess.run([*as_second, sys.executable, "-m", "launcher", "model=gpt_tiny", "gpus=16", "dry_run=true"],
-                             env=env, cwd=home, capture_output=True, text=True, timeout=120)
-        assert dry.returncode == 2 and f"a launch would be refused: {QOS_LIMIT}" in dry.stderr.splitlines(), dry.stderr
-        assert list((home / ".launcher" / "cache").glob("site-rules-*.json"))  # their own answers, in their home
+                           Path(sys.base_prefix), Path(site.env["SLURM_CONF"]).parent])
+        deps = home / "deps"  # the suite's packages but torch's
+        deps.mkdir()
+        for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+            if not entry.name.lower().startswith(("torch", "nvidia", "triton", "functorch", "_slurm_gpt",
+                                                  "__editable__", "slurm_gpt_launcher")):
+                (deps / entry.name).symlink_to(entry)
+        shutil.copy(wheel, home / wheel.name)
+        for path in (home, *home.iterdir()):
+            os.lchown(path, user.pw_uid, user.pw_gid)
+        base = {"PATH": f"{home}/venvs/launcher/bin:/usr/bin:/bin", "HOME": str(home), "USER": SECOND,
+                "SLURM_CONF": site.env["SLURM_CONF"]}
+
+        def as_second(*cmd: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+            return subprocess.run(["setpriv", f"--reuid={SECOND}", f"--regid={SECOND}", "--clear-groups", *cmd],
+                                  env={**base, **(env or {})}, cwd=home, capture_output=True, text=True,
+                                  timeout=timeout)
+
+        venv = home / "venvs" / "launcher"
+        made = as_second(sys.executable, "-m", "venv", "--without-pip", str(venv))
+        assert made.returncode == 0, made.stderr
+        site_dir = as_second(str(venv / "bin" / "python"), "-c",
+                             "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+        as_second("sh", "-c", f"echo {deps} > {site_dir.stdout.strip()}/deps.pth")
+        installed = as_second(sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                              "--no-deps", "--no-index", str(home / wheel.name), env={"PYTHONPATH": ""})
+        assert installed.returncode == 0, installed.stderr
+        yield as_second, home
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_second_user_follows_the_readme_recipe_and_finds_the_run_in_a_new_shell(site, second_user):
+    """The README's "At your site", literally: clusters add with the tasks' Python, clusters default, the run root
+    in the environment, plan, a launch with no cluster=, runs; then a new shell without LAUNCHER_RUN_ROOT."""
+    as_second, home = second_user
+    torch = as_second("python", "-c", "import importlib.util, launcher; print(importlib.util.find_spec('torch'), "
+                                      "launcher.__file__)")
+    assert torch.stdout.startswith("None ") and "site-packages" in torch.stdout, torch  # the wheel, no torch
+    dry = as_second("launcher", "model=gpt_tiny", "gpus=16", "dry_run=true")  # the site's limits, as they see them
+    assert dry.returncode == 2 and f"a launch would be refused: {QOS_LIMIT}" in dry.stderr.splitlines(), dry.stderr
+    added = as_second("launcher", "clusters", "add", "mysite", "--python", sys.executable)
+    assert added.returncode == 0, added.stderr
+    written = (home / ".config" / "launcher" / "cluster" / "mysite.yaml").read_text()
+    assert f"\npython: {sys.executable}\n" in written and "\naccount: lab\nqos: normal\n" in written, written
+    assert as_second("launcher", "clusters", "default", "mysite").returncode == 0
+    shell = {"LAUNCHER_RUN_ROOT": f"{home}/scratch/runs"}
+    plan = as_second("launcher", "plan", "gpus=2", "model=gpt_tiny", env=shell)
+    assert plan.returncode == 0 and "gpt_tiny" in plan.stdout, plan.stderr
+    launched = as_second("launcher", "gpus=2", "model=gpt_tiny", "train.steps=10", "name=recipe", env=shell)
+    assert launched.returncode == 0, launched.stderr
+    job = job_id_of(launched.stdout)
+    state = site.wait(job, timeout=300)
+    assert state == "COMPLETED", (state, as_second("launcher", "describe", "recipe", env=shell).stdout)
+    assert site.run("sacct", "-n", "-X", "-P", "-j", job, "-o", "User,Account,QOS").stdout.split() == \
+        [f"{SECOND}|lab|normal"]
+    listed = as_second("launcher", "runs", "--json")  # a new shell: no LAUNCHER_RUN_ROOT
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert rows["recipe"]["status"] == "COMPLETED" and rows["recipe"]["cluster"] == "mysite", listed
