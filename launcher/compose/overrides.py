@@ -17,6 +17,7 @@ the command line and that list are ours:
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any, List, Optional, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -30,14 +31,29 @@ from launcher.errors import LaunchError
 
 
 def parse(parser: OverridesParser, overrides: Sequence[str]) -> List[Override]:
-    """Parse override strings, turning Hydra's grammar errors into a LaunchError."""
+    """Parse override strings, turning Hydra's grammar errors into a LaunchError. A value Hydra's grammar cannot
+    read unquoted but can quoted (an enroot image as the docs write it, ``nvcr.io#nvidia/pytorch:25.01-py3``: the
+    ``#``) is taken as the quoted string it can only mean."""
     parsed = []
     for line in overrides:
         try:
             parsed.extend(parser.parse_overrides([line]))
         except OverrideParseException as exc:
-            raise LaunchError(f"cannot parse override {line!r}: {str(exc).splitlines()[0]}") from exc
+            quoted = _quoted(line)
+            if quoted == line:
+                raise LaunchError(f"cannot parse override {line!r}: {str(exc).splitlines()[0]}") from exc
+            parsed.extend(parser.parse_overrides([quoted]))
     return parsed
+
+
+def _quoted(line: str) -> str:
+    """``key=value`` with the value in single quotes where it reads as an image reference with a ``#`` (letters,
+    digits and ``.@/:+-_``), else the line as it is."""
+    key, sep, value = line.partition("=")
+    if not sep or "#" not in value or not re.fullmatch(r"[\w.@/:+#-]+", value) or \
+            not re.fullmatch(r"\+{0,2}[\w.@/-]+", key):
+        return line
+    return f"{key}='{value}'"
 
 
 def expand(parsed: Sequence[Override], multirun: bool) -> List[List[str]]:

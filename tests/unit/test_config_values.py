@@ -206,3 +206,13 @@ def test_a_share_group_that_is_not_a_group_is_refused_before_any_submission(comm
     res = run_launcher(*command, "model=gpt_tiny", "gpus=2", "share_group=nosuchgroup", timeout=60)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "share_group='nosuchgroup' is not a group on this machine" in res.stderr
+
+
+def test_an_enroot_image_as_the_docs_write_it_is_taken_on_the_command_line(capsys):
+    """``nvcr.io#nvidia/pytorch:25.01-py3``: Hydra's grammar reads no unquoted ``#``; the launcher quotes it."""
+    from launcher.compose.composer import compose_runs
+
+    (run,) = compose_runs(["gpus=2", "cluster.container.image=nvcr.io#nvidia/pytorch:25.01-py3"])
+    assert run.config.cluster.container.image == "nvcr.io#nvidia/pytorch:25.01-py3"
+    assert cli.main(["model=gpt_tiny", "gpus=2", "name=a#b", "dry_run=true"]) == 2  # not an image: still refused
+    assert "name" in capsys.readouterr().err
