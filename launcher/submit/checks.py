@@ -90,14 +90,31 @@ def judge(runs: Sequence[ComposedRun]) -> Verdict:
                  _problem(lambda: group_id(cfg.share_group)), home,
                  root_problem(cfg.run_root, cfg.share_group) if not cfg.cluster.ssh else None]
         verdict.findings += [Finding(index, text) for text in found if text]
+        part, problem = _partition(cfg.cluster, partitions, verdict.unchecked)
+        verdict.findings += adopt_max_time(index, run, part)
         verdict.findings += fit_findings(index, run, machine)
         verdict.findings += python_findings(index, cfg.cluster, verdict.unchecked)
-        part, problem = _partition(cfg.cluster, partitions, verdict.unchecked)
         fits = refusal(run.plan, cfg.cluster, part) if part is not None else problem
         verdict.findings += [Finding(index, fits)] if fits else []
         if part is not None and not fits:
             verdict.findings += site_findings(index, run, part, sites, verdict.unchecked)
     return verdict
+
+
+def adopt_max_time(index: int, run: ComposedRun, part: Optional[Partition]) -> List[Finding]:
+    """A partition the user chose (on the command line or in a run file) whose MaxTime is below the cluster file's
+    time limit brings its MaxTime, with a note: asking for ``cluster.partition=debug`` asks for its limit, not
+    for a refusal of the cluster file's 60 minutes. Never a longer limit, nor over a limit the user set."""
+    chosen = {line.split("=", 1)[0].lstrip("+") for line in run.overrides}
+    limit = part.max_time_min if part is not None else None
+    cluster = run.config.cluster
+    if "cluster.partition" not in chosen or "cluster.time_limit_min" in chosen or limit is None or \
+            limit >= cluster.time_limit_min:
+        return []
+    before = cluster.time_limit_min
+    cluster.time_limit_min = run.resolved.cluster.time_limit_min = limit
+    return [Finding(index, f"cluster.time_limit_min is {limit}, partition '{part.name}''s MaxTime, not the cluster "
+                           f"file's {before} (set cluster.time_limit_min to choose another)", refuses=False)]
 
 
 @dataclass

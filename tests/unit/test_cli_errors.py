@@ -167,3 +167,16 @@ def test_a_pasted_hint_runs(tmp_path):
     result = subprocess.run(f"{hint} runs --json", shell=True, cwd=tmp_path, capture_output=True, text=True,
                             timeout=60, env={**env, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
+def test_the_hints_after_a_launch_are_shell_quoted_to_paste(capsys):
+    """A run root with a space (``/scratch/my runs``): each printed command still pastes into a shell."""
+    from launcher.commands.launch import print_submitted
+    from launcher.core.run_index import RunRecord
+    from launcher.submit.submitter import Launched
+
+    rec = RunRecord(name="r1", run_dir="/scratch/my runs/r1", model="gpt_tiny", gpus=2, nodes=1, gpus_per_node=2,
+                    steps=10, cluster="local", submitted_at=1.0, job_id="7")
+    print_submitted(Launched([rec]))
+    out = capsys.readouterr().out
+    assert "  run dir  '/scratch/my runs/r1'\n" in out and " -f '/scratch/my runs/r1/run.yaml'\n" in out
