@@ -81,6 +81,11 @@ class JobState:
     def active(self) -> bool:
         return self.state in ACTIVE
 
+    @property
+    def ending(self) -> bool:
+        """Slurm is ending it (COMPLETING, STAGE_OUT): its end is known, its processes are still being killed."""
+        return self.state == "RUNNING" and self.reason in ("completing", "staging out")
+
     def answer(self) -> Dict[str, str]:
         """Slurm's answer as kept in ``slurm_state.json``: every field but ``files``."""
         return {name: getattr(self, name) for name in ANSWER_FIELDS}
@@ -339,8 +344,10 @@ def _states_on_cluster(slurm: Slurm, files: Dict[str, RunFiles], records: List[R
         return _unknown_or_recorded(records, files, [down, down])
     known, failures = _ask_slurm(slurm, [rec.job_id for rec in records if rec.job_id],
                                  [rec.job_id for rec in settled if rec.job_id])
+    # A settled job still in the queue is alive again (requeued by hand) unless Slurm is only ending it: a job
+    # sacct has FAILED stays COMPLETING in squeue while its processes are killed (seconds, longer under load).
     states = {rec.name: in_its_words(known[rec.job_id], Path(rec.run_dir), files[rec.name]) for rec in settled
-              if rec.job_id in known and known[rec.job_id].active}
+              if rec.job_id in known and known[rec.job_id].active and not known[rec.job_id].ending}
     return {**_unknown_or_recorded(records, files, failures, known), **states}
 
 

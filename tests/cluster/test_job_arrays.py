@@ -100,7 +100,9 @@ def test_an_elements_batch_shell_killed_is_judged_by_the_arrays_watcher_once_the
     """One watcher for the array (every element's record names it): with one element's batch shell SIGKILLed, Slurm
     starts it once the other element has completed, and it records the dead one's cause and retries it."""
     res = slurm.launcher("-m", *TINY, "train.steps=60", "train.log_every=5", "train.checkpoint_every=10",
-                         "train.lr=1e-3,2e-3", root=tmp_path, timeout=120, env=paced(0.05))
+                         "train.lr=1e-3,2e-3", root=tmp_path, timeout=120, env=paced(0.15))
+    # paced so that the kill, after the first checkpoint (step 10), lands well before the run's end (step 60): at
+    # 0.05 s a step a loaded machine let the run finish first
     assert res.returncode == 0, res.stderr
     victim, other = sweep_records(tmp_path)
     watching = [[e for e in events(Path(rec["run_dir"])) if e["event"] == "watching"] for rec in (victim, other)]

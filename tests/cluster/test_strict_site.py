@@ -190,10 +190,10 @@ def test_a_second_user_follows_the_readme_recipe_and_finds_the_run_in_a_new_shel
 
 
 def test_a_partition_chosen_with_a_shorter_max_time_brings_it(site, tmp_path):
-    """cluster.partition=debug asks for debug's 10 minutes, not for a refusal of the cluster file's 60."""
+    """cluster.partition=debug asks for debug's 10 minutes, not for a refusal of the cluster file's 30 (local.yaml)."""
     dry = launcher(site, tmp_path, "gpus=2", "cluster.partition=debug", "dry_run=true")
     assert dry.returncode == 0, dry.stderr
-    assert ("warning: cluster.time_limit_min is 10, partition 'debug''s MaxTime, not the cluster file's 60 (set "
+    assert ("warning: cluster.time_limit_min is 10, partition 'debug''s MaxTime, not the cluster file's 30 (set "
             "cluster.time_limit_min to choose another)") in dry.stderr.splitlines(), dry.stderr
     assert "#SBATCH --time=10\n" in dry.stdout and "#SBATCH --partition=debug\n" in dry.stdout
     longer = launcher(site, tmp_path, "gpus=2", "cluster.partition=debug", "cluster.time_limit_min=5", "dry_run=true")
