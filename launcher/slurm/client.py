@@ -190,7 +190,9 @@ class Slurm:
 
     def _cached_rules(self) -> SiteRules:
         user = user_name()
-        key = hashlib.sha256(f"{self.conf or '$SLURM_CONF'}\0{user}".encode()).hexdigest()[:16]
+        # Slurm's default configuration is whichever $SLURM_CONF names now (one site's, then another's)
+        where = self.conf or os.environ.get("SLURM_CONF") or "Slurm's default"
+        key = hashlib.sha256(f"{where}\0{user}".encode()).hexdigest()[:16]
         return cached(launcher_home() / "cache" / f"site-rules-{key}.json", lambda: self._ask_site_rules(user))
 
     def _ask_site_rules(self, user: str) -> SiteRules:
@@ -229,9 +231,11 @@ class Slurm:
         """Jobs from accounting; SlurmError where accounting is off or unreachable."""
         return parse_sacct(self.run(["sacct", "-X", "-P", "-n", "-j", ",".join(job_ids), "-o", ",".join(SACCT_FIELDS)]))
 
-    def squeue(self) -> List[JobRow]:
-        """Jobs still in the controller's memory (queued, running, or recently finished)."""
-        return parse_squeue(self.run(["squeue", "-h", "-a", "--states=all", "-O", field_list(SQUEUE_FIELDS)]))
+    def squeue(self, user: Optional[str] = None) -> List[JobRow]:
+        """Jobs still in the controller's memory (queued, running, or recently finished); ``user``'s only where
+        given (a site's queue may hold tens of thousands of others)."""
+        mine = ["-u", user] if user else []
+        return parse_squeue(self.run(["squeue", "-h", "-a", "--states=all", *mine, "-O", field_list(SQUEUE_FIELDS)]))
 
     def job_end(self, job_id: str) -> Optional[JobRow]:
         """sacct's account of how a job ended: its state and exit code (``0:9``: killed by signal 9), with the node

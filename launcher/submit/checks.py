@@ -154,7 +154,7 @@ def _site(slurm: Slurm, name: str, unchecked: List[str]) -> Optional[_Site]:
             _note(unchecked, f"the site's account and QOS limits on cluster {name}: its accounting enforces none "
                              "(AccountingStorageEnforce), so Slurm refuses no run for them")
             return None
-        return _Site(rules, slurm.squeue())
+        return _Site(rules, slurm.squeue(user=rules.user))
     except SlurmError as err:
         _note(unchecked, f"the site's account and QOS limits on cluster {name} ({err})")
         return None
