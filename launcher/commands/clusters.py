@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 
 from launcher.compose.catalog import (SETTINGS_FILE, beside, default_cluster, option_files, option_path, origin,
                                       user_dir)
+from launcher.core.rundir import write_atomic
 from launcher.errors import LaunchError
 from launcher.remote.ship import call, remote_error, run_launcher
 from launcher.remote.ssh import Remote
@@ -261,9 +262,7 @@ def add(args: argparse.Namespace) -> int:
         raise LaunchError(f"{path} exists; --force replaces it, --print shows what would be written")
     shadowed = option_path("cluster", args.name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_atomic(path, text)
     print(f"Wrote {path}")
     if shadowed is not None and shadowed != path:
         print(f"  it takes the place of {shadowed} for cluster={args.name}")
@@ -313,10 +312,8 @@ def set_default(args: argparse.Namespace) -> int:
                           f"add it first with 'launcher clusters add {args.name}'")
     path = user_dir() / SETTINGS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(f"# The cluster a launch uses when it names none (launcher clusters default).\n"
-                   f"cluster: {args.name}\n")
-    tmp.replace(path)
+    write_atomic(path, f"# The cluster a launch uses when it names none (launcher clusters default).\n"
+                       f"cluster: {args.name}\n")
     name, where = default_cluster()
     print(f"Wrote {path}: launches without cluster= go to {args.name}")
     if name != args.name:  # a project's .launcher/conf/config.yaml wins here

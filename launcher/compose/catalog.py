@@ -107,6 +107,13 @@ def layer_settings() -> Dict[str, tuple]:
     return found
 
 
+def other_clusters(*excluded: str) -> str:
+    """The clusters configured besides ``excluded`` (and ``slurm``, the package's template for a site), as a hint
+    to end a message with: `` (configured: a, b; cluster=a?)``, or "" where there are none."""
+    others = [name for name in sorted(option_files("cluster")) if name not in {*excluded, "slurm"}]
+    return f" (configured: {', '.join(others)}; cluster={others[0]}?)" if others else ""
+
+
 def default_cluster() -> tuple:
     """The cluster a launch uses when it names none, and where that comes from (a config.yaml, or the package)."""
     name, path = layer_settings().get("cluster", (package_default("cluster"), None))

@@ -24,8 +24,8 @@ from launcher.core.rundir import SOURCE_ROOT, launcher_home
 from launcher.slurm.limits import (ASSOC_FIELDS, QOS_FIELDS, SiteRules, cached, enforce_words, parse_associations,
                                    parse_partition_rules, parse_qos)
 from launcher.slurm.output import (NODE_FIELDS, SACCT_FIELDS, SQUEUE_FIELDS, JobRow, Node, NoPartition, Partition,
-                                   SlurmError, field_list, field_rows, parse_nodes, parse_sacct, parse_squeue,
-                                   partitions_of, sbatch_reason, srun_lost_nodes, unusable)
+                                   SlurmError, Unreachable, field_list, field_rows, parse_nodes, parse_sacct,
+                                   parse_squeue, partitions_of, sbatch_reason, srun_lost_nodes, unusable)
 
 LOCAL_SLURM_CONF = SOURCE_ROOT / ".slurm" / "etc" / "slurm.conf"
 LOCAL_UP = SOURCE_ROOT / "slurm" / "up.sh"  # what starts the local cluster, in a checkout only
@@ -108,12 +108,12 @@ class Slurm:
         why = self.unreachable(timeout)
         if why and self.conf == str(LOCAL_SLURM_CONF) and not LOCAL_UP.is_file():
             # an installed package's own local cluster: its path means nothing to the user, there is no up.sh
-            raise SlurmError("the local cluster is not running (no slurm/up.sh started one for this installation; "
+            raise Unreachable("the local cluster is not running (no slurm/up.sh started one for this installation; "
                              "it is for a checkout's tests): choose your cluster with cluster=NAME, or 'launcher "
                              "clusters add NAME' first")
         if why:
             where = self.conf or "$SLURM_CONF, else the site's default"
-            raise SlurmError(f"Slurm is not reachable ({why}); start the cluster ('bash slurm/up.sh' for a local one) "
+            raise Unreachable(f"Slurm is not reachable ({why}); start the cluster ('bash slurm/up.sh' for a local one) "
                              f"or check its slurm.conf ({where})")
 
     def nodes(self, timeout: Optional[float] = None) -> List[Node]:

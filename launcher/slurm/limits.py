@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from launcher.core.rundir import write_atomic
 from launcher.slurm.output import JobRow, minutes
 
 CACHE_TTL_S = 300
@@ -200,11 +200,7 @@ def cached(path: Path, ask, now: Optional[float] = None) -> SiteRules:
     rules = ask()
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(rules.to_json())
-        os.replace(tmp, path)
+        write_atomic(path, rules.to_json())  # 0600: its directory's mode
     except OSError:
         pass
     return rules

@@ -27,6 +27,10 @@ class SlurmError(RuntimeError):
         self.transient = bool(CONTROLLER_SILENT.search(message)) if transient is None else transient
 
 
+class Unreachable(SlurmError):
+    """The cluster's controller does not answer (or its slurm.conf is not there): a launch may have meant another."""
+
+
 class NoPartition(SlurmError):
     """Slurm answered, and the cluster has no such partition (or no default one): a refusal, not a silence."""
 

@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from launcher.compose.catalog import option_files
+from launcher.compose.catalog import other_clusters
 from launcher.compose.composer import ComposedRun
 from launcher.core.config import ClusterConfig, tracker_missing
 from launcher.core.privacy import group_id
@@ -169,11 +169,9 @@ def local_problem(cluster: ClusterConfig) -> Optional[str]:
     conf = for_cluster(cluster).conf
     if not not_the_local_cluster(conf):
         return None
-    others = [name for name in sorted(option_files("cluster")) if name not in ("local", "slurm")]
-    hint = f" (configured: {', '.join(others)}; cluster={others[0]}?)" if others else ""
     return (f"cluster local is the local test cluster of slurm/up.sh, but $SLURM_CONF names another cluster's "
             f"slurm.conf ({conf}): add that cluster with 'launcher clusters add NAME' and launch with cluster=NAME"
-            f"{hint}")
+            f"{other_clusters('local')}")
 
 
 def _problem(check) -> Optional[str]:

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import OmegaConf
 
-from launcher.compose.catalog import option_files
+from launcher.compose.catalog import other_clusters
 from launcher.compose.composer import ComposedRun
 from launcher.errors import LaunchError
 from launcher.compose.runfile import dump
@@ -34,7 +34,7 @@ from launcher.job.submission import submit_job, watch, watch_array
 from launcher.submit.array import submit_array
 from launcher.slurm.batch import array_script, render_sbatch
 from launcher.submit.freeze import dirty_note, freeze, source_state
-from launcher.slurm.client import Partition, SlurmError, for_cluster, slurm_conf_for
+from launcher.slurm.client import Partition, SlurmError, Unreachable, for_cluster, slurm_conf_for
 
 
 @dataclass(frozen=True)
@@ -79,19 +79,10 @@ def check_runs(runs: List[ComposedRun]) -> Tuple[List[Path], List[Partition]]:
         for root in set(roots):
             remember_root(root)  # so that `launcher runs` in any shell lists its runs without --root
         return roots, check_cluster(runs)
-    except SlurmError as err:
-        raise LaunchError(str(err) + elsewhere(runs, str(err))) from None
-    except (PermissionError, ValueError) as err:
+    except Unreachable as err:  # perhaps meant for another cluster
+        raise LaunchError(str(err) + other_clusters(*{run.config.cluster.name for run in runs})) from None
+    except (SlurmError, PermissionError, ValueError) as err:
         raise LaunchError(str(err)) from None
-
-
-def elsewhere(runs: List[ComposedRun], error: str) -> str:
-    """Where a run might have meant to go when its cluster does not answer: the other clusters configured."""
-    if "not reachable" not in error and "not running" not in error:
-        return ""
-    asked = {run.config.cluster.name for run in runs}
-    others = [name for name in sorted(option_files("cluster")) if name not in asked | {"slurm"}]
-    return f" (other clusters configured: {', '.join(others)}; cluster={others[0]}?)" if others else ""
 
 
 def new_sweep_id() -> str:
