@@ -105,6 +105,9 @@ def test_a_run_waiting_for_gpus_says_why_in_words_and_when_slurm_expects_it(own_
         assert row["status"] == "PENDING", row
         start = own_cluster.run("squeue", "-h", "-j", job_id, "-O", "StartTime").stdout.strip()
         expected = start[:4].isdigit() and time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S")) > time.time()
+        if expected:  # the backfill pass may have planned it between the listing and squeue's answer: list again
+            row = wait_for(lambda: (r := runs_json(own_cluster, tmp_path)[name])["reason"].count(
+                "; Slurm expects it to start at ") and r, 30, "the expected start", patient=True)
         assert ("; Slurm expects it to start at " in row["reason"]) == expected, (start, row["reason"])
         assert f"PENDING ({waiting[:50]}" in cmd(own_cluster, tmp_path, "runs")  # cut to fit the table
         described = cmd(own_cluster, tmp_path, "describe", name)
