@@ -35,9 +35,8 @@ def main(args: argparse.Namespace) -> int:
                 Slurm(rec.slurm_conf).cancel(watcher)
             except SlurmError:
                 pass  # it ended already: it ran, or Slurm dropped it when the job completed
-    cancelled = cancel(records)
-    if cancelled:
-        ended(cancelled)
+    cancel(records)
+    ended([rec for rec in records if rec.job_id])  # a job stopped before may still be saving or in its last step
     for rec in records:
         shutil.rmtree(rec.run_dir, ignore_errors=True)  # follows no symlink inside: rmtree.avoids_symlink_attacks
         print(f"Deleted {rec.name}.")

@@ -32,6 +32,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from launcher.core.events import Fault
+from launcher.core.failures import third_party
 from launcher.core.checkpoints import DAMAGED, META, checkpoint_root, complete_checkpoints, step_dir, step_of
 from launcher.train import manifest
 from launcher.train.dist import DistEnv
@@ -95,6 +96,13 @@ class CheckpointSaveError(RuntimeError):
     fault = Fault.INFRASTRUCTURE
 
 
+class SaveLostPeer(CheckpointSaveError):
+    """A save cut short because another rank went away during its collectives (killed, its node lost): a lost
+    peer, so the attempt's cause is the rank that went (launcher/job/attempts.py), not this rank's save."""
+
+    fault = Fault.PEER_LOST
+
+
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: torch.optim.lr_scheduler.LRScheduler, env: DistEnv, keep: int,
                     reference: dict) -> Path:
@@ -123,7 +131,8 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
         cause = _full_disk(tmp) + _cause(err)  # measured before the partial files go
         if env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointSaveError(f"saving the checkpoint of step {step} failed: {cause}") from err
+        kind = SaveLostPeer if third_party(cause) is Fault.PEER_LOST else CheckpointSaveError
+        raise kind(f"saving the checkpoint of step {step} failed: {cause}") from err
     if env.is_main:
         if final.exists():  # an earlier attempt's save of this step that never completed
             shutil.rmtree(final)

@@ -96,7 +96,9 @@ def test_a_search_runs_its_trials_from_their_own_jobs_and_finds_the_lowest_loss(
     res = slurm.launcher("-m", "search=optuna", f"search.trials={TRIALS}", "search.parallel=2",
                          "search.metric=eval_loss", "train.lr=tag(log, interval(1e-4, 3e-2))", "model=gpt_tiny",
                          "gpus=1", "train.steps=4", "train.eval_every=2", "train.log_every=1", "cluster.max_retries=0",
-                         f"run_root={root}", root=root, timeout=120)
+                         f"run_root={root}", root=root, timeout=120, env=paced(1.0))
+    # paced so that trial 0's rank is still there to kill when the test looks for it: four unpaced tiny steps
+    # ended before a loaded machine's test found the rank
     assert res.returncode == 0, res.stderr
     search_id = re.search(r"Submitted search (\S+): trials 0, 1 of 6", res.stdout).group(1)
     killed = search_of(root, search_id).trials[0].user_attrs["run"]

@@ -104,6 +104,21 @@ def train_run_killed_in_save(run_dir: Path, crash_step: int) -> None:
     task.run(run_dir)
 
 
+def train_run_peer_lost_in_save(run_dir: Path, lost_step: int) -> None:
+    """Like :func:`train_run`, but rank 1 dies at once (as if SIGKILLed) as the save of ``lost_step`` begins,
+    while rank 0 enters the save's collectives. Run it with train_harness.launch_ranks, which lets rank 0 go on
+    to its own end, not with launch_forked, which would kill it when rank 1 dies."""
+    real_save = checkpoint.dcp.save
+
+    def die_in_save(state, *, checkpoint_id):
+        if Path(checkpoint_id).name == f"step_{lost_step:08d}.tmp" and os.environ["RANK"] == "1":
+            os._exit(9)
+        real_save(state, checkpoint_id=checkpoint_id)
+
+    checkpoint.dcp.save = die_in_save
+    task.run(run_dir)
+
+
 def train_run_oom_above(run_dir: Path, max_rows: int) -> None:
     """Like :func:`train_run`, but every block raises out-of-memory on micro-batches above ``max_rows``,
     after FSDP has gathered its parameters, as a real one would."""

@@ -13,7 +13,7 @@ import pytest
 from support import train_workers
 from launcher.train import manifest
 from support.helpers import events, losses
-from support.train_harness import launch_forked, make_run_dir
+from support.train_harness import launch_forked, launch_ranks, make_run_dir
 
 # The cluster tier without Slurm: real multi-rank training on gloo, seconds of CPU a test (docs/development.md).
 pytestmark = pytest.mark.slurm
@@ -91,3 +91,17 @@ def test_full_disk_fails_the_save_clearly_and_keeps_the_earlier_checkpoint(refer
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000003"]  # nothing partial left behind
     assert manifest.damage(ckpts / "step_00000003", 2) == []
     assert "No space left on device" in (run_dir / "logs" / "rank_0.log").read_text()
+
+
+def test_a_save_cut_by_a_lost_rank_is_a_lost_peer_not_the_saves_own_failure(reference_config, tmp_path):
+    """A rank killed during a save leaves its peers' save failing with gloo's words for a peer that went: that
+    rank's ``failed`` event is a lost peer, so the attempt's cause is the rank that went (a CI run named rank
+    0's failed save instead of the SIGKILLed rank 1)."""
+    run_dir = make_run_dir(tmp_path / "run", reference_config, world_size=2, micro_batch=2)
+    body = f"from support import train_workers; train_workers.train_run_peer_lost_in_save({str(run_dir)!r}, 6)"
+    results = launch_ranks(["-c", f"import sys; sys.path.insert(0, 'tests'); {body}"], world_size=2, timeout=120)
+    assert [r.returncode for r in results] == [1, 9], [r.stdout[-2000:] for r in results]
+    (failed,) = [e for e in events(run_dir) if e["event"] == "failed"]
+    assert (failed["exception"], failed["fault"]) == ("SaveLostPeer", "peer lost"), failed  # rank 0's, the only one
+    assert failed["error"].startswith("SaveLostPeer: saving the checkpoint of step 6 failed: "), failed
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000003"]
