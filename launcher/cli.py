@@ -61,6 +61,8 @@ COMMANDS: Dict[str, Command] = {
                     "a checkpoint's held-out loss and perplexity, kept in the run's record", True),
     "login": Command("launcher.commands.login", "open a remote cluster's SSH connection once (a password or 2FA)"),
     "logout": Command("launcher.commands.login", "close a remote cluster's SSH connection"),
+    "ui": Command("launcher.console.serve", "a web console of every run: live curves, logs, stop/resume/delete",
+                  True),
 }
 
 DEFAULT_COMMAND = "launch"
@@ -110,7 +112,7 @@ def run_command(args: List[str]) -> int:
     parser = build_parser(name)
     parsed, extras = parser.parse_known_args(args)
     take_extras(parsed, extras, "launcher" if parsed.command == DEFAULT_COMMAND else f"launcher {parsed.command}")
-    if COMMANDS[parsed.command].about_runs and parsed.command != "runs" and (
+    if COMMANDS[parsed.command].about_runs and parsed.command not in ("runs", "ui") and (
             getattr(parsed, "cluster", None) or remote_runs_known()):
         remote = target(parsed)
         if remote is not None and parsed.command == "compare" and parsed.plot:

@@ -2,7 +2,8 @@
 # Install everything this project needs on a Debian machine, idempotently:
 #   - the Debian packages of a local Slurm cluster (slurmctld, slurmd, slurm-client, slurmdbd, munge,
 #     mariadb-server), and those of the tests' SSH site (tests/support/sshd_site.py): openssh-server, and acl to let
-#     its user reach the interpreter;
+#     its user reach the interpreter; and chromium, the browser the web console's tests drive (tests/cluster/
+#     test_console.py, through Playwright, which may not download one);
 #   - a virtual environment in .venv with the project and its extras for training and tests ([dev,train]), torch
 #     pinned exactly first ($TORCH_VERSION, default 2.13.0, whose CPU wheel lies on local disk; the extra's loose
 #     torch>=2.9 alone pulls a CUDA build).
@@ -12,7 +13,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 PYTHON=${PYTHON:-python3}
 VENV=$ROOT/.venv
-APT_PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server openssh-server acl)
+APT_PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server openssh-server acl chromium)
 
 fail() { echo "scripts/setup.sh: $*" >&2; exit 1; }
 

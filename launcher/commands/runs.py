@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple, Union
 
 from launcher.remote.clusters import remotes
 from launcher.remote.ship import remote_error, run_launcher
@@ -207,10 +207,10 @@ def select(roots: List[Path], args) -> List[RunRow]:
     return rows if limit is None else rows[:limit]
 
 
-def gather(roots: List[Path], args) -> List[RunRow]:
+def gather(roots: List[Path], args, warn: Callable[[str], None] = None) -> List[RunRow]:
     """The runs of this machine (unless ``--cluster`` names a remote cluster) and of every remote cluster (unless
     ``--root`` names a local root), newest first: each remote cluster is asked at once, one round trip each, and
-    one that does not answer is a warning line, the others still listed."""
+    one that does not answer is a warning (a line on stderr, or ``warn``'s), the others still listed."""
     chosen = [] if args.root else [r for r in remotes() if not args.cluster or r.cluster == args.cluster]
     here = not (args.cluster and chosen)  # --cluster naming a remote cluster: only its runs
     asking = remote_rows(chosen, args)  # the clusters answer while this machine's runs are read
@@ -219,11 +219,15 @@ def gather(roots: List[Path], args) -> List[RunRow]:
         return rows
     for answer in asking():
         if isinstance(answer, str):
-            print(f"warning: {answer}; its runs are not listed", file=sys.stderr)
+            (warn or _warning)(f"{answer}; its runs are not listed")
         else:
             rows += answer
     rows.sort(key=lambda row: -row.submitted_at)
     return rows if args.all else rows[:args.limit]
+
+
+def _warning(text: str) -> None:
+    print(f"warning: {text}", file=sys.stderr)
 
 
 def remote_rows(chosen, args):

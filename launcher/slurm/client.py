@@ -7,6 +7,7 @@ those names into dataclasses.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -15,6 +16,7 @@ import pwd
 import re
 import subprocess
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +80,13 @@ class Slurm:
         return env
 
     def run(self, args: Sequence[str], timeout: Optional[float] = None) -> str:
-        """Run a client tool; its stdout, or SlurmError with its last error line (tool name said once)."""
+        """Run a client tool; its stdout, or SlurmError with its last error line (tool name said once). A question
+        (not an action) is answered from :data:`SHARED` while it shares answers."""
+        if SHARED.max_age_s and _asks(args) and not getattr(SHARED.here, "fresh", False):
+            return SHARED.answer(self.conf, tuple(args), lambda: self._run(args, timeout))
+        return self._run(args, timeout)
+
+    def _run(self, args: Sequence[str], timeout: Optional[float] = None) -> str:
         timeout = timeout or self.timeout
         if self.conf and not os.path.isfile(self.conf):  # the tools would wait for their timeout to say so
             raise SlurmError(f"{args[0]}: its slurm.conf {self.conf} does not exist")
@@ -325,6 +333,64 @@ class Slurm:
 
 
 _CLUSTERS: Dict[Optional[str], Slurm] = {}
+
+
+def _asks(args: Sequence[str]) -> bool:
+    """Whether a call only asks (sinfo, squeue, sacct, scontrol ping/show): one whose answer may be shared."""
+    return args[0] in ("sinfo", "squeue", "sacct") or (args[0] == "scontrol" and args[1] in ("ping", "show"))
+
+
+class SharedAnswers:
+    """Slurm's answers to questions, kept ``max_age_s`` and shared by every caller in this process: a long-lived
+    process that many clients ask at once (the web console, launcher/console/) asks each cluster a question at
+    most once per ``max_age_s``, however many tabs are open. Off (0) in the commands, which ask once and exit. A
+    failure is kept as long (an unreachable cluster is not asked again each refresh), and a caller asking what is
+    being asked waits for that answer. ``forget(conf)`` after an action there (a stop) makes the next ask fresh."""
+
+    def __init__(self) -> None:
+        self.max_age_s = 0.0
+        self.calls = 0  # the tools run on behalf of callers, for the console's measure of its load on Slurm
+        self._kept: Dict[tuple, tuple] = {}  # (conf, args) -> (when, stdout or SlurmError)
+        self._locks: Dict[tuple, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.here = threading.local()  # ``fresh`` set: this thread asks Slurm itself (an action's checks)
+
+    @contextlib.contextmanager
+    def fresh(self, conf: Optional[str] = None):
+        """Ask Slurm itself in this block (an action decides on what is true now), then forget ``conf``'s
+        answers, which the action has made old."""
+        self.here.fresh = True
+        try:
+            yield
+        finally:
+            self.here.fresh = False
+            self.forget(conf)
+
+    def answer(self, conf: Optional[str], args: tuple, ask) -> str:
+        key = (conf, args)
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            kept = self._kept.get(key)
+            if kept is None or time.monotonic() - kept[0] > self.max_age_s:
+                self.calls += 1
+                try:
+                    kept = (time.monotonic(), ask())
+                except SlurmError as err:
+                    kept = (time.monotonic(), err)
+                self._kept[key] = kept
+        if isinstance(kept[1], SlurmError):
+            raise kept[1]
+        return kept[1]
+
+    def forget(self, conf: Optional[str] = None) -> None:
+        """Drop the answers kept for ``conf`` (None: every cluster's)."""
+        with self._guard:
+            for key in [key for key in self._kept if conf is None or key[0] == conf]:
+                del self._kept[key]
+
+
+SHARED = SharedAnswers()
 
 
 def user_name() -> str:

@@ -36,6 +36,7 @@ LAYERS: List[Set[str]] = [
     {"launcher.remote"},  # clusters over SSH: ships the code and submits there through submit/
     {"launcher.views"},  # what the commands share: finding runs, a search's tables, the plots
     {"launcher.commands"},
+    {"launcher.console"},  # launcher ui: the web console, whose buttons run the commands themselves
     {"launcher.cli", "launcher.__main__"},
 ]
 # What launcher/core may import besides itself: the standard library and these.

@@ -32,6 +32,9 @@ def test_the_wheel_requires_torch_only_under_the_train_extra(wheel):
     assert [extra for extra in sorted(extras | {""}) if torch.marker.evaluate({"extra": extra})] == ["train"]
     base = {r.name for r in requires if r.marker is None}
     assert base == {"submitit", "hydra-core", "omegaconf", "pyyaml", "tabulate", "numpy", "tokenizers", "pyarrow",
-                    "optuna"}
+                    "optuna", "starlette", "uvicorn"}
     (itself,) = [r for r in requires if r.name == metadata["Name"] and r.marker.evaluate({"extra": "dev"})]
     assert "train" in itself.extras
+    with zipfile.ZipFile(wheel) as archive:  # the console's page, script and charting library, with its licence
+        static = {n.rsplit("/", 1)[1] for n in archive.namelist() if n.startswith("launcher/console/static/")}
+    assert static == {"index.html", "console.js", "console.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE"}

@@ -1,0 +1,44 @@
+"""The console's buttons: ``launcher stop``, ``resume`` and ``delete`` themselves, not a copy of them.
+
+Each button runs the command's own ``main`` with the arguments the CLI would parse, so a refusal is the CLI's own
+one line (``error: ...`` there, the answer's ``error`` here) and a success its own words. The commands print; their
+output is caught, so they run one at a time. They decide on Slurm's answers of now, not on the answers the console
+shares between refreshes (launcher/slurm/client.py ``SharedAnswers.fresh``), which they then make old.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import threading
+from pathlib import Path
+from typing import Dict, Optional
+
+from launcher.commands import delete, resume, stop
+from launcher.core.damage import DamagedRun
+from launcher.errors import LaunchError
+from launcher.slurm.client import SHARED
+
+_ONE_AT_A_TIME = threading.Lock()
+
+
+def act(action: str, root: Optional[Path], name: str) -> Dict[str, str]:
+    """Run ``action`` (stop, resume, delete, stop-sweep) on the run (or sweep) ``name``: ``{"said": ...}`` with
+    what the command printed, or the command's LaunchError (its one-line refusal)."""
+    if action == "stop":
+        command, args = stop.main, argparse.Namespace(root=root, names=[name], sweep=None)
+    elif action == "stop-sweep":
+        command, args = stop.main, argparse.Namespace(root=root, names=[], sweep=name)
+    elif action == "resume":
+        command, args = resume.main, argparse.Namespace(root=root, name=name)
+    elif action == "delete":
+        command, args = delete.main, argparse.Namespace(root=root, names=[name], sweep=None, yes=True)
+    else:
+        raise LaunchError(f"unknown action '{action}': allowed stop, stop-sweep, resume, delete")
+    out = io.StringIO()
+    with _ONE_AT_A_TIME, SHARED.fresh(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            command(args)
+        except DamagedRun as err:
+            raise LaunchError(str(err)) from None
+    return {"said": out.getvalue().strip()}

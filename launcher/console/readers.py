@@ -1,0 +1,177 @@
+"""What the console's pages show, read from the same record the CLI reads, as plain dicts for JSON.
+
+The runs page is ``launcher runs`` (its rows, filters, remote clusters and pending reasons in words); a run's page
+is ``launcher describe`` with its curves and its log tail beside; a sweep's page is ``launcher compare`` and, for a
+search, its study as ``describe`` shows it; the clusters page is ``launcher clusters`` and the user's queue.
+
+A run's files grow while it trains: :class:`Tails` keeps, per file, the offset it has read to and what it parsed,
+so a refresh reads only the bytes written since (a 100,000-step run's metrics are read once, then a line at a
+time), and a curve is downsampled here to at most ``points`` before it is sent.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from launcher.commands import describe, logs
+from launcher.commands.clusters import configured, survey, to_json
+from launcher.commands.runs import gather, row_dict, statuses
+from launcher.core.config import load_run_config
+from launcher.core.plan import read_plan
+from launcher.core.rundir import CONFIG, METRICS
+from launcher.forecast.estimate import estimate
+from launcher.forecast.target import GIB, hardware_for, precision_of
+from launcher.errors import LaunchError
+from launcher.slurm.client import Slurm, SlurmError, user_name
+from launcher.status.job_state import job_states
+from launcher.status.pending import Queue, in_words
+from launcher.status.scaling import compare
+from launcher.views.lookup import lookup, sweep_runs
+from launcher.views.search_summary import search_of
+
+PER_PAGE = 50
+# The curves a run's page draws, by their key in metrics.jsonl; tokens/s per GPU is derived where a record lacks it.
+CURVES = ("loss", "eval_loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_mem_gb")
+LIVE = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")  # a job still in the user's queue
+LOG_TAIL_BYTES = 64 * 1024  # what a log's first look sends: its end
+
+
+def runs_page(roots: List[Path], query: Dict[str, str]) -> Dict[str, Any]:
+    """A page of ``launcher runs``: the filters (cluster, status, sweep, name) and the page number of the query,
+    newest first, with each remote cluster that did not answer as a banner."""
+    page = _number(query.get("page", "0"), "page")
+    name = query.get("name", "").strip()
+    banners: List[str] = []
+    args = argparse.Namespace(root=None, cluster=query.get("cluster") or None, model=None, gpus=None, since=None,
+                              sweep=query.get("sweep") or None, status=statuses(query["status"])
+                              if query.get("status") else None, all=bool(name), limit=(page + 1) * PER_PAGE + 1)
+    rows = [row for row in gather(roots, args, warn=banners.append) if name in row.name]
+    shown = rows[page * PER_PAGE:(page + 1) * PER_PAGE]
+    return {"rows": [row_dict(row) for row in shown], "page": page, "more": len(rows) > (page + 1) * PER_PAGE,
+            "banners": banners}
+
+
+def run_page(roots: List[Path], name: str) -> Dict[str, Any]:
+    """``launcher describe NAME --json``, with the command that runs it again."""
+    rec = lookup(roots, name)
+    info = describe.gather(rec, job_states([rec])[rec.name])
+    info["again"] = f"launcher -f {Path(rec.run_dir) / 'run.yaml'}"
+    info["gpus"] = rec.gpus
+    info["predicted"] = predicted(Path(rec.run_dir))
+    return info
+
+
+def predicted(run_dir: Path) -> Dict[str, Any]:
+    """What ``launcher plan`` predicts for the run (memory per GPU, step time, tokens/s, MFU), beside which the
+    page shows what was measured. The local cluster's CPUs are planned as a stand-in GPU, so there the figures
+    say what that GPU would do."""
+    cfg = load_run_config(run_dir / CONFIG)
+    est = estimate(cfg, read_plan(run_dir), hardware_for(cfg.cluster, precision_of(cfg))).to_dict()
+    return {"memory_gb": est["mem_per_gpu_gib"] * GIB / 1e9, "step_time_s": est["step_time_s"],
+            "tokens_per_s": est["tokens_per_s_per_gpu"] * est["gpus"], "mfu": est["predicted_mfu"],
+            "gpu": est["gpu"]["type"]}
+
+
+class Tails:
+    """Each followed file's offset and what was parsed of it, shared by every tab (one reader per file)."""
+
+    def __init__(self) -> None:
+        self._metrics: Dict[Path, tuple] = {}  # path -> (offset, records)
+        self._lock = threading.Lock()
+
+    def metrics(self, run_dir: Path) -> List[dict]:
+        """Every record of the run's metrics.jsonl, reading only what was appended since the last call (a
+        partial last line waits for its end; a file that shrank, rewritten by a resume's truncation, is read
+        again)."""
+        path = run_dir / METRICS
+        with self._lock:
+            offset, records = self._metrics.get(path, (0, []))
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                return []
+            if size < offset:
+                offset, records = 0, []
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read(size - offset)
+            done = chunk.rfind(b"\n") + 1
+            for line in chunk[:done].splitlines():
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    continue  # a damaged line: the CLI warns of it; a curve skips it
+            self._metrics[path] = (offset + done, records)
+            return list(records)
+
+
+def curves(records: Sequence[dict], gpus: int, points: int) -> Dict[str, Any]:
+    """The run's curves against the step, at most ``points`` each: a longer run is cut into that many buckets of
+    logged records, and a bucket's point is its last step with each curve's last value in it (an evaluation,
+    logged every few hundred steps, is kept in its bucket; the newest values are always the last point)."""
+    logged = [r for r in records if not r.get("final") and isinstance(r.get("step"), int)]
+    size = max(1, -(-len(logged) // points))
+    buckets = [logged[i:i + size] for i in range(0, len(logged), size)]
+    out: Dict[str, Any] = {"step": [bucket[-1]["step"] for bucket in buckets], "logged": len(logged)}
+    for key in CURVES:
+        out[key] = [next((r[key] for r in reversed(bucket) if r.get(key) is not None), None) for bucket in buckets]
+    out["tokens_per_s_per_gpu"] = [v / gpus if isinstance(v, (int, float)) and gpus else None
+                                   for v in out["tokens_per_s"]]  # what the page draws, for every run alike
+    return out
+
+
+def log_tail(roots: List[Path], name: str, rank: int, offset: Optional[int]) -> Dict[str, Any]:
+    """Rank ``rank``'s log from ``offset`` (None: its last 64 KB), and the offset to ask from next."""
+    rec = lookup(roots, name)
+    path = logs.log_file(rec, rank, err=False)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return {"text": "", "offset": 0, "path": str(path), "missing": True}
+    start = max(0, size - LOG_TAIL_BYTES) if offset is None or offset > size else offset
+    with path.open("rb") as handle:
+        handle.seek(start)
+        text = handle.read(size - start).decode("utf-8", "replace")
+    return {"text": text, "offset": size, "path": str(path), "missing": False}
+
+
+def sweep_page(roots: List[Path], sweep: str) -> Dict[str, Any]:
+    """A sweep's runs, ``launcher compare``'s figures of them (speedup and efficiency against the fewest GPUs),
+    and a search's study as ``describe SWEEP`` gives it."""
+    records = sweep_runs(roots, sweep)
+    search = search_of(roots, records[0].sweep if records else sweep)
+    if not records and search is None:
+        raise LaunchError(f"no sweep or search '{sweep}'")
+    return {"id": records[0].sweep if records else search.search.id, "runs": [asdict(s) for s in compare(records)],
+            "search": None if search is None else {**search.to_dict(), "metric": search.metric}}
+
+
+def clusters_page() -> List[Dict[str, Any]]:
+    """``launcher clusters --json``, and on each local cluster the user's own jobs with their pending reasons in
+    words."""
+    entries = [to_json(entry) for entry in survey(configured())]
+    for entry in entries:
+        entry["queue"] = _queue(entry) if entry["reachable"] and not entry.get("ssh") else []
+    return entries
+
+
+def _queue(entry: Dict[str, Any]) -> List[Dict[str, str]]:
+    slurm = Slurm(entry["slurm_conf"])
+    try:
+        rows = slurm.squeue()  # the whole queue: the same question as the runs' states, and a reason needs it
+    except SlurmError as err:
+        return [{"job_id": "", "state": "UNKNOWN", "partition": "", "gpus": 0, "reason": str(err)}]
+    queue = Queue(rows, nodes=slurm.nodes)
+    return [{"job_id": row.job_id, "state": row.state, "partition": row.partition, "gpus": row.gpus,
+             "reason": in_words(row, queue) if row.state == "PENDING" else row.reason}
+            for row in rows if row.user == user_name() and row.state in LIVE]
+
+
+def _number(text: str, what: str) -> int:
+    if not text.isdigit():
+        raise LaunchError(f"{what} must be a number, got {text!r}")
+    return int(text)

@@ -1,0 +1,325 @@
+// The console's page: hash routes (#/ runs, #/run/NAME, #/sweep/ID, #/clusters), each drawn from the JSON API
+// (launcher/console/app.py) and refreshed every REFRESH_MS while it is shown. Text is always set as text, never
+// as HTML: names, reasons and logs come from files a run wrote.
+"use strict";
+const REFRESH_MS = 2000;
+const STATES = ["PENDING", "RUNNING", "REQUEUED", "RECOVERING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+                "UNKNOWN", "DAMAGED"];
+let timer = null, charts = {}, logState = null, runsQuery = {page: 0};
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else if (value !== null && value !== undefined && value !== false) el.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+async function api(path, options) {
+  const response = await fetch(path, {credentials: "same-origin", ...(options || {})});
+  const body = await response.json().catch(() => ({error: `${response.status} ${response.statusText}`}));
+  if (!response.ok && !body.error) body.error = `${response.status}`;
+  return body;
+}
+
+const num = (v, digits) => v === null || v === undefined ? "" : v !== 0 && Math.abs(v) < 0.01
+  ? Number(v).toPrecision(3) : Number(v).toLocaleString(undefined, {maximumFractionDigits: digits === undefined ? 0 : digits});
+const pct = v => v === null || v === undefined ? "" : (100 * v).toFixed(1) + "%";
+function age(t) {
+  const s = Date.now() / 1000 - t;
+  if (s < 90) return Math.round(s) + "s";
+  if (s < 5400) return Math.round(s / 60) + "m";
+  if (s < 129600) return Math.round(s / 3600) + "h";
+  return Math.round(s / 86400) + "d";
+}
+function statusCell(status, reason) {
+  return h("td", {class: "status-cell"}, h("span", {class: `status ${status}`}, status),
+           reason ? h("div", {class: "reason"}, reason) : null);
+}
+function progress(step, steps) {
+  const done = step === null || step === undefined ? 0 : step;
+  return h("td", {}, h("span", {class: "bar"}, h("span", {style: `width:${Math.min(100, 100 * done / steps)}%`})),
+           ` ${step === null || step === undefined ? "-" : step}/${steps}`);
+}
+function banners(list) {
+  const box = document.getElementById("banners");
+  box.replaceChildren(...(list || []).map(text => h("div", {class: "banner"}, text)));
+}
+function stamp() { document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString(); }
+
+// ---- the runs page
+async function runsView(view) {
+  const params = new URLSearchParams(Object.entries(runsQuery).filter(([, v]) => v !== "" && v !== undefined));
+  const data = await api("/api/runs?" + params);
+  if (data.error) { banners([data.error]); return; }
+  banners(data.banners);
+  let filters = document.getElementById("filters");
+  if (!filters) {
+    const field = (key, placeholder) => h("input", {id: `filter-${key}`, placeholder, value: runsQuery[key] || "",
+      onchange: e => { runsQuery[key] = e.target.value; runsQuery.page = 0; refresh(); }});
+    const status = h("select", {id: "filter-status", onchange: e => { runsQuery.status = e.target.value;
+      runsQuery.page = 0; refresh(); }}, h("option", {value: ""}, "any status"),
+      STATES.map(s => h("option", {value: s, selected: runsQuery.status === s}, s)));
+    filters = h("div", {class: "filters", id: "filters"}, field("name", "name contains"),
+                field("cluster", "cluster"), field("sweep", "sweep id"), status);
+    view.replaceChildren(h("h2", {}, "Runs"), filters, h("div", {id: "runs-body"}));
+  }
+  const rows = data.rows.map(row => h("tr", {"data-run": row.name},
+    h("td", {}, h("a", {href: `#/run/${encodeURIComponent(row.name)}`}, row.name)),
+    h("td", {}, row.cluster), h("td", {}, row.model), h("td", {class: "num"}, `${row.nodes}x${row.gpus_per_node}`),
+    statusCell(row.status, row.reason), progress(row.step, row.steps),
+    h("td", {class: "num loss"}, num(row.loss, 4)), h("td", {class: "num"}, num(row.tokens_per_s)),
+    h("td", {class: "num"}, pct(row.mfu)), h("td", {class: "num"}, row.attempts || ""),
+    h("td", {}, row.sweep ? h("a", {href: `#/sweep/${encodeURIComponent(row.sweep)}`}, row.sweep) : ""),
+    h("td", {}, age(row.submitted_at))));
+  const table = h("table", {id: "runs"}, h("thead", {}, h("tr", {}, ["Name", "Cluster", "Model", "GPUs", "Status",
+    "Progress", "Loss", "Tok/s", "MFU", "Tries", "Sweep", "Age"].map(t => h("th", {}, t)))), h("tbody", {}, rows));
+  const pager = h("div", {class: "pager"},
+    runsQuery.page > 0 ? h("button", {onclick: () => { runsQuery.page--; refresh(); }}, "newer") : null,
+    data.more ? h("button", {id: "older", onclick: () => { runsQuery.page++; refresh(); }}, "older") : null,
+    data.rows.length ? null : "No runs.");
+  document.getElementById("runs-body").replaceChildren(table, pager);
+}
+
+// ---- a run's page
+const CHARTS = [
+  ["loss", "Loss", ["loss", "eval_loss"]], ["lr", "Learning rate", ["lr"]], ["grad_norm", "Gradient norm", ["grad_norm"]],
+  ["tokens", "Tokens/s (and per GPU)", ["tokens_per_s", "tokens_per_s_per_gpu"]], ["mfu", "MFU", ["mfu"]],
+  ["memory", "Peak memory (GB)", ["peak_mem_gb"]],
+];
+const COLOURS = ["#0969da", "#cf222e", "#1a7f37", "#8250df"];
+
+function chartData(curves, keys) {
+  return [curves.step, ...keys.map(k => curves[k].map(v => v === null || v === undefined ? null : v))];
+}
+function drawCharts(box, curves) {
+  for (const [id, title, keys] of CHARTS) {
+    const data = chartData(curves, keys);
+    if (!keys.some((k, i) => data[i + 1].some(v => v !== null))) continue;
+    if (charts[id]) { charts[id].setData(data); continue; }
+    const holder = h("div", {class: "chart", id: `chart-${id}`}, h("h3", {}, title));
+    box.append(holder);
+    charts[id] = new uPlot({width: 440, height: 220, cursor: {drag: {x: true, y: false}},
+      series: [{label: "step"}, ...keys.map((k, i) => ({label: k, stroke: COLOURS[i], spanGaps: true,
+                                                       points: {show: false}}))],
+      scales: {x: {time: false}}}, data, holder);
+    holder.dataset.points = String(curves.step.length);
+  }
+  for (const [id] of CHARTS) {
+    const holder = document.getElementById(`chart-${id}`);
+    if (holder) holder.dataset.points = String(curves.step.length);
+  }
+}
+
+function planTable(info) {
+  const p = info.predicted || {}, m = info.latest_metrics || {};
+  const rows = [["Memory per GPU (GB)", p.memory_gb, m.peak_mem_gb, 3], ["Step time (s)", p.step_time_s, m.step_time, 4],
+                ["Tokens/s", p.tokens_per_s, m.tokens_per_s, 0], ["MFU", p.mfu, m.mfu, null]];
+  const cell = (v, digits) => h("td", {class: "num"}, digits === null ? pct(v) : num(v, digits));
+  return h("table", {id: "plan"}, h("thead", {}, h("tr", {}, ["", `planned (${p.gpu || "?"})`, "measured"]
+      .map(t => h("th", {}, t)))),
+    h("tbody", {}, rows.map(([what, planned, measured, digits]) => h("tr", {}, h("td", {}, what),
+      cell(planned, digits), cell(measured, digits)))));
+}
+
+function cellText(key, value) {
+  if (value === null || value === undefined) return "";
+  if ((key === "start" || key === "end") && typeof value === "number") return new Date(1000 * value).toLocaleString();
+  if (typeof value === "number" && !Number.isInteger(value)) return value.toFixed(1);
+  return String(value);
+}
+
+function attemptsTable(info) {
+  const rows = info.attempts || [];
+  // queued (grey) then running (coloured by its outcome) for each attempt, in proportion to their times
+  const span = a => Math.max(1, (a.end || Date.now() / 1000) - (a.start || 0));
+  const total = rows.reduce((s, a) => s + span(a) + (a.queued_s || 0), 0) || 1;
+  const colour = {COMPLETED: "#2da44e", FAILED: "#cf222e", REQUEUED: "#8250df", CANCELLED: "#6e7781"};
+  const line = h("div", {class: "timeline", id: "timeline"}, rows.map(a => [
+    h("span", {title: `attempt ${a.attempt}: queued ${cellText("", a.queued_s)} s`,
+               style: `width:${100 * (a.queued_s || 0) / total}%;background:#d0d7de`}),
+    h("span", {title: `attempt ${a.attempt}: ${a.outcome || "running"} ${a.cause || ""}`,
+               style: `width:${100 * span(a) / total}%;background:${colour[a.outcome] || "#0969da"}`})]));
+  const keys = rows.length ? Object.keys(rows[0]) : [];
+  return h("div", {}, line, h("table", {id: "attempts"}, h("thead", {}, h("tr", {}, keys.map(k => h("th", {}, k)))),
+    h("tbody", {}, rows.map(a => h("tr", {}, keys.map(k => h("td", {}, cellText(k, a[k]))))))),
+    info.goodput ? h("p", {id: "goodput"}, info.goodput.line) : null);
+}
+
+async function act(what, name, action, question) {
+  if (question && !confirm(question)) return;
+  const said = document.getElementById("said");
+  said.textContent = "…";
+  const answer = await api(`/api/${what}/${encodeURIComponent(name)}/${action}`, {method: "POST"});
+  said.className = answer.error ? "error" : "";
+  said.textContent = answer.error ? "error: " + answer.error : answer.said;
+  if (!answer.error && action === "delete") { location.hash = "#/"; return; }
+  refresh();
+}
+
+async function runView(view, name) {
+  const info = await api(`/api/run/${encodeURIComponent(name)}`);
+  if (info.error) { view.replaceChildren(h("p", {id: "said", class: "error"}, "error: " + info.error)); return; }
+  banners([]);
+  if (!document.getElementById("run-page") || view.dataset.run !== name) {
+    charts = {}; logState = {rank: 0, offset: null, follow: true};
+    view.dataset.run = name;
+    view.replaceChildren(h("div", {id: "run-page"},
+      h("h2", {}, name), h("div", {id: "run-head"}),
+      h("div", {}, h("button", {id: "stop", onclick: () => act("run", name, "stop")}, "Stop"),
+        h("button", {id: "resume", onclick: () => act("run", name, "resume")}, "Resume"),
+        h("button", {id: "delete", class: "danger", onclick: () => act("run", name, "delete",
+          `Delete run ${name}: cancel its job and remove its directory?`)}, "Delete")),
+      h("div", {id: "said"}), h("h3", {}, "Plan and measured"), h("div", {id: "plan-box"}),
+      h("h3", {}, "Curves"), h("div", {class: "charts", id: "charts"}),
+      h("h3", {}, "Attempts"), h("div", {id: "attempts-box"}),
+      h("h3", {}, "Log"), h("div", {}, "rank ", h("input", {id: "log-rank", type: "number", min: 0, value: 0,
+        onchange: e => { logState = {...logState, rank: Number(e.target.value), offset: null};
+                         document.getElementById("log").textContent = ""; refresh(); }}),
+        h("label", {}, h("input", {id: "log-follow", type: "checkbox", checked: true,
+          onchange: e => { logState.follow = e.target.checked; }}), " follow")),
+      h("pre", {id: "log"}), h("h3", {}, "Checkpoints and exports"), h("div", {id: "files-box"}),
+      h("h3", {}, "Run it again"), h("pre", {class: "config", id: "again"}),
+      h("h3", {}, "config.yaml"), h("pre", {class: "config", id: "config"})));
+  }
+  document.getElementById("run-head").replaceChildren(h("table", {}, h("tbody", {}, h("tr", {},
+    statusCell(info.state, info.reason), h("td", {}, `job ${info.job_id || "-"} on ${info.cluster}`),
+    h("td", {}, info.sweep ? h("a", {href: `#/sweep/${encodeURIComponent(info.sweep)}`}, "sweep " + info.sweep) : ""),
+    h("td", {}, info.elapsed ? "elapsed " + info.elapsed : "")))));
+  document.getElementById("plan-box").replaceChildren(planTable(info));
+  document.getElementById("attempts-box").replaceChildren(attemptsTable(info));
+  document.getElementById("files-box").replaceChildren(h("table", {id: "checkpoints"}, h("tbody", {},
+    (info.checkpoints || []).map(c => h("tr", {}, h("td", {}, `step ${c.step}`), h("td", {}, c.path),
+      h("td", {class: "num"}, num(c.bytes)), h("td", {}, c.damaged ? "damaged" : ""))),
+    (info.exports || []).map(e => h("tr", {}, h("td", {}, "export"), h("td", {}, e.path || e.error || ""),
+      h("td", {}, e.step === undefined ? "" : `step ${e.step}`), h("td", {}, ""))))));
+  document.getElementById("again").textContent = info.again;
+  document.getElementById("config").textContent = info.config;
+  const curves = await api(`/api/run/${encodeURIComponent(name)}/curves?points=1000`);
+  if (!curves.error) drawCharts(document.getElementById("charts"), curves);
+  await followLog(name);
+}
+
+async function followLog(name) {
+  const pre = document.getElementById("log");
+  const q = logState.offset === null ? "" : `&offset=${logState.offset}`;
+  const tail = await api(`/api/run/${encodeURIComponent(name)}/log?rank=${logState.rank}${q}`);
+  if (tail.error) { pre.textContent = "error: " + tail.error; return; }
+  if (tail.missing) { pre.textContent = `(no log yet: ${tail.path})`; logState.offset = null; return; }
+  if (logState.offset === null) pre.textContent = "";
+  pre.append(document.createTextNode(tail.text));
+  logState.offset = tail.offset;
+  if (logState.follow) pre.scrollTop = pre.scrollHeight;
+}
+
+// ---- a sweep's page
+function scalingChart(box, runs) {
+  const sized = runs.filter(r => r.tokens_per_s).sort((a, b) => a.gpus - b.gpus);
+  if (sized.length < 2) return;
+  const base = sized[0];
+  const gpus = sized.map(r => r.gpus);
+  const ideal = gpus.map(g => base.tokens_per_s * g / base.gpus);
+  const holder = h("div", {class: "chart", id: "chart-scaling"}, h("h3", {}, "Tokens/s against GPUs (dashed: ideal)"));
+  box.append(holder);
+  new uPlot({width: 520, height: 260, scales: {x: {time: false}},
+    series: [{label: "GPUs"}, {label: "measured", stroke: COLOURS[0]},
+             {label: "ideal", stroke: "#6e7781", dash: [6, 4]}]}, [gpus, sized.map(r => r.tokens_per_s), ideal], holder);
+}
+
+function searchBox(search) {
+  const best = search.best ? search.best.number : null;
+  const keys = search.space.map(p => p.key);
+  const rows = search.trials.map(t => h("tr", {"data-trial": t.number, class: t.number === best ? "best" : null},
+    h("td", {}, t.number), h("td", {}, t.state), keys.map(k => h("td", {class: "num"}, num(t.params[k], 6))),
+    h("td", {class: "num"}, num(t.value, 5)), h("td", {}, t.run ? h("a", {href: `#/run/${t.run}`}, t.run) : ""),
+    h("td", {}, t.number === best ? "best" : "")));
+  const counts = Object.entries(search.counts || {}).map(([k, v]) => `${k} ${v}`).join(", ");
+  return h("div", {id: "search"}, h("p", {}, `Search ${search.id}: ${counts}${search.ended ? "; " + search.ended : ""}`),
+    h("button", {id: "stop-search", onclick: () => act("sweep", search.id, "stop")}, "Stop the search"),
+    h("div", {id: "said"}),
+    h("table", {id: "trials"}, h("thead", {}, h("tr", {}, ["Trial", "State", ...keys, search.metric, "Run", ""]
+      .map(t => h("th", {}, t)))), h("tbody", {}, rows)),
+    h("div", {class: "charts", id: "param-charts"}));
+}
+
+function paramCharts(box, search) {
+  for (const p of search.space) {
+    const done = search.trials.filter(t => t.value !== null && t.params[p.key] !== undefined)
+      .sort((a, b) => a.params[p.key] - b.params[p.key]);
+    if (!done.length) continue;
+    const holder = h("div", {class: "chart"}, h("h3", {}, `${search.metric} against ${p.key}`));
+    box.append(holder);
+    new uPlot({width: 440, height: 220, scales: {x: {time: false, distr: p.log ? 3 : 1}},
+      series: [{label: p.key}, {label: search.metric, stroke: COLOURS[0], paths: () => null,
+                                points: {show: true, size: 8}}]},
+      [done.map(t => t.params[p.key]), done.map(t => t.value)], holder);
+  }
+}
+
+async function sweepView(view, id) {
+  const data = await api(`/api/sweep/${encodeURIComponent(id)}`);
+  if (data.error) { view.replaceChildren(h("p", {id: "said", class: "error"}, "error: " + data.error)); return; }
+  const runs = h("table", {id: "sweep-runs"}, h("thead", {}, h("tr", {}, ["Run", "Model", "GPUs", "Status", "Tok/s",
+    "Tok/s per GPU", "Speedup", "Efficiency", "Final loss"].map(t => h("th", {}, t)))), h("tbody", {},
+    data.runs.map(r => h("tr", {}, h("td", {}, h("a", {href: `#/run/${r.name}`}, r.name)), h("td", {}, r.model),
+      h("td", {class: "num"}, r.gpus), h("td", {class: `status ${r.status}`}, r.status),
+      h("td", {class: "num"}, num(r.tokens_per_s)), h("td", {class: "num"}, num(r.tokens_per_s_per_gpu)),
+      h("td", {class: "num"}, num(r.speedup, 2)), h("td", {class: "num"}, pct(r.scaling_efficiency)),
+      h("td", {class: "num"}, num(r.final_loss, 4))))));
+  const charts = h("div", {class: "charts"});
+  view.replaceChildren(h("h2", {}, `Sweep ${data.id}`), runs, charts,
+                       data.search ? searchBox(data.search) : null);
+  scalingChart(charts, data.runs);
+  if (data.search) paramCharts(document.getElementById("param-charts"), data.search);
+}
+
+// ---- the clusters page
+async function clustersView(view) {
+  const data = await api("/api/clusters");
+  if (data.error) { banners([data.error]); return; }
+  banners(data.filter(c => !c.reachable).map(c => `cluster ${c.cluster} is unreachable: ${c.error}`));
+  view.replaceChildren(h("h2", {}, "Clusters"), ...data.map(c => h("section", {"data-cluster": c.cluster},
+    h("h3", {}, c.cluster + (c.default ? " (default)" : "") + (c.reachable ? "" : " — unreachable")),
+    c.reachable ? h("table", {}, h("thead", {}, h("tr", {}, ["Partition", "GPU", "GPUs free/total", "Nodes idle/alloc/down",
+      "Max run now", "Your max run", "Time limit"].map(t => h("th", {}, t)))), h("tbody", {},
+      c.partitions.map(p => h("tr", {}, h("td", {}, p.name + (p.default ? "*" : "")), h("td", {}, p.gpu_type),
+        h("td", {class: "num"}, `${p.gpus_free}/${p.gpus_total}`),
+        h("td", {class: "num"}, `${p.nodes_idle}/${p.nodes_allocated}/${p.nodes_down}`),
+        h("td", {class: "num"}, p.max_run_now), h("td", {}, p.yours || "-"), h("td", {}, p.time_limit))))) : null,
+    (c.queue || []).length ? h("table", {class: "queue"}, h("thead", {}, h("tr", {}, ["Your job", "State", "Partition",
+      "GPUs", "Why"].map(t => h("th", {}, t)))), h("tbody", {}, c.queue.map(j => h("tr", {}, h("td", {}, j.job_id),
+      statusCell(j.state, ""), h("td", {}, j.partition), h("td", {class: "num"}, j.gpus), h("td", {}, j.reason)))))
+      : null)));
+}
+
+// ---- routing and refresh
+async function refresh() {
+  const view = document.getElementById("view");
+  const [, page, arg] = (location.hash || "#/").match(/^#\/([^/]*)\/?(.*)$/) || [];
+  try {
+    if (page === "run") await runView(view, decodeURIComponent(arg));
+    else if (page === "sweep") await sweepView(view, decodeURIComponent(arg));
+    else if (page === "clusters") await clustersView(view);
+    else await runsView(view);
+    stamp();
+  } catch (err) {
+    banners([`the console did not answer: ${err}`]);
+  }
+}
+
+function route() {
+  clearInterval(timer);
+  charts = {};
+  document.getElementById("view").replaceChildren();
+  delete document.getElementById("view").dataset.run;
+  refresh();
+  const page = (location.hash || "#/").split("/")[1];
+  if (page !== "sweep") timer = setInterval(refresh, page === "clusters" ? 10000 : REFRESH_MS);
+}
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,176 @@
+"""The web console without a browser or a cluster: its token and origin rules, its curves' downsampling, the
+incremental reading of a growing metrics file, the pages' JSON from real run directories, and Slurm's answers
+shared between callers (the browser tests are tests/cluster/test_console.py)."""
+import importlib.util
+import json
+import os
+import re
+import stat
+import threading
+
+import pytest
+from starlette.testclient import TestClient
+
+from launcher.console import readers
+from launcher.console.app import Console, application
+from launcher.console.serve import write_token
+from launcher.errors import LaunchError
+from launcher.slurm.client import SharedAnswers, SlurmError
+from support.helpers import REPO
+
+TOKEN = "t0ken-of-this-start"
+
+
+def client(tmp_path, host="127.0.0.1:8000"):
+    console = Console([tmp_path], None, TOKEN, [host, "localhost:8000"])
+    return TestClient(application(console), base_url=f"http://{host}")
+
+
+def test_every_request_needs_the_token_and_the_first_page_moves_it_into_a_strict_cookie(tmp_path):
+    web = client(tmp_path)
+    for path in ("/", "/api/runs", "/static/console.js", "/api/run/x/curves"):
+        answer = web.get(path)
+        assert answer.status_code == 403 and "no valid token" in answer.text, path
+    assert web.get("/?token=wrong").status_code == 403
+    first = web.get(f"/?token={TOKEN}", follow_redirects=False)
+    assert first.status_code == 303 and first.headers["location"] == "/"  # the token leaves the address
+    cookie = first.headers["set-cookie"]
+    assert cookie.startswith(f"launcher_console_8000={TOKEN};") and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    page = web.get("/")  # the client keeps the cookie, as a browser does
+    assert page.status_code == 200 and "/static/console.js" in page.text
+    assert web.get("/static/uPlot.iife.min.js").status_code == 200
+    assert web.get("/api/runs").json() == {"rows": [], "page": 0, "more": False, "banners": []}
+
+
+def test_another_host_and_a_cross_origin_action_are_refused(tmp_path):
+    web = client(tmp_path)
+    web.get(f"/?token={TOKEN}")
+    rebound = web.get("/api/runs", headers={"host": "evil.example:8000"})
+    assert rebound.status_code == 403 and "not 'evil.example:8000'" in rebound.text
+    for origin in ({}, {"origin": "http://evil.example"}):
+        answer = web.post("/api/run/x/stop", headers=origin)
+        assert answer.status_code == 403 and "this console's own page" in answer.text, origin
+    same = web.post("/api/run/x/stop", headers={"origin": "http://127.0.0.1:8000"})
+    assert same.status_code == 400 and same.json()["error"].startswith("no run named 'x'"), same.text  # stop's own
+    assert web.get("/api/run/x/stop").status_code == 405  # no GET changes anything
+
+
+def test_the_token_file_is_the_users_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "home"))
+    path = write_token("abc")
+    assert path.read_text() == "abc\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+
+def test_a_long_run_is_sent_downsampled_with_its_evaluations_and_its_newest_point():
+    records = [{"step": s, "loss": 10.0 - s / 1e4, "lr": 1e-3, "tokens_per_s": 800.0,
+                **({"eval_loss": 5.0 - s / 1e5} if s % 500 == 0 else {})} for s in range(1, 100_001)]
+    records.append({"step": 100_000, "final": True, "loss": 0.0})
+    curves = readers.curves(records, gpus=8, points=1000)
+    assert len(curves["step"]) == 1000 and curves["logged"] == 100_000
+    assert curves["step"][-1] == 100_000 and curves["loss"][-1] == 10.0 - 100_000 / 1e4  # not the final record's
+    assert sum(v is not None for v in curves["eval_loss"]) == 200  # every bucket of 100 steps holds one evaluation
+    assert curves["tokens_per_s_per_gpu"][0] == 100.0
+    short = readers.curves(records[:5], gpus=1, points=1000)
+    assert short["step"] == [1, 2, 3, 4, 5] and short["eval_loss"] == [None] * 5
+
+
+def test_a_growing_metrics_file_is_read_from_where_the_last_read_ended(tmp_path):
+    tails = readers.Tails()
+    path = tmp_path / "metrics.jsonl"
+    assert tails.metrics(tmp_path) == []
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step"')  # a line being written
+    assert [r["step"] for r in tails.metrics(tmp_path)] == [1, 2]
+    with path.open("r+") as handle:  # spoil what was read already: a reader from the start would lose it
+        handle.write("xxxxxxxxxxx")
+        handle.seek(0, 2)
+        handle.write(': 3}\n{"step": 4}\n')
+    assert [r["step"] for r in tails.metrics(tmp_path)] == [1, 2, 3, 4]  # read on from where it stopped
+    path.write_text('{"step": 1}\n')  # rewritten shorter: read again from the start
+    assert [r["step"] for r in tails.metrics(tmp_path)] == [1]
+
+
+def planted(root, count):
+    """``count`` finished runs as scripts/bench_console.py plants them (records, settled states, events, metrics)."""
+    spec = importlib.util.spec_from_file_location("bench_console", REPO / "scripts" / "bench_console.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.plant(root, count)
+
+
+def test_the_runs_page_filters_and_pages_the_runs_newest_first(tmp_path):
+    names = planted(tmp_path, 120)
+    first = readers.runs_page([tmp_path], {})
+    assert [row["name"] for row in first["rows"]] == names[::-1][:50] and first["more"] and first["banners"] == []
+    assert first["rows"][0]["status"] == "COMPLETED" and first["rows"][0]["loss"] == 3.0  # its last metrics
+    last = readers.runs_page([tmp_path], {"page": "2"})
+    assert [row["name"] for row in last["rows"]] == names[::-1][100:] and not last["more"]
+    named = readers.runs_page([tmp_path], {"name": "-0006"})  # 0x60 to 0x6f
+    assert [row["name"] for row in named["rows"]] == [n for n in names[::-1] if "-0006" in n] and len(named["rows"]) == 16
+    swept = readers.runs_page([tmp_path], {"sweep": "sweep000", "status": "completed"})
+    assert len(swept["rows"]) == 50 and swept["more"] and {r["sweep"] for r in swept["rows"]} == {"sweep000"}
+    assert readers.runs_page([tmp_path], {"status": "RUNNING"})["rows"] == []
+    with pytest.raises(LaunchError, match="--status NOPE: allowed"):
+        readers.runs_page([tmp_path], {"status": "nope"})
+    with pytest.raises(LaunchError, match="page must be a number, got 'x'"):
+        readers.runs_page([tmp_path], {"page": "x"})
+
+
+def test_slurms_answers_are_shared_for_their_age_and_a_failure_too():
+    shared = SharedAnswers()
+    shared.max_age_s = 30
+    asked = []
+
+    def ask():
+        asked.append(1)
+        return "answer"
+    threads = [threading.Thread(target=lambda: shared.answer("conf", ("squeue",), ask)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(asked) == 1 and shared.calls == 1  # eight tabs at once: one squeue
+
+    def fail():
+        asked.append(1)
+        raise SlurmError("scontrol ping: DOWN")
+    for _ in range(3):
+        with pytest.raises(SlurmError, match="DOWN"):
+            shared.answer("down", ("scontrol", "ping"), fail)
+    assert len(asked) == 2
+    shared.forget("conf")
+    shared.answer("conf", ("squeue",), ask)
+    assert len(asked) == 3
+
+
+def test_the_console_is_one_line_when_its_stack_is_missing(tmp_path):
+    code = ("import builtins, sys; real = builtins.__import__\n"
+            "def fake(name, *a, **k):\n"
+            "    if name == 'uvicorn': raise ImportError('no uvicorn', name='uvicorn')\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = fake\n"
+            "from launcher.cli import main; sys.exit(main(['ui']))")
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "LAUNCHER_HOME": str(tmp_path)})
+    assert res.returncode == 2 and res.stderr.startswith("error: launcher ui needs the console's web stack "
+                                                          "(uvicorn is missing): pip install"), res.stderr
+    assert json.dumps(res.stderr).count("\\n") == 1
+
+
+def test_other_commands_do_not_load_the_web_stack_and_the_benchmark_runs_quick(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LAUNCHER_RUN_ROOT": str(tmp_path)}
+    code = "import sys; from launcher.cli import main; main(['runs']); print(sorted(m for m in sys.modules " \
+           "if m.split('.')[0] in ('starlette', 'uvicorn', 'anyio')))"
+    listed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+    assert listed.stdout.strip().endswith("[]"), listed.stdout + listed.stderr
+    bench = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_console.py"), "--quick"],
+                           capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert bench.returncode == 0, bench.stderr
+    assert re.fullmatch(r"console first page with 300 runs: [\d.]+ s cold, [\d.]+ s warm, 50 rows; budget 1\.0 s: "
+                        r"[\d.]+x of it\n", bench.stdout), bench.stdout
