@@ -43,9 +43,14 @@ def plant(root: Path, count: int, cluster_conf: str = "/nonexistent/slurm.conf")
         events = [{"event": "submitted", "job_id": job, "time": submitted},
                   {"attempt": 1, "event": "attempt", "job_id": job, "log_offset": 0, "nodes": "node1", "restart": 0,
                    "time": submitted + 1},
-                  {"event": "finished", "job_id": job, "step": 100, "time": submitted + 50}]
+                  {"code": str(run / "code"), "event": "started", "job_id": job, "nodes": 1, "time": submitted + 2,
+                   "world_size": 2},
+                  {"event": "finished", "loss": 3.0, "pruned": None, "step": 100, "time": submitted + 43},
+                  {"attempt": 1, "event": "attempt_ended", "job_id": job, "outcome": "COMPLETED", "time": submitted + 50}]
         (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 5 - s / 50, "tokens_per_s": 1e4})
+        # 100 steps of 0.4 s from 2 s after the submission: 40 of its 50 s trained steps it kept
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 5 - s / 50, "tokens_per_s": 1e4,
+                                                               "step_time": 0.4, "time": submitted + 2 + 0.4 * s})
                                                    + "\n" for s in range(10, 101, 10)))
         names.append(name)
         index.append(f"{submitted} {name}\n")

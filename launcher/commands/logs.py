@@ -14,18 +14,12 @@ from launcher.core.plan import read_plan
 from launcher.core.run_index import RunRecord
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.status.job_state import JobState, job_states
+from launcher.status.tails import rank_log
 
 
 def log_file(rec: RunRecord, rank: int, err: bool) -> Path:
-    """Rank ``rank``'s log: its own ``logs/rank_N.log``, or submitit's raw stdout/stderr of that task.
-
-    submitit's files also hold what a task printed before logging was set up (an import error, say), so
-    they stand in while the rank log does not exist yet.
-    """
-    run_dir = Path(rec.run_dir)
-    raw = run_dir / "submitit" / f"{rec.job_id}_{rank}_log.{'err' if err else 'out'}"
-    own = run_dir / "logs" / f"rank_{rank}.log"
-    return raw if err or not own.exists() else own
+    """Rank ``rank``'s log (launcher/status/tails.py ``rank_log``)."""
+    return rank_log(Path(rec.run_dir), rec.job_id, rank, err)
 
 
 def ranks_on_node(rec: RunRecord, node: str) -> List[int]:

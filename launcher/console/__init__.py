@@ -3,5 +3,5 @@ readers.py what they show, actions.py the buttons, which run the commands themse
 
 Above launcher/commands in the layers: its buttons are ``launcher stop``, ``resume`` and ``delete``.
 
-Imports: commands, core, errors, forecast, slurm, status, views.
+Imports: commands, core, errors, forecast, remote, slurm, status, views.
 """

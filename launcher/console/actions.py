@@ -17,14 +17,26 @@ from typing import Dict, Optional
 from launcher.commands import delete, resume, stop
 from launcher.core.damage import DamagedRun
 from launcher.errors import LaunchError
+from launcher.remote.ship import remote_error, run_launcher
+from launcher.remote.ssh import Remote
 from launcher.slurm.client import SHARED
 
 _ONE_AT_A_TIME = threading.Lock()
 
 
-def act(action: str, root: Optional[Path], name: str) -> Dict[str, str]:
+def act(action: str, root: Optional[Path], name: str, remote: Optional[Remote] = None) -> Dict[str, str]:
     """Run ``action`` (stop, resume, delete, stop-sweep) on the run (or sweep) ``name``: ``{"said": ...}`` with
-    what the command printed, or the command's LaunchError (its one-line refusal)."""
+    what the command printed, or the command's LaunchError (its one-line refusal). A run on a cluster reached over
+    SSH is acted on there, by the same command, as the CLI forwards it (launcher/remote/forward.py)."""
+    if remote is not None:
+        words = {"stop": ["stop", name], "stop-sweep": ["stop", "--sweep", name], "resume": ["resume", name],
+                 "delete": ["delete", "--yes", name]}
+        if action not in words:
+            raise LaunchError(f"unknown action '{action}': allowed {', '.join(words)}")
+        proc = run_launcher(remote, "launcher", words[action], timeout=max(60.0, 4 * remote.timeout_s))
+        if proc.returncode != 0:
+            raise LaunchError(remote_error(remote, proc.stderr))
+        return {"said": proc.stdout.strip()}
     if action == "stop":
         command, args = stop.main, argparse.Namespace(root=root, names=[name], sweep=None)
     elif action == "stop-sweep":

@@ -40,8 +40,8 @@ MAX_POINTS = 2000  # the most points a curve is sent with
 
 
 class Console:
-    """What the application serves from: the run roots, its token, the tails it follows and the answers the tabs
-    share."""
+    """What the application serves from: the run roots, its token, the Host names a request may give (none: any),
+    the tails it follows and the answers the tabs share."""
 
     def __init__(self, roots: List[Path], root: Optional[Path], token: str, hosts: List[str]) -> None:
         self.roots, self.root, self.token, self.hosts = roots, root, token, hosts
@@ -71,7 +71,7 @@ def cookie_name(request: Request) -> str:
 def refused(console: Console, request: Request) -> Optional[Response]:
     """Why ``request`` is not served (a 403 in one line), or None."""
     host = request.headers.get("host", "")
-    if host not in console.hosts:
+    if console.hosts and host not in console.hosts:
         return PlainTextResponse(f"403: this console serves {console.hosts[0]}, not {host!r}\n", status_code=403)
     given = request.cookies.get(cookie_name(request), "") or request.query_params.get("token", "")
     if not hmac.compare_digest(given.encode(), console.token.encode()):
@@ -82,60 +82,99 @@ def refused(console: Console, request: Request) -> Optional[Response]:
     return None
 
 
-def application(console: Console) -> Starlette:
-    """The Starlette application serving ``console``."""
+def api(read: Callable[[Request], Any]) -> Callable:
+    """A JSON endpoint: ``read(request)`` in a worker thread; a refusal in the CLI's words is a 400."""
+    async def endpoint(request: Request) -> Response:
+        try:
+            return JSONResponse(await run_in_threadpool(read, request))
+        except (LaunchError, DamagedRun) as err:
+            message = err.message if isinstance(err, LaunchError) else str(err)
+            return JSONResponse({"error": message}, status_code=400)
+    return endpoint
 
-    def api(read: Callable[[Request], Any]) -> Callable:
-        """A JSON endpoint: ``read(request)`` in a worker thread; a refusal in the CLI's words is a 400."""
-        async def endpoint(request: Request) -> Response:
-            try:
-                return JSONResponse(await run_in_threadpool(read, request))
-            except (LaunchError, DamagedRun) as err:
-                message = err.message if isinstance(err, LaunchError) else str(err)
-                return JSONResponse({"error": message}, status_code=400)
-        return endpoint
 
-    def index(request: Request) -> Response:
+def number(request: Request, key: str, default: Optional[int]) -> Optional[int]:
+    """The query's whole number ``key`` (``default`` when absent); a LaunchError naming it otherwise."""
+    text = request.query_params.get(key, "")
+    if not text:
+        return default
+    if not text.isdigit():
+        raise LaunchError(f"{key} must be a whole number, got {text!r}")
+    return int(text)
+
+
+class Pages:
+    """The endpoints, each reading through launcher/console/readers.py or acting through actions.py."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def index(self, request: Request) -> Response:
         if "token" in request.query_params:  # the printed URL: keep the token in the cookie, not the address
-            response = RedirectResponse("/" + (f"#{request.query_params['at']}" if "at" in request.query_params
-                                               else ""), status_code=303)
-            response.set_cookie(cookie_name(request), console.token, httponly=True, samesite="strict", path="/")
+            response = RedirectResponse("/", status_code=303)
+            response.set_cookie(cookie_name(request), self.console.token, httponly=True, samesite="strict", path="/")
             return response
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
-    def action(request: Request) -> Dict[str, str]:
-        kind, name = request.path_params["action"], request.path_params["name"]
-        what = request.path_params["what"]
+    def runs(self, request: Request) -> Dict[str, Any]:
+        console = self.console
+        return console.shared_page("runs?" + str(request.query_params), lambda: readers.runs_page(
+            console.roots, dict(request.query_params), console.tails))
+
+    def run(self, request: Request) -> Dict[str, Any]:
+        console, name, query = self.console, request.path_params["name"], request.query_params
+        remote = readers.remote_named(query.get("cluster"))
+        if remote is None:
+            return readers.run_page(console.roots, name)
+        rank, offset = number(request, "rank", 0), number(request, "log_offset", None)
+        return console.shared_page(f"run?{query}", lambda: readers.remote_run_page(
+            remote, name, console.tails, rank, offset, MAX_POINTS // 2))
+
+    def curves(self, request: Request) -> Dict[str, Any]:
+        rec = readers.lookup(self.console.roots, request.path_params["name"])
+        points = min(MAX_POINTS, max(10, number(request, "points", MAX_POINTS)))
+        return readers.curves(self.console.tails.metrics(Path(rec.run_dir)), rec.gpus, points)
+
+    def log(self, request: Request) -> Dict[str, Any]:
+        return readers.log_tail(self.console.roots, request.path_params["name"], number(request, "rank", 0),
+                                number(request, "offset", None))
+
+    def sweep(self, request: Request) -> Dict[str, Any]:
+        return readers.sweep_page(self.console.roots, request.path_params["sweep"])
+
+    def clusters(self, request: Request) -> List[Dict[str, Any]]:
+        return self.console.shared_page("clusters", readers.clusters_page)
+
+    def load(self, request: Request) -> Dict[str, Any]:
+        return {"slurm_calls": SHARED.calls, "slurm_every_s": SHARED.max_age_s}
+
+    def action(self, request: Request) -> Dict[str, str]:
+        kind, name, what = request.path_params["action"], request.path_params["name"], request.path_params["what"]
         if what not in ("run", "sweep"):
             raise LaunchError(f"no action on '{what}': allowed /api/run/NAME/ACTION and /api/sweep/ID/stop")
         try:
-            return act("stop-sweep" if what == "sweep" and kind == "stop" else kind, console.root, name)
+            return act("stop-sweep" if what == "sweep" and kind == "stop" else kind, self.console.root, name,
+                       readers.remote_named(request.query_params.get("cluster")))
         finally:
-            console.forget_pages()
+            self.console.forget_pages()
 
-    def curves(request: Request) -> Dict[str, Any]:
-        rec = readers.lookup(console.roots, request.path_params["name"])
-        points = min(MAX_POINTS, max(10, int(request.query_params.get("points", MAX_POINTS))))
-        return readers.curves(console.tails.metrics(Path(rec.run_dir)), rec.gpus, points)
 
-    def log(request: Request) -> Dict[str, Any]:
-        offset = request.query_params.get("offset")
-        return readers.log_tail(console.roots, request.path_params["name"], int(request.query_params.get("rank", 0)),
-                                int(offset) if offset and offset.isdigit() else None)
-
+def application(console: Console) -> Starlette:
+    """The Starlette application serving ``console``, every request through :func:`refused` first."""
+    pages = Pages(console)
     routes = [
-        Route("/", index),
-        Route("/api/runs", api(lambda r: console.shared_page(
-            "runs?" + str(r.query_params), lambda: readers.runs_page(console.roots, dict(r.query_params))))),
-        Route("/api/run/{name}", api(lambda r: readers.run_page(console.roots, r.path_params["name"]))),
-        Route("/api/run/{name}/curves", api(curves)),
-        Route("/api/run/{name}/log", api(log)),
-        Route("/api/sweep/{sweep}", api(lambda r: readers.sweep_page(console.roots, r.path_params["sweep"]))),
-        Route("/api/clusters", api(lambda r: console.shared_page("clusters", readers.clusters_page))),
-        Route("/api/load", api(lambda r: {"slurm_calls": SHARED.calls, "slurm_every_s": SHARED.max_age_s})),
-        Route("/api/{what:str}/{name}/{action:str}", api(action), methods=["POST"]),
+        Route("/", pages.index),
+        Route("/api/runs", api(pages.runs)),
+        Route("/api/run/{name}", api(pages.run)),
+        Route("/api/run/{name}/curves", api(pages.curves)),
+        Route("/api/run/{name}/log", api(pages.log)),
+        Route("/api/sweep/{sweep}", api(pages.sweep)),
+        Route("/api/clusters", api(pages.clusters)),
+        Route("/api/load", api(pages.load)),
+        Route("/api/{what:str}/{name}/{action:str}", api(pages.action), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC)),
     ]
+
     async def guard(request: Request, call_next):
         return refused(console, request) or await call_next(request)
     return Starlette(routes=routes, middleware=[Middleware(BaseHTTPMiddleware, dispatch=guard)])

@@ -13,23 +13,29 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from launcher.commands import describe, logs
+from launcher.commands import describe
 from launcher.commands.clusters import configured, survey, to_json
 from launcher.commands.runs import gather, row_dict, statuses
 from launcher.core.config import load_run_config
 from launcher.core.plan import read_plan
-from launcher.core.rundir import CONFIG, METRICS
+from launcher.core.rundir import CONFIG, METRICS, read_events
 from launcher.forecast.estimate import estimate
+from launcher.remote.clusters import remotes
+from launcher.remote.ssh import Remote
+from launcher.remote.ship import call, remote_error, run_launcher
 from launcher.forecast.target import GIB, hardware_for, precision_of
 from launcher.errors import LaunchError
 from launcher.slurm.client import Slurm, SlurmError, user_name
-from launcher.status.job_state import job_states
+from launcher.status.goodput import goodput
+from launcher.status.job_state import DAMAGED, job_states
 from launcher.status.pending import Queue, in_words
 from launcher.status.scaling import compare
+from launcher.status.tails import log_from, new_records, rank_log
 from launcher.views.lookup import lookup, sweep_runs
 from launcher.views.search_summary import search_of
 
@@ -37,12 +43,12 @@ PER_PAGE = 50
 # The curves a run's page draws, by their key in metrics.jsonl; tokens/s per GPU is derived where a record lacks it.
 CURVES = ("loss", "eval_loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_mem_gb")
 LIVE = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")  # a job still in the user's queue
-LOG_TAIL_BYTES = 64 * 1024  # what a log's first look sends: its end
 
 
-def runs_page(roots: List[Path], query: Dict[str, str]) -> Dict[str, Any]:
+def runs_page(roots: List[Path], query: Dict[str, str], tails: Optional["Tails"] = None) -> Dict[str, Any]:
     """A page of ``launcher runs``: the filters (cluster, status, sweep, name) and the page number of the query,
-    newest first, with each remote cluster that did not answer as a banner."""
+    newest first, with each remote cluster that did not answer as a banner; with ``tails``, each of this machine's
+    runs also with its goodput (``describe``'s), from its metrics read incrementally."""
     page = _number(query.get("page", "0"), "page")
     name = query.get("name", "").strip()
     banners: List[str] = []
@@ -51,7 +57,13 @@ def runs_page(roots: List[Path], query: Dict[str, str]) -> Dict[str, Any]:
                               if query.get("status") else None, all=bool(name), limit=(page + 1) * PER_PAGE + 1)
     rows = [row for row in gather(roots, args, warn=banners.append) if name in row.name]
     shown = rows[page * PER_PAGE:(page + 1) * PER_PAGE]
-    return {"rows": [row_dict(row) for row in shown], "page": page, "more": len(rows) > (page + 1) * PER_PAGE,
+    far = {remote.cluster for remote in remotes()} if shown else set()
+    listed = [{**row_dict(row), "remote": row.cluster in far, "goodput": None} for row in shown]
+    for row in listed if tails is not None else []:
+        if not row["remote"] and row["status"] != DAMAGED:
+            measured = goodput(read_events(Path(row["run_dir"])), tails.metrics(Path(row["run_dir"])), time.time())
+            row["goodput"] = None if measured is None else round(measured.fraction, 3)
+    return {"rows": listed, "page": page, "more": len(rows) > (page + 1) * PER_PAGE,
             "banners": banners}
 
 
@@ -59,10 +71,36 @@ def run_page(roots: List[Path], name: str) -> Dict[str, Any]:
     """``launcher describe NAME --json``, with the command that runs it again."""
     rec = lookup(roots, name)
     info = describe.gather(rec, job_states([rec])[rec.name])
-    info["again"] = f"launcher -f {Path(rec.run_dir) / 'run.yaml'}"
+    run_file = Path(rec.run_dir) / "run.yaml"
+    info["again"] = f"launcher -f {run_file}"
+    info["run_file"] = run_file.read_text() if run_file.is_file() else None
     info["gpus"] = rec.gpus
     info["predicted"] = predicted(Path(rec.run_dir))
     return info
+
+
+def remote_run_page(remote: Remote, name: str, tails: Tails, rank: int, log_offset: Optional[int],
+                    points: int) -> Dict[str, Any]:
+    """A run on a cluster reached over SSH: ``launcher describe NAME --json`` there, and what its metrics and rank
+    log gained since the last refresh (launcher/remote/agent.py ``follow``): two SSH commands a refresh, each over
+    the CLI's master connection."""
+    proc = run_launcher(remote, "launcher", ["describe", name, "--json"], timeout=max(30.0, 4 * remote.timeout_s))
+    if proc.returncode != 0:
+        raise LaunchError(remote_error(remote, proc.stderr))
+    info = json.loads(proc.stdout)
+    key = (remote.cluster, info["paths"]["run_dir"])
+    answer = call(remote, "follow", {"run_dir": key[1], "job_id": info["job_id"], "metrics_offset": tails.offset(key),
+                                     "rank": rank, "log_offset": log_offset}, timeout=max(30.0, 4 * remote.timeout_s))
+    records = tails.add(key, answer["metrics"], answer["metrics_offset"], answer["again"])
+    run_file = info["paths"]["run_dir"] + "/run.yaml"
+    return {**info, "curves": curves(records, info["plan"]["gpus"], points), "log": answer["log"],
+            "again": f"launcher -f {run_file}  (on {remote.cluster})", "run_file": None, "predicted": None,
+            "remote": remote.cluster}
+
+
+def remote_named(cluster: Optional[str]) -> Optional[Remote]:
+    """The configured cluster reached over SSH called ``cluster``, or None."""
+    return next((remote for remote in remotes() if remote.cluster == cluster), None) if cluster else None
 
 
 def predicted(run_dir: Path) -> Dict[str, Any]:
@@ -77,35 +115,35 @@ def predicted(run_dir: Path) -> Dict[str, Any]:
 
 
 class Tails:
-    """Each followed file's offset and what was parsed of it, shared by every tab (one reader per file)."""
+    """Each followed metrics file's offset and the records read of it, shared by every tab (one reader per file):
+    this machine's runs by their directory, a remote cluster's by (cluster, run directory there)."""
 
     def __init__(self) -> None:
-        self._metrics: Dict[Path, tuple] = {}  # path -> (offset, records)
+        self._kept: Dict[Any, tuple] = {}  # key -> (offset, records)
         self._lock = threading.Lock()
 
     def metrics(self, run_dir: Path) -> List[dict]:
-        """Every record of the run's metrics.jsonl, reading only what was appended since the last call (a
-        partial last line waits for its end; a file that shrank, rewritten by a resume's truncation, is read
-        again)."""
-        path = run_dir / METRICS
+        """Every record of this machine's run's metrics.jsonl, reading only what was appended since."""
         with self._lock:
-            offset, records = self._metrics.get(path, (0, []))
-            try:
-                size = path.stat().st_size
-            except FileNotFoundError:
-                return []
-            if size < offset:
-                offset, records = 0, []
-            with path.open("rb") as handle:
-                handle.seek(offset)
-                chunk = handle.read(size - offset)
-            done = chunk.rfind(b"\n") + 1
-            for line in chunk[:done].splitlines():
-                try:
-                    records.append(json.loads(line))
-                except ValueError:
-                    continue  # a damaged line: the CLI warns of it; a curve skips it
-            self._metrics[path] = (offset + done, records)
+            offset, records = self._kept.get(run_dir, (0, []))
+            new, offset = new_records(run_dir / METRICS, offset)
+            if new is None:  # rewritten shorter: from the start
+                new, offset = new_records(run_dir / METRICS, 0)
+                records = []
+            records.extend(new)
+            self._kept[run_dir] = (offset, records)
+            return list(records)
+
+    def offset(self, key: Any) -> int:
+        with self._lock:
+            return self._kept.get(key, (0, []))[0]
+
+    def add(self, key: Any, new: List[dict], offset: int, again: bool) -> List[dict]:
+        """What a remote cluster read of its run's metrics from :meth:`offset` (``again``: from 0), kept here."""
+        with self._lock:
+            records = [] if again else self._kept.get(key, (0, []))[1]
+            records.extend(new)
+            self._kept[key] = (offset, records)
             return list(records)
 
 
@@ -127,16 +165,7 @@ def curves(records: Sequence[dict], gpus: int, points: int) -> Dict[str, Any]:
 def log_tail(roots: List[Path], name: str, rank: int, offset: Optional[int]) -> Dict[str, Any]:
     """Rank ``rank``'s log from ``offset`` (None: its last 64 KB), and the offset to ask from next."""
     rec = lookup(roots, name)
-    path = logs.log_file(rec, rank, err=False)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return {"text": "", "offset": 0, "path": str(path), "missing": True}
-    start = max(0, size - LOG_TAIL_BYTES) if offset is None or offset > size else offset
-    with path.open("rb") as handle:
-        handle.seek(start)
-        text = handle.read(size - start).decode("utf-8", "replace")
-    return {"text": text, "offset": size, "path": str(path), "missing": False}
+    return log_from(rank_log(Path(rec.run_dir), rec.job_id, rank), offset)
 
 
 def sweep_page(roots: List[Path], sweep: str) -> Dict[str, Any]:

@@ -56,10 +56,13 @@ def main(args: argparse.Namespace) -> int:
     token = secrets.token_urlsafe(32)
     where = write_token(token)
     shown = f"[{args.host}]" if ":" in args.host else args.host
-    hosts = [f"{shown}:{port}"] + ([f"localhost:{port}"] if loopback(args.host) else [])
+    # The Host a request may name (against DNS rebinding); every address (0.0.0.0) is reached by any of the
+    # machine's names, which the warning above covers.
+    hosts = [] if args.host in ("0.0.0.0", "::") else [f"{shown}:{port}"] + (
+        [f"localhost:{port}"] if loopback(args.host) else [])
     SHARED.max_age_s = args.slurm_every
     app = application(Console(roots_of(args), args.root, token, hosts))
-    print(f"Console of your runs at http://{hosts[0]}/?token={token}\n(token also in {where}; Ctrl-C stops it)",
+    print(f"Console of your runs at http://{shown}:{port}/?token={token}\n(token also in {where}; Ctrl-C stops it)",
           flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     try:

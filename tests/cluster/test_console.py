@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from support.console import CHROMIUM, base_of, chromium, serving
 from support.helpers import REPO, UNTIL_STOPPED, job_id_of, run_name, runs_json, wait_for
 
 # One console and one browser for the module's tests, in one worker.
@@ -22,8 +23,8 @@ SLURM_EVERY_S = 5  # the console's --slurm-every here: a state change shows with
 
 @pytest.fixture(scope="module")
 def console(slurm, tmp_path_factory):
-    """A console serving a run root of its own, as a user starts it; yields (base URL with token, root, env)."""
-    if not Path("/usr/bin/chromium").exists():
+    """A console serving a run root of its own, as a user starts it; yields (URL with token, root, env)."""
+    if not CHROMIUM.exists():
         pytest.skip("needs Debian's chromium (scripts/setup.sh installs it)")
     tmp = tmp_path_factory.mktemp("console")
     root, home, config = tmp / "runs", tmp / "home", tmp / "config"
@@ -31,26 +32,14 @@ def console(slurm, tmp_path_factory):
     ghost.parent.mkdir(parents=True)
     ghost.write_text(f"name: ghost\nslurm_conf: {tmp / 'gone' / 'slurm.conf'}\ngpus_per_node: 8\n")
     env = {**slurm.env, "LAUNCHER_RUN_ROOT": str(root), "LAUNCHER_HOME": str(home), "XDG_CONFIG_HOME": str(config)}
-    server = subprocess.Popen([sys.executable, "-m", "launcher", "ui", "--slurm-every", str(SLURM_EVERY_S)], cwd=REPO,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        line = server.stdout.readline()
-        url = re.search(r"http://\S+", line)
-        assert url, line + server.stdout.read() if server.poll() is not None else line
-        yield url.group(0), root, env
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with serving(env, "--slurm-every", str(SLURM_EVERY_S)) as url:
+        yield url, root, env
 
 
 @pytest.fixture(scope="module")
 def browser(console):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as driver:
-        chromium = driver.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
+    with chromium() as browser:
+        yield browser
 
 
 @pytest.fixture
@@ -62,10 +51,6 @@ def page(browser, console):
     yield tab
     tab.close()
     assert not errors, errors
-
-
-def base_of(url: str) -> str:
-    return url.split("/?", 1)[0]
 
 
 def launcher(console, *args, env=None):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from support.console import CHROMIUM, chromium, serving
 from support.helpers import REPO, job_id_of, run_launcher, wait_for
 
 CLUSTER = "testsite"
@@ -280,3 +281,28 @@ def test_a_cluster_that_wants_a_prompt_says_to_log_in_once(laptop, tmp_path):
     (warning,) = [line for line in res.stderr.splitlines() if CLUSTER in line]
     assert "Permission denied" in warning and f"run 'launcher login {CLUSTER}'" in warning, warning
     subprocess.run(["rm", "-rf", env["LAUNCHER_HOME"]])
+
+
+def test_the_console_follows_and_stops_a_remote_run_through_the_clis_ssh_master(laptop, tmp_path):
+    """``launcher ui`` on the laptop: the remote run is listed beside the local ones, its page shows its curve and
+    rank 0's log read there (two SSH commands a refresh), and its stop button stops it there, as ``launcher stop``."""
+    if not CHROMIUM.exists():
+        pytest.skip("needs Debian's chromium (scripts/setup.sh installs it)")
+    res = laptop.launcher(f"cluster={CLUSTER}", *TINY, "train.steps=100000", "name=watched", PACED_THERE)
+    assert res.returncode == 0, res.stderr
+    env = {**laptop.cluster.env, **laptop.env, "LAUNCHER_RUN_ROOT": str(laptop.root)}
+    with serving(env, "--slurm-every", "5") as url, chromium() as browser:
+        page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        page.goto(url)
+        row = page.locator('tr[data-run="watched"]')
+        row.wait_for(timeout=60_000)
+        assert row.locator("td").nth(1).inner_text() == CLUSTER
+        row.locator("a").first.click()
+        chart = page.locator("#chart-loss")
+        chart.wait_for(timeout=90_000)
+        first = int(chart.get_attribute("data-points"))
+        wait_for(lambda: int(chart.get_attribute("data-points")) > first, 60, "the remote loss curve gaining points")
+        wait_for(lambda: "rank0 INFO" in page.locator("#log").inner_text(), 30, "rank 0's log, read there")
+        page.locator("#stop").click()
+        wait_for(lambda: page.locator("#said").inner_text().startswith("Stopped watched"), 60, "stop's words")
+    assert laptop.status("watched", {"CANCELLED", "FAILED"})["status"] == "CANCELLED"

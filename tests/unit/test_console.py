@@ -103,6 +103,9 @@ def test_the_runs_page_filters_and_pages_the_runs_newest_first(tmp_path):
     first = readers.runs_page([tmp_path], {})
     assert [row["name"] for row in first["rows"]] == names[::-1][:50] and first["more"] and first["banners"] == []
     assert first["rows"][0]["status"] == "COMPLETED" and first["rows"][0]["loss"] == 3.0  # its last metrics
+    assert first["rows"][0]["goodput"] is None  # without the console's tails, no metrics are read for it
+    followed = readers.runs_page([tmp_path], {}, readers.Tails())["rows"][0]
+    assert followed["goodput"] == 0.8 and not followed["remote"]  # 40 of the 50 s since submission trained
     last = readers.runs_page([tmp_path], {"page": "2"})
     assert [row["name"] for row in last["rows"]] == names[::-1][100:] and not last["more"]
     named = readers.runs_page([tmp_path], {"name": "-0006"})  # 0x60 to 0x6f
@@ -174,3 +177,48 @@ def test_other_commands_do_not_load_the_web_stack_and_the_benchmark_runs_quick(t
     assert bench.returncode == 0, bench.stderr
     assert re.fullmatch(r"console first page with 300 runs: [\d.]+ s cold, [\d.]+ s warm, 50 rows; budget 1\.0 s: "
                         r"[\d.]+x of it\n", bench.stdout), bench.stdout
+
+
+def test_a_remote_runs_files_are_followed_from_their_offsets_in_one_answer(tmp_path):
+    """The cluster's side of a remote run's page (launcher/remote/agent.py ``follow``), and the console's copy."""
+    from launcher.remote.agent import follow
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    (run / "logs" / "rank_0.log").write_text("one\ntwo\n")
+    first = follow({"run_dir": str(run), "job_id": "7"})
+    assert [r["step"] for r in first["metrics"]] == [1, 2] and not first["again"]
+    assert first["log"]["text"] == "one\ntwo\n" and first["log"]["offset"] == 8
+    with (run / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 3}\n')
+    with (run / "logs" / "rank_0.log").open("a") as handle:
+        handle.write("three\n")
+    second = follow({"run_dir": str(run), "metrics_offset": first["metrics_offset"], "log_offset": 8})
+    assert [r["step"] for r in second["metrics"]] == [3] and second["log"]["text"] == "three\n"
+    tails = readers.Tails()
+    key = ("site", str(run))
+    tails.add(key, first["metrics"], first["metrics_offset"], first["again"])
+    assert [r["step"] for r in tails.add(key, second["metrics"], second["metrics_offset"], False)] == [1, 2, 3]
+    (run / "metrics.jsonl").write_text('{"step": 9}\n')  # rewritten shorter
+    third = follow({"run_dir": str(run), "metrics_offset": second["metrics_offset"]})
+    assert third["again"] and [r["step"] for r in third["metrics"]] == [9]
+    assert [r["step"] for r in tails.add(key, third["metrics"], third["metrics_offset"], True)] == [9]
+    with pytest.raises(LaunchError, match="no run directory .*none on this cluster"):
+        follow({"run_dir": str(tmp_path / "none")})
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--port", "70000"], "error: --port 70000: allowed 0 (a free one) to 65535"),
+    (["--slurm-every", "0.5"], "error: --slurm-every 0.5: allowed 1 second or more"),
+    (["--host", "no.such.host.invalid"], "error: cannot serve on no.such.host.invalid:0: "),
+])  # fmt: skip
+def test_a_bad_option_is_one_line_and_serves_nothing(flags, error, tmp_path):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "launcher", "ui", *flags], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "LAUNCHER_HOME": str(tmp_path)}, timeout=60)
+    assert res.returncode == 2 and res.stderr.startswith(error) and res.stderr.count("\n") == 1, res.stderr
+    assert not (tmp_path / "console").exists()  # no token written for a console that never served

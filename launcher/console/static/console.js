@@ -70,15 +70,17 @@ async function runsView(view) {
     view.replaceChildren(h("h2", {}, "Runs"), filters, h("div", {id: "runs-body"}));
   }
   const rows = data.rows.map(row => h("tr", {"data-run": row.name},
-    h("td", {}, h("a", {href: `#/run/${encodeURIComponent(row.name)}`}, row.name)),
+    h("td", {}, h("a", {href: `#/run/${encodeURIComponent(row.name)}` +
+                             (row.remote ? `?cluster=${encodeURIComponent(row.cluster)}` : "")}, row.name)),
     h("td", {}, row.cluster), h("td", {}, row.model), h("td", {class: "num"}, `${row.nodes}x${row.gpus_per_node}`),
     statusCell(row.status, row.reason), progress(row.step, row.steps),
     h("td", {class: "num loss"}, num(row.loss, 4)), h("td", {class: "num"}, num(row.tokens_per_s)),
     h("td", {class: "num"}, pct(row.mfu)), h("td", {class: "num"}, row.attempts || ""),
+    h("td", {class: "num"}, pct(row.goodput)),
     h("td", {}, row.sweep ? h("a", {href: `#/sweep/${encodeURIComponent(row.sweep)}`}, row.sweep) : ""),
     h("td", {}, age(row.submitted_at))));
   const table = h("table", {id: "runs"}, h("thead", {}, h("tr", {}, ["Name", "Cluster", "Model", "GPUs", "Status",
-    "Progress", "Loss", "Tok/s", "MFU", "Tries", "Sweep", "Age"].map(t => h("th", {}, t)))), h("tbody", {}, rows));
+    "Progress", "Loss", "Tok/s", "MFU", "Tries", "Goodput", "Sweep", "Age"].map(t => h("th", {}, t)))), h("tbody", {}, rows));
   const pager = h("div", {class: "pager"},
     runsQuery.page > 0 ? h("button", {onclick: () => { runsQuery.page--; refresh(); }}, "newer") : null,
     data.more ? h("button", {id: "older", onclick: () => { runsQuery.page++; refresh(); }}, "older") : null,
@@ -151,19 +153,23 @@ function attemptsTable(info) {
     info.goodput ? h("p", {id: "goodput"}, info.goodput.line) : null);
 }
 
-async function act(what, name, action, question) {
+async function act(what, name, action, question, cluster) {
   if (question && !confirm(question)) return;
   const said = document.getElementById("said");
   said.textContent = "…";
-  const answer = await api(`/api/${what}/${encodeURIComponent(name)}/${action}`, {method: "POST"});
+  const where = cluster ? `?cluster=${encodeURIComponent(cluster)}` : "";
+  const answer = await api(`/api/${what}/${encodeURIComponent(name)}/${action}${where}`, {method: "POST"});
   said.className = answer.error ? "error" : "";
   said.textContent = answer.error ? "error: " + answer.error : answer.said;
   if (!answer.error && action === "delete") { location.hash = "#/"; return; }
   refresh();
 }
 
-async function runView(view, name) {
-  const info = await api(`/api/run/${encodeURIComponent(name)}`);
+async function runView(view, name, cluster) {
+  // a run on a cluster reached over SSH: its record, curves and log tail come in one answer (two SSH commands)
+  const far = cluster ? `?cluster=${encodeURIComponent(cluster)}&rank=${logState ? logState.rank : 0}` +
+    (logState && logState.offset !== null && view.dataset.run === name ? `&log_offset=${logState.offset}` : "") : "";
+  const info = await api(`/api/run/${encodeURIComponent(name)}${far}`);
   if (info.error) { view.replaceChildren(h("p", {id: "said", class: "error"}, "error: " + info.error)); return; }
   banners([]);
   if (!document.getElementById("run-page") || view.dataset.run !== name) {
@@ -171,10 +177,10 @@ async function runView(view, name) {
     view.dataset.run = name;
     view.replaceChildren(h("div", {id: "run-page"},
       h("h2", {}, name), h("div", {id: "run-head"}),
-      h("div", {}, h("button", {id: "stop", onclick: () => act("run", name, "stop")}, "Stop"),
-        h("button", {id: "resume", onclick: () => act("run", name, "resume")}, "Resume"),
+      h("div", {}, h("button", {id: "stop", onclick: () => act("run", name, "stop", null, cluster)}, "Stop"),
+        h("button", {id: "resume", onclick: () => act("run", name, "resume", null, cluster)}, "Resume"),
         h("button", {id: "delete", class: "danger", onclick: () => act("run", name, "delete",
-          `Delete run ${name}: cancel its job and remove its directory?`)}, "Delete")),
+          `Delete run ${name}: cancel its job and remove its directory?`, cluster)}, "Delete")),
       h("div", {id: "said"}), h("h3", {}, "Plan and measured"), h("div", {id: "plan-box"}),
       h("h3", {}, "Curves"), h("div", {class: "charts", id: "charts"}),
       h("h3", {}, "Attempts"), h("div", {id: "attempts-box"}),
@@ -185,6 +191,7 @@ async function runView(view, name) {
           onchange: e => { logState.follow = e.target.checked; }}), " follow")),
       h("pre", {id: "log"}), h("h3", {}, "Checkpoints and exports"), h("div", {id: "files-box"}),
       h("h3", {}, "Run it again"), h("pre", {class: "config", id: "again"}),
+      h("h3", {}, "run.yaml"), h("pre", {class: "config", id: "run-file"}),
       h("h3", {}, "config.yaml"), h("pre", {class: "config", id: "config"})));
   }
   document.getElementById("run-head").replaceChildren(h("table", {}, h("tbody", {}, h("tr", {},
@@ -199,16 +206,25 @@ async function runView(view, name) {
     (info.exports || []).map(e => h("tr", {}, h("td", {}, "export"), h("td", {}, e.path || e.error || ""),
       h("td", {}, e.step === undefined ? "" : `step ${e.step}`), h("td", {}, ""))))));
   document.getElementById("again").textContent = info.again;
+  document.getElementById("run-file").textContent = info.run_file || "(kept on the cluster: see its run directory)";
   document.getElementById("config").textContent = info.config;
+  if (cluster) {
+    drawCharts(document.getElementById("charts"), info.curves);
+    showLog(info.log);
+    return;
+  }
   const curves = await api(`/api/run/${encodeURIComponent(name)}/curves?points=1000`);
   if (!curves.error) drawCharts(document.getElementById("charts"), curves);
   await followLog(name);
 }
 
 async function followLog(name) {
-  const pre = document.getElementById("log");
   const q = logState.offset === null ? "" : `&offset=${logState.offset}`;
-  const tail = await api(`/api/run/${encodeURIComponent(name)}/log?rank=${logState.rank}${q}`);
+  showLog(await api(`/api/run/${encodeURIComponent(name)}/log?rank=${logState.rank}${q}`));
+}
+
+function showLog(tail) {
+  const pre = document.getElementById("log");
   if (tail.error) { pre.textContent = "error: " + tail.error; return; }
   if (tail.missing) { pre.textContent = `(no log yet: ${tail.path})`; logState.offset = null; return; }
   if (logState.offset === null) pre.textContent = "";
@@ -300,10 +316,11 @@ async function clustersView(view) {
 // ---- routing and refresh
 async function refresh() {
   const view = document.getElementById("view");
-  const [, page, arg] = (location.hash || "#/").match(/^#\/([^/]*)\/?(.*)$/) || [];
+  const [, page, path, query] = (location.hash || "#/").match(/^#\/([^/]*)\/?([^?]*)\??(.*)$/) || [];
+  const arg = decodeURIComponent(path || "");
   try {
-    if (page === "run") await runView(view, decodeURIComponent(arg));
-    else if (page === "sweep") await sweepView(view, decodeURIComponent(arg));
+    if (page === "run") await runView(view, arg, new URLSearchParams(query).get("cluster"));
+    else if (page === "sweep") await sweepView(view, arg);
     else if (page === "clusters") await clustersView(view);
     else await runsView(view);
     stamp();
@@ -319,7 +336,8 @@ function route() {
   delete document.getElementById("view").dataset.run;
   refresh();
   const page = (location.hash || "#/").split("/")[1];
-  if (page !== "sweep") timer = setInterval(refresh, page === "clusters" ? 10000 : REFRESH_MS);
+  const far = location.hash.includes("?cluster=");  // a remote run's refresh costs SSH commands: every 10 s
+  if (page !== "sweep") timer = setInterval(refresh, page === "clusters" || far ? 10000 : REFRESH_MS);
 }
 window.addEventListener("hashchange", route);
 route();
