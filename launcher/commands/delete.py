@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import shutil
 import sys
 import time
@@ -36,25 +38,51 @@ def main(args: argparse.Namespace) -> int:
             except SlurmError:
                 pass  # it ended already: it ran, or Slurm dropped it when the job completed
     cancel(records)
-    ended([rec for rec in records if rec.job_id])  # a job stopped before may still be saving or in its last step
+    # A job stopped before may still be saving or in its last step, and a job array's watcher (not cancelled: it
+    # also watches the elements not deleted) may be judging an element.
+    ended({conf: {str(job) for rec in records if rec.slurm_conf == conf
+                  for job in (rec.job_id, watcher_of(Path(rec.run_dir), arrays=True)) if job}
+           for conf in {rec.slurm_conf for rec in records}})
+    failed = [rec.name for rec in records if not remove(Path(rec.run_dir))]
     for rec in records:
-        shutil.rmtree(rec.run_dir, ignore_errors=True)  # follows no symlink inside: rmtree.avoids_symlink_attacks
-        print(f"Deleted {rec.name}.")
+        if rec.name not in failed:
+            print(f"Deleted {rec.name}.")
+    if failed:
+        raise LaunchError(f"could not remove all of {', '.join(failed)}: a process still writes there")
     return 0
 
 
-def ended(records: list, timeout_s: float = 60.0) -> None:
-    """Wait (at most ``timeout_s``) until Slurm no longer runs the cancelled jobs: a rank still saving, or the
-    batch script's last step, would otherwise write into the run directory again after it is removed."""
-    wanted = {str(rec.job_id) for rec in records}
+def ended(jobs: dict, timeout_s: float = 60.0) -> None:
+    """Wait (at most ``timeout_s``) until Slurm no longer runs the ``jobs`` ({slurm.conf: job ids}): a rank still
+    saving, the batch script's last step or a watcher would otherwise write into the run directory while it is
+    removed."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            live = {row.job_id for conf in {rec.slurm_conf for rec in records} for row in Slurm(conf).squeue()
-                    if row.state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")}
+            live = {row.job_id for conf in jobs for row in Slurm(conf).squeue()
+                    if row.job_id in jobs[conf] and row.state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")}
         except SlurmError:
             return  # the controller does not answer: nothing more to wait for here
-        if not wanted & live:
+        if not live:
             return
         time.sleep(0.5)
+
+
+def remove(run_dir: Path) -> bool:
+    """Remove the run's directory; False when some of it is still there. It is renamed aside first (one atomic
+    step, within its root): a late writer (a watcher's judgement, an end step's event) then finds no run directory
+    instead of recreating a file in one half removed, which ``runs`` would list as a damaged run."""
+    aside = run_dir.with_name(f".deleting-{run_dir.name}-{secrets.token_hex(4)}")  # dot: no listing shows it
+    try:
+        os.rename(run_dir, aside)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        aside = run_dir  # a root one cannot rename in: remove in place
+    for _ in range(3):
+        shutil.rmtree(aside, ignore_errors=True)  # follows no symlink inside: rmtree.avoids_symlink_attacks
+        if not aside.exists():
+            return True
+        time.sleep(0.5)
+    return False
 

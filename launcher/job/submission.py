@@ -75,11 +75,12 @@ def _watch(cfg: RunConfig, watched: Sequence[tuple], after: str, name: str, path
         append_event(run_dir, Watching(job_id=job_id, watcher=found.watcher, refused=found.refused))
 
 
-def watcher_of(run_dir: Path) -> Optional[str]:
-    """The job watching the run's newest job (see :func:`watch`) and no other run's, or None: a job array's watcher
-    watches every element (:func:`watch_array`), and a run of it that is gone is passed over by it."""
+def watcher_of(run_dir: Path, arrays: bool = False) -> Optional[str]:
+    """The job watching the run's newest job (see :func:`watch`) and no other run's, or None; with ``arrays``, a
+    job array's watcher too, which watches every element (:func:`watch_array`) and passes over a run that is gone,
+    so that it is waited for rather than cancelled."""
     newest = next((e for e in reversed(read_events(run_dir)) if isinstance(e, Watching)), None)
-    return newest.watcher if newest and "_" not in (newest.job_id or "") else None
+    return newest.watcher if newest and (arrays or "_" not in (newest.job_id or "")) else None
 
 
 def frozen_layout_problem(run_dir: Path) -> str | None:

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from launcher import cli
+from launcher.commands.delete import remove
 from launcher.compose.composer import compose_runs
 from launcher.core.run_index import RunRecord, known_roots, remember_root, save_record
 
@@ -76,3 +77,16 @@ def test_a_root_from_the_environment_is_remembered_for_a_shell_without_it(home, 
 def test_no_runs_says_where_it_looked(home, capsys):
     assert cli.main(["runs"]) == 0
     assert capsys.readouterr().out == f"No runs (looked in {home}/.launcher/runs; --root names another).\n"
+
+
+def test_delete_moves_a_run_aside_so_a_late_writer_cannot_recreate_part_of_it(tmp_path):
+    """A writer holding the run's path (a watcher's judgement, an end step's event) after delete began finds no
+    directory, instead of leaving a half-removed one that runs would list as DAMAGED."""
+    run_dir = tmp_path / "gpt-tiny-1g-5000"
+    (run_dir / "checkpoints" / "step_00000010").mkdir(parents=True)
+    (run_dir / "events.jsonl").write_text("{}\n")
+    assert remove(run_dir) is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing left aside either
+    with pytest.raises(FileNotFoundError):
+        (run_dir / "events.jsonl").open("a")  # the late writer's append
+    assert remove(run_dir) is True  # gone already: nothing to do
