@@ -233,6 +233,8 @@ class ClusterConfig:
     # (launcher/slurm/batch.py TASK_ENV); null drops a default.
     env: Dict[str, Any] = field(default_factory=dict)
     wckey: Optional[str] = None  # #SBATCH --wckey, written only when set
+    # The job's squeue comment shows its progress (launcher/job/comment.py): one RPC per job a minute at most.
+    progress_comment: bool = True
     srun_args: List[str] = field(default_factory=list)  # more srun options, e.g. --mpi=pmix
     # The interpreter on the cluster's hosts that runs the batch script's steps, and the tasks when there is
     # no container; null: the one that submits.

@@ -178,9 +178,11 @@ def host_steps(cfg: RunConfig, where: str) -> list:
     from here, the host, beside the ranks (launcher/job/comment.py). The begin step's EXIT_NOT_OURS (another job of
     the run holds it: launcher/job/claim.py) ends the script there; another failure of it lets the attempt go on."""
     python = host_python(cfg.cluster)
-    return [_frozen_code_export(where), f"{python} -m launcher.job.recovery begin {where}",
-            f"[ $? -ne {EXIT_NOT_OURS} ] || exit {EXIT_NOT_OURS}",
-            f"{python} -m launcher.job.comment {where} & {PROGRESS}=$!"]
+    steps = [_frozen_code_export(where), f"{python} -m launcher.job.recovery begin {where}",
+             f"[ $? -ne {EXIT_NOT_OURS} ] || exit {EXIT_NOT_OURS}"]
+    if cfg.cluster.progress_comment:  # a site may turn it off (cluster.progress_comment: false)
+        steps.append(f"{python} -m launcher.job.comment {where} & {PROGRESS}=$!")
+    return steps
 
 
 # The batch shell's variable holding the progress follower's pid, so that the shell reaps it before it ends: an

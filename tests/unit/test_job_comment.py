@@ -4,13 +4,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from omegaconf import OmegaConf
 
 from support.helpers import REPO, wait_for
 from launcher.core.config import ModelConfig, RunConfig, TrainConfig
-from launcher.job.comment import comment_text
+from launcher.job.comment import EVERY_S, comment_text, follow
 
 
 def test_the_comment_says_the_step_the_loss_and_the_speed():
@@ -43,20 +42,19 @@ def write(run_dir, record):
 
 
 def test_the_comment_follows_the_metrics_and_sends_the_final_record_at_once(tmp_path):
+    """The real follower (scontrol on PATH, the job's SLURM_JOB_ID): the first record at once (the attempt
+    started), nothing more within the minute however many records come, then the final one, after which it ends."""
     calls, env = progress_scene(tmp_path)
+    write(tmp_path, {"step": 1, "loss": 3.0, "tokens_per_s": 100.0})
     follower = subprocess.Popen([sys.executable, "-m", "launcher.job.comment", str(tmp_path)], env=env,
                                 stderr=subprocess.PIPE, text=True)
-    started = time.monotonic()
-    for step in range(1, 31):  # 30 records in 3 s: rate-limited to one send every 5 s
+    wait_for(lambda: calls.exists(), 30, "the first comment")
+    for step in range(2, 31):
         write(tmp_path, {"step": step, "loss": 3.0, "tokens_per_s": 100.0})
-        time.sleep(0.1)
     write(tmp_path, {"final": True, "step": 100, "loss": 2.5})
-    assert follower.wait(timeout=15) == 0, follower.stderr.read()  # it ends once the final record is sent
-    took = time.monotonic() - started
-    sent = calls.read_text().splitlines()
-    assert sent[0].startswith("update JobId=77 Comment=step ")
-    assert sent[-1] == "update JobId=77 Comment=done 100/100 loss 2.500"
-    assert len(sent) <= 2 + took / 5, (sent, took)
+    assert follower.wait(timeout=30) == 0, follower.stderr.read()  # it ends once the final record is sent
+    assert calls.read_text().splitlines() == ["update JobId=77 Comment=step 1/100 loss 3.000 tok/s 100",
+                                              "update JobId=77 Comment=done 100/100 loss 2.500"]
 
 
 def test_the_comment_keeper_ends_with_the_batch_shell(tmp_path):
@@ -80,3 +78,23 @@ def test_a_controller_that_refuses_costs_one_warning_and_no_failure(tmp_path):
     assert shell.returncode == 0
     assert shell.stderr.splitlines() == ["launcher.job.comment: cannot set the job's comment: scontrol: error: Unable "
                                          "to contact slurm controller"]
+
+
+def test_in_steady_state_a_job_updates_its_comment_once_a_minute_and_at_once_when_it_ends(tmp_path):
+    """Ten minutes of a record a second, on a fake clock: the first record at once (started), then one update a
+    minute, and the final record at once (finished); each update is an RPC holding slurmctld's job write lock."""
+    now, sent = [0.0], []
+
+    def sleep(seconds):  # training goes on while the follower sleeps: a record each second
+        for _ in range(int(seconds)):
+            now[0] += 1
+            step = int(now[0])
+            write(tmp_path, {"step": step, "loss": 3.0} if step < 600 else {"final": True, "step": 600, "loss": 2.5})
+
+    write(tmp_path, {"step": 0, "loss": 3.0})
+    follow(tmp_path, "77", 600, send=lambda job, text: sent.append((now[0], text)), clock=lambda: now[0],
+           sleep=sleep)
+    times = [t for t, _ in sent]
+    assert sent[0] == (0.0, "step 0/600 loss 3.000") and sent[-1][1] == "done 600/600 loss 2.500"
+    assert all(b - a >= EVERY_S for a, b in zip(times[:-1], times[1:-1])), times  # none sooner than a minute
+    assert len(sent) == 2 + 600 // 60 - 1, sent  # started, one a minute, finished (at 600 s, not a minute later)

@@ -69,6 +69,16 @@ def test_the_job_imports_the_runs_frozen_code_from_its_first_line_of_python(runs
         f"export PYTHONPATH={tmp_path}/code${{PYTHONPATH:+:$PYTHONPATH}} PYTHONSAFEPATH=1"
 
 
+def test_a_site_can_turn_the_progress_comment_off(runs, tmp_path):
+    """The comment is the job's only steady RPC to slurmctld (launcher/job/comment.py); cluster.progress_comment:
+    false starts no follower, and the script's end still reaps none cleanly."""
+    follower = "-m launcher.job.comment "
+    on = render_sbatch(*config_of(runs), "r", tmp_path / "submitit")
+    assert sum(follower in line and line.endswith("& LAUNCHER_PROGRESS=$!") for line in on.splitlines()) == 1
+    off = render_sbatch(*config_of(runs, progress_comment=False), "r", tmp_path / "submitit")
+    assert follower not in off and off.splitlines()[-1] == on.splitlines()[-1]
+
+
 def test_a_retry_excludes_nodes(runs, tmp_path):
     run = runs[(8, "local")]
     params = executor_params(run.config, run.plan, "x", tmp_path, exclude=["node3", "node7"])
