@@ -63,12 +63,13 @@ def main() -> int:
         ended = [e for e in events(run_dir) if e["event"] == "attempt_ended"]
         print(f"\n{world} ranks on {args.nodes} nodes x {args.gpus}: submit -> every rank training {training:.0f} s; "
               f"submit -> attempt ended {done:.0f} s; outcome {ended[-1]['outcome'] if ended else 'unknown'}")
-        gbps = report.get("bus_gbps", {})
+        table = json.loads((run_dir / report["table"]).read_text())["ranks"] if report.get("table") else []
+        gbps = [row["gbps"] for row in table]
         print(f"preflight all-reduce of {report.get('allreduce_mb')} MB, bus bandwidth per rank (GB/s): "
-              f"median {report.get('median_gbps')}, slowest {min(gbps.values(), default=None)}, "
-              f"fastest {max(gbps.values(), default=None)}, flagged slow {report.get('slow_ranks')}")
-        for rank in sorted(gbps, key=int):
-            print(f"  rank {rank:>3}  {gbps[rank]:.3f}")
+              f"median {report.get('median_gbps')}, slowest {min(gbps, default=None)}, "
+              f"fastest {max(gbps, default=None)}, flagged slow {report.get('slow_count')} on {report.get('slow_nodes')}")
+        for row in table:
+            print(f"  rank {row['rank']:>3}  {row['node']}  {row['gbps']:.3f}")
         return 0 if ended and ended[-1]["outcome"] == "COMPLETED" else 1
     finally:
         subprocess.run(["bash", str(REPO / "slurm" / "down.sh")], env=env)

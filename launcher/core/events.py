@@ -84,13 +84,19 @@ class Attempt(Event):
 
 @dataclass(kw_only=True)
 class Preflight(Event):
-    """Every rank passed the pre-training check (an all-reduce, timed)."""
+    """Every rank passed the pre-training check (an all-reduce, timed). A summary whose size does not grow with
+    the ranks, since every status command reads it: each rank's bandwidth is in the file ``table`` names
+    (launcher/train/preflight.py)."""
     kind: ClassVar[str] = "preflight"
     job_id: Optional[str] = None
     allreduce_mb: Optional[float] = None
-    bus_gbps: dict = field(default_factory=dict)  # by rank
+    ranks: Optional[int] = None
     median_gbps: Optional[float] = None
-    slow_ranks: list = field(default_factory=list)
+    slowest: list = field(default_factory=list)  # the few slowest ranks: {rank, node, gbps}
+    slow_ranks: list = field(default_factory=list)  # flagged (far below the median), the first few
+    slow_count: int = 0  # how many were flagged in all
+    slow_nodes: list = field(default_factory=list)  # the nodes of the flagged ranks
+    table: Optional[str] = None  # every rank's figure, relative to the run directory
 
 
 @dataclass(kw_only=True)

@@ -7,7 +7,9 @@ seconds and left out of the next attempt instead of failing or slowing the run l
 - the run directory takes a checkpoint: writable, with room for the next one (its size by
   launcher/core/checkpoints.py, the rule ``launcher plan`` warns with).
 
-Rank 0 records one ``preflight`` event with the bandwidth of every rank. A rank whose node fails records a
+Rank 0 records one ``preflight`` event summarising the bandwidths (the median, the slowest ranks and the flagged
+ones, with their nodes: a record that stays small at 16,384 ranks, since every status command reads it) and
+writes every rank's figure to ``preflight/<job>.json``. A rank whose node fails records a
 ``preflight_failed`` event naming the node and the check; every rank then raises :class:`NodeUnfit`,
 and launcher/job/recovery.py retries the run on other nodes without that node.
 
@@ -33,7 +35,7 @@ from launcher.core.config import ModelConfig, RunConfig
 from launcher.core.dataset import DatasetError, verify
 from launcher.core.plan import Plan
 from launcher.core import events
-from launcher.core.rundir import append_event
+from launcher.core.rundir import append_event, write_json_atomic
 from launcher.train import faults
 from launcher.train.data import token_file
 from launcher.train.dist import DistEnv
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 
 ALLREDUCE_MB = 4
 SLOW = 3.0  # a rank this many times slower than the median is flagged
+NAMED = 8  # the most ranks the event names (slowest, flagged): the rest are in the table
+TABLES = "preflight"  # in the run directory: one table of every rank's bandwidth per job
 
 
 class NodeUnfit(RuntimeError):
@@ -125,13 +129,32 @@ def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig, virtu
     everyone: list = [None] * env.world_size
     dist.all_gather_object(everyone, (env.node, mine))
     if env.is_main:
-        median = statistics.median(gbps for _, gbps in everyone)
-        slow = [rank for rank, (_, gbps) in enumerate(everyone) if gbps * SLOW < median]
-        append_event(run_dir, events.Preflight(job_id=os.environ.get("SLURM_JOB_ID"), allreduce_mb=ALLREDUCE_MB,
-                                        bus_gbps={str(rank): round(gbps, 3) for rank, (_, gbps) in enumerate(everyone)},
-                                        median_gbps=round(median, 3), slow_ranks=slow))
-        log.info("preflight ok: all-reduce bus bandwidth median %.3f GB/s%s", median,
-                 f"; slow ranks {slow}" if slow else "")
+        report = summary(everyone, os.environ.get("SLURM_JOB_ID"), run_dir)
+        append_event(run_dir, report)
+        log.info("preflight ok: all-reduce bus bandwidth median %.3f GB/s%s", report.median_gbps,
+                 f"; {report.slow_count} slow rank(s) on {', '.join(report.slow_nodes)}" if report.slow_count else "")
+
+
+def summary(everyone: list, job_id: Optional[str], run_dir: Path) -> events.Preflight:
+    """The ``preflight`` event of every rank's (node, GB/s), and the full table written beside it."""
+    median = statistics.median(gbps for _, gbps in everyone)
+    ranked = sorted(range(len(everyone)), key=lambda rank: everyone[rank][1])
+    slow = [rank for rank in ranked if everyone[rank][1] * SLOW < median]
+    table = Path(TABLES) / f"{job_id or 'job'}.json"
+    try:
+        (run_dir / TABLES).mkdir(exist_ok=True)
+        write_json_atomic(run_dir / table, {"allreduce_mb": ALLREDUCE_MB, "median_gbps": round(median, 3),
+                                            "ranks": [{"rank": rank, "node": node, "gbps": round(gbps, 3)}
+                                                      for rank, (node, gbps) in enumerate(everyone)]})
+    except OSError as err:  # the summary is what the launcher reads: the table is for a person to look into
+        log.warning("preflight table not written: %s", err)
+        table = None
+    return events.Preflight(
+        job_id=job_id, allreduce_mb=ALLREDUCE_MB, ranks=len(everyone), median_gbps=round(median, 3),
+        slowest=[{"rank": rank, "node": everyone[rank][0], "gbps": round(everyone[rank][1], 3)}
+                 for rank in ranked[:min(NAMED, len(everyone))]],
+        slow_ranks=sorted(slow[:NAMED]), slow_count=len(slow), slow_nodes=sorted({everyone[r][0] for r in slow}),
+        table=None if table is None else table.as_posix())
 
 
 def verify_data(env: DistEnv, cfg: RunConfig) -> None:

@@ -236,7 +236,9 @@ def test_a_node_failing_preflight_is_left_out_and_the_run_completes_on_another(o
     attempts = [e for e in events(run_dir) if e["event"] == "attempt"]
     assert [a["nodes"] for a in attempts] == [sick, own_cluster.nodes[1]]
     report = next(e for e in events(run_dir) if e["event"] == "preflight")
-    assert set(report["bus_gbps"]) == {"0", "1"} and report["median_gbps"] > 0
+    assert report["ranks"] == 2 and report["median_gbps"] > 0 and {r["rank"] for r in report["slowest"]} == {0, 1}
+    table = json.loads((run_dir / report["table"]).read_text())  # every rank's figure, beside the summary
+    assert [r["rank"] for r in table["ranks"]] == [0, 1] and table["median_gbps"] == report["median_gbps"]
 
 
 def test_a_failed_run_resumes_from_its_checkpoint_and_completes(slurm, tmp_path):

@@ -3,13 +3,16 @@
 The all-reduce check itself runs in every multi-rank test (parity, resume),
 which assert its logged result.
 """
+import json
 import os
 import time
 
 import pytest
 import torch.distributed as dist
 
+from launcher.core.events import encode
 from launcher.train import dist as tdist
+from launcher.train.preflight import NAMED, summary
 from support.train_harness import free_port
 
 
@@ -104,3 +107,19 @@ def test_omp_num_threads_is_the_users_choice(clean_env):
     clean_env.setenv("OMP_NUM_THREADS", "3")
     clean_env.setenv("SLURM_CPUS_PER_TASK", "1")
     assert tdist.cpu_threads(8) is None
+
+
+def test_the_preflight_record_stays_small_at_sixteen_thousand_ranks_and_names_the_slow_node(tmp_path):
+    """Every status command reads the preflight event: at 16,384 ranks it holds a summary (the median, the
+    slowest ranks, the flagged ones and their node), and every rank's figure goes to a table of its own."""
+    everyone = [(f"node{rank // 8:04d}", 20.0 + (rank % 7) * 0.01) for rank in range(16384)]
+    for rank in range(4096, 4104):  # one node's eight ranks, a tenth of the others' bandwidth
+        everyone[rank] = ("node0512", 2.0)
+    report = summary(everyone, "1234", tmp_path)
+    assert len(json.dumps(encode(report))) < 2000  # it was about 0.5 MB with every rank's figure
+    assert (report.ranks, report.slow_count, report.slow_nodes) == (16384, 8, ["node0512"])
+    assert report.slow_ranks == list(range(4096, 4104)) and len(report.slowest) == NAMED
+    assert {row["node"] for row in report.slowest} == {"node0512"} and report.median_gbps == pytest.approx(20.03)
+    table = json.loads((tmp_path / report.table).read_text())
+    assert report.table == "preflight/1234.json" and len(table["ranks"]) == 16384
+    assert table["ranks"][4100] == {"rank": 4100, "node": "node0512", "gbps": 2.0}
