@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from launcher.core.heartbeats import Pulse, read_pulses
+from launcher.core.heartbeats import Pulse, read_pulses, sweep_local
 from launcher.core.events import (EXIT_NOT_OURS, Attempt, AttemptEnded, Cancelled, DuplicateJob, Event, Failed, Fault,
                                    Finished, Outcome, Requeued, Resumed, Retrying, Stalled)
 from launcher.core.rundir import EVENTS, append_event, last_metrics, read_events, read_metrics
@@ -611,6 +611,7 @@ def main(argv: List[str]) -> int:
         if argv[0] == "watch":
             watch(run_dir, argv[2])
             return 0
+        sweep_local()  # the ranks of this host are gone: their pulses leave its memory (core/heartbeats.py)
         if end(run_dir, exit_code) is COMPLETED:
             return 0  # the job reads COMPLETED in Slurm too, as the run's record says
     except OSError as err:  # the run directory is gone or unwritable: the job's own exit status stands

@@ -3,15 +3,17 @@
 Slurm sees nothing wrong when a rank hangs (a stopped process, a deadlocked collective): its peers wait in
 the collective for as long as its timeout. So every rank runs a watchdog thread that, every few seconds,
 
-- writes ``heartbeats/rank_<N>.json``: rank, node, pid, the step it is on, when that step began
-  (``step_since``) and when the watchdog last ran (``alive``);
+- writes its pulse (rank, node, pid, the step it is on, when that step began (``step_since``) and when the
+  watchdog last ran (``alive``)) to the node's memory, and the node's lowest live rank copies the node's
+  pulses into the node's one heartbeat file in the run directory (launcher/core/heartbeats.py): the shared
+  file system sees a write per node per beat, whatever the ranks per node;
 - checks its own progress: if its step has not advanced for ``stall_timeout_s``, the attempt is stalled.
 
-It also watches the processes of the other ranks of its node (through /proc): one seen stopped (state T, a
-SIGSTOP or a debugger) for a few beats will not run again by itself, so the attempt is stalled at once rather
-than after ``stall_timeout_s``. A stalled rank dumps its Python stacks into its log (faulthandler), reads
-every rank's heartbeat to name the culprit, and exits with :data:`EXIT_STALLED`, which ends the attempt
-(srun ``--kill-on-bad-exit``). A rank whose ``alive`` stamp is stale is frozen (its process does not run:
+It also watches the processes of the other ranks of its node (through /proc, their pids from the node's memory):
+one seen stopped (state T, a SIGSTOP or a debugger) for a few beats will not run again by itself, so the attempt
+is stalled at once rather than after ``stall_timeout_s``. A stalled rank dumps its Python stacks into its log
+(faulthandler), reads every rank's pulse to name the culprit, and exits with :data:`EXIT_STALLED`, which ends the
+attempt (srun ``--kill-on-bad-exit``). A rank whose ``alive`` stamp is stale is frozen (its process does not run:
 stopped, or stuck holding the GIL); the others are waiting for it. The lowest-numbered rank still alive
 records one ``stalled`` event naming the frozen ranks, their nodes and steps; the others wait for that event
 before they exit. The thread runs while the main thread waits inside a collective, since torch releases the
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Callable, Collection, Iterator, Optional, Sequence
 
 from launcher.core.heartbeats import (EXIT_STALLED, SLOW_PHASE_S, STALL_FLOOR_S, Pulse, derived_timeout,
-                                      heartbeat_path, read_pulses)
+                                      encode_node, local_dir, node_path, read_local, read_pulses, sweep_local)
 from launcher.core.events import Stalled
 from launcher.core.rundir import read_events
 
@@ -82,6 +84,8 @@ def _process_state(pulse: Pulse) -> str:
 # itself: its node's other ranks end the attempt then, not after the full stall limit.
 STOPPED_BEATS = 2
 NEIGHBOUR_SKEW_S = 10.0  # a neighbour's watchdog starts within this of this one's
+STALE_BEATS = 4  # a pulse this many beats old is a frozen rank's (a node file lags its ranks by up to a beat)
+WRITER_BEATS = 1.5  # the node file's writer whose pulse is this many beats old is replaced by the next rank
 
 
 class Watchdog:
@@ -89,8 +93,11 @@ class Watchdog:
 
     def __init__(self, run_dir: Path, rank: int, node: str, stall_timeout_s: Optional[float],
                  on_stall: Callable[[str, list[Pulse]], None], interval_s: float = INTERVAL_S,
-                 exit: Callable[[int], None] = os._exit, neighbours: Sequence[int] = ()) -> None:
+                 exit: Callable[[int], None] = os._exit, neighbours: Sequence[int] = (),
+                 job_id: Optional[str] = None) -> None:
         self.run_dir, self.rank, self.node = Path(run_dir), rank, node
+        self.local = local_dir(run_dir, job_id or os.environ.get("SLURM_JOB_ID", "nojob"), node)
+        self._node_fd: Optional[int] = None  # the node file, held open by this rank while it writes it
         # The other ranks of this node: their processes are watched through /proc (their pids learnt once from their
         # heartbeats), so a stopped one is found in seconds without reading the shared run directory every beat.
         self.neighbours = {r: 0 for r in neighbours if r != rank}  # rank -> beats seen stopped
@@ -106,7 +113,9 @@ class Watchdog:
 
     def start(self, step: int) -> "Watchdog":
         """Beat from now on; the first step (data, model, compile) gets the allowance of a slow phase."""
-        heartbeat_path(self.run_dir, self.rank).parent.mkdir(parents=True, exist_ok=True)
+        sweep_local()  # folders of this user's jobs whose ranks were killed on this node
+        self.local.mkdir(mode=0o700, exist_ok=True)
+        node_path(self.run_dir, self.node).parent.mkdir(parents=True, exist_ok=True)
         self.step(step)
         self._started = time.time()
         self.limit_s = max(self.stall_timeout_s, SLOW_PHASE_S)
@@ -135,9 +144,19 @@ class Watchdog:
             self.pulse.step_since, self.limit_s = time.time(), self.stall_timeout_s
 
     def stop(self) -> None:
+        """Stop beating; this rank's pulse leaves the node's memory (the last rank out removes the folder), and
+        the node file keeps the last pulses for the launcher."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        if self._node_fd is not None:
+            os.close(self._node_fd)
+            self._node_fd = None
+        try:
+            (self.local / f"rank_{self.rank:05d}.json").unlink()
+            self.local.rmdir()
+        except OSError:  # another rank is still there, or it was never written
+            pass
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -154,24 +173,39 @@ class Watchdog:
         """Whether a rank of this node has been seen stopped for :data:`STOPPED_BEATS` beats in a row."""
         missing = [r for r in self.neighbours if r not in self._pids]
         if missing:
-            # This attempt's heartbeats (the ranks start their watchdogs together, after preflight's all-reduce), not
-            # a file an earlier attempt left, whose pid is gone or another process's.
-            for pulse in read_pulses(self.run_dir, since=self._started - NEIGHBOUR_SKEW_S, ranks=missing):
-                if pulse.node == self.node:
+            # This attempt's pulses (the ranks start their watchdogs together, after preflight's all-reduce), not
+            # one an earlier attempt left, whose pid is gone or another process's.
+            for pulse in read_local(self.local, ranks=missing):
+                if pulse.alive >= self._started - NEIGHBOUR_SKEW_S:
                     self._pids[pulse.rank] = pulse.pid
         for rank, pid in self._pids.items():
             self.neighbours[rank] = self.neighbours[rank] + 1 if _state_code(pid) in ("T", "t") else 0
         return any(beats >= STOPPED_BEATS for beats in self.neighbours.values())
 
     def _write(self, now: float) -> None:
+        """This rank's pulse into the node's memory; then, if this is the node's lowest live rank, every pulse of
+        the node into the node file, rewritten in place (no create, rename or unlink on the shared file system)."""
         self.pulse.alive = now
-        path = heartbeat_path(self.run_dir, self.rank)
+        path = self.local / f"rank_{self.rank:05d}.json"
         tmp = path.with_suffix(".tmp")
         try:
             tmp.write_text(json.dumps(asdict(self.pulse)))
-            os.replace(tmp, path)
+            os.replace(tmp, path)  # in the node's memory: a rename costs the shared file system nothing
+            node = read_local(self.local)
+            if self.rank == min((p.rank for p in node if now - p.alive <= WRITER_BEATS * self.interval_s),
+                                default=self.rank):
+                if self._node_fd is None:
+                    self._node_fd = os.open(node_path(self.run_dir, self.node), os.O_WRONLY | os.O_CREAT, 0o666)
+                os.pwrite(self._node_fd, encode_node(self.node, node, now), 0)
+                os.fdatasync(self._node_fd)  # other nodes read it: on NFS, written back now, not at close
         except OSError as err:  # a full or unreachable disk must not kill training by itself
             log.warning("heartbeat not written: %s", err)
+
+    def pulses(self) -> list[Pulse]:
+        """Every rank's newest pulse: this node's from its memory, the others' from their node files."""
+        mine = {p.rank: p for p in read_local(self.local)}
+        return sorted([*mine.values(), *(p for p in read_pulses(self.run_dir) if p.rank not in mine)],
+                      key=lambda p: p.rank)
 
     def _stalled(self, now: float, early: bool = False) -> None:
         if early:
@@ -186,8 +220,8 @@ class Watchdog:
         for stream in {getattr(h, "stream", None) for h in logging.getLogger().handlers} | {sys.stderr}:
             if stream is not None and hasattr(stream, "fileno"):
                 faulthandler.dump_traceback(file=stream, all_threads=True)
-        pulses = read_pulses(self.run_dir)
-        stale = 3 * self.interval_s
+        pulses = self.pulses()
+        stale = STALE_BEATS * self.interval_s
         live = [p.rank for p in pulses if now - p.alive <= stale
                 and (not early or p.rank == self.rank or p.rank in self.neighbours)]
         # One event per stall, from the lowest live rank (of this node, when a stopped process of this node is the

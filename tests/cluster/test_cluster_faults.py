@@ -218,3 +218,23 @@ def test_the_goodput_benchmark_runs_in_its_quick_mode(three):
                      r"\d+ s after that$", out.stdout, re.M), out.stdout
     assert re.search(r"^goodput ratio: fault-free \d+ s / with faults \d+ s = [01]\.\d\d \(goal 0\.85\)$", out.stdout,
                      re.M), out.stdout
+
+
+def test_the_footprint_benchmark_shows_a_minute_per_rpc_and_heartbeats_that_grow_with_nodes(three):
+    """scripts/bench_footprint.py --quick: a 1-node and a 2-node run (2 ranks a node) side by side on this
+    3-node cluster; in steady state the controller gets at most one comment update per job a minute, and the
+    run directories see no create, rename, unlink or listing, and one heartbeat write per node a beat."""
+    cluster, _ = three
+    out = subprocess.run([sys.executable, "scripts/bench_footprint.py", "--quick"], cwd=REPO, env=cluster.env,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    head = re.search(r"^controller: (\d+) RPCs in (\d+) s with 2 running jobs: [\d.]+ per job per minute", out.stdout,
+                     re.M)
+    assert head, out.stdout
+    rpcs = dict(re.findall(r"^  (REQUEST_\w+|MESSAGE_\w+) (\d+)$", out.stdout, re.M))
+    assert set(rpcs) <= {"REQUEST_UPDATE_JOB"}, out.stdout  # the progress comment, nothing else from the jobs
+    assert int(head[1]) <= 2 * -(-int(head[2]) // 60), out.stdout  # per job, one a minute (or part of one)
+    rows = re.findall(r"^  (\d) node\(s\) x 2 ranks: .*; metadata ([\d.]+) .*\(heartbeats ([\d.]+)", out.stdout, re.M)
+    assert [(n, float(meta)) for n, meta, _ in rows] == [("1", 0.0), ("2", 0.0)], out.stdout
+    one, two = (float(beats) / int(n) for n, _, beats in rows)
+    assert 0.7 < two / one < 1.3 and 20 < one < 40, out.stdout  # a write per node per 2-s beat, whatever its ranks

@@ -213,7 +213,7 @@ def test_without_accounting_state_comes_from_squeue_then_the_run_directory(slurm
 
 def test_a_run_json_cut_in_half_while_the_run_trains_is_rebuilt_and_mended_by_its_end(slurm, tmp_path):
     res = slurm.launcher("model=gpt_tiny", "gpus=2", "train.steps=60", "train.log_every=5", "name=torn", root=tmp_path,
-                         env=paced(0.1))
+                         env=paced(0.5))  # 30 s: a loaded machine's runs and describe (seconds each) come before its end
     assert res.returncode == 0, res.stderr
     job = re.search(r"as Slurm job (\d+)", res.stdout).group(1)
     record = tmp_path / "torn" / "run.json"

@@ -103,14 +103,15 @@ def test_an_attempt_of_a_record_that_never_said_its_submission_has_no_queue_time
 def test_a_running_run_whose_steps_stopped_is_shown_stalled(tmp_path):
     import json as _json
 
-    from launcher.core.heartbeats import heartbeat_path, stalled_for
+    from launcher.core.heartbeats import Pulse, encode_node, node_path, stalled_for
     from launcher.core.rundir import write_json_atomic
     from launcher.status.job_state import JobState, in_its_words
 
-    heartbeat_path(tmp_path, 0).parent.mkdir()
-    for rank, since in ((0, 1000.0), (1, 1010.0)):
-        write_json_atomic(heartbeat_path(tmp_path, rank), {"rank": rank, "node": "n1", "pid": 1, "step": 7,
-                                                           "step_since": since, "alive": 1100.0})
+    node_path(tmp_path, "n1").parent.mkdir()
+    node_path(tmp_path, "n1").write_bytes(encode_node("n1", [Pulse(0, "n1", 1, 7, 1000.0, 1100.0)], 1100.0))
+    # rank 1's file as a launcher before node files wrote it: an older run is read the same way
+    write_json_atomic(tmp_path / "heartbeats" / "rank_00001.json", {"rank": 1, "node": "n1", "pid": 2, "step": 7,
+                                                                   "step_since": 1010.0, "alive": 1100.0})
     assert stalled_for(tmp_path, limit=30, step_time=None, now=1030.0) is None  # 20 s since rank 1's step began
     assert stalled_for(tmp_path, limit=30, step_time=None, now=1050.0) == 40.0
     assert stalled_for(tmp_path, limit=None, step_time=1.0, now=1300.0) is None  # derived: at least 300 s
