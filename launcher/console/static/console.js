@@ -13,7 +13,7 @@ function h(tag, attrs, ...children) {
     if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
     else if (value !== null && value !== undefined && value !== false) el.setAttribute(key, value);
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined) continue;
     el.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -95,6 +95,15 @@ const CHARTS = [
   ["memory", "Peak memory (GB)", ["peak_mem_gb"]],
 ];
 const COLOURS = ["#0969da", "#cf222e", "#1a7f37", "#8250df"];
+// A y-axis label: small values (a learning rate) in exponent form, large ones grouped, so ticks stay distinct.
+const tick = v => v === null || v === undefined ? "" : v === 0 ? "0" : Math.abs(v) < 0.01 ? v.toExponential(1)
+  : Math.abs(v) >= 1000 ? v.toLocaleString(undefined, {maximumFractionDigits: 0}) : String(+v.toPrecision(3));
+
+// A chart as wide as its panel, its y labels readable, its legend the series' names (the values are on the curve).
+function plot(holder, options, data) {
+  return new uPlot({width: Math.max(300, holder.clientWidth - 16), height: 220, legend: {live: false},
+                    axes: [{}, {size: 64, values: (u, ticks) => ticks.map(tick)}], ...options}, data, holder);
+}
 
 function chartData(curves, keys) {
   return [curves.step, ...keys.map(k => curves[k].map(v => v === null || v === undefined ? null : v))];
@@ -106,10 +115,9 @@ function drawCharts(box, curves) {
     if (charts[id]) { charts[id].setData(data); continue; }
     const holder = h("div", {class: "chart", id: `chart-${id}`}, h("h3", {}, title));
     box.append(holder);
-    charts[id] = new uPlot({width: 440, height: 220, cursor: {drag: {x: true, y: false}},
+    charts[id] = plot(holder, {cursor: {drag: {x: true, y: false}}, scales: {x: {time: false}},
       series: [{label: "step"}, ...keys.map((k, i) => ({label: k, stroke: COLOURS[i], spanGaps: true,
-                                                       points: {show: false}}))],
-      scales: {x: {time: false}}}, data, holder);
+                                                       points: {show: false}}))]}, data);
     holder.dataset.points = String(curves.step.length);
   }
   for (const [id] of CHARTS) {
@@ -124,7 +132,7 @@ function planTable(info) {
                 ["Tokens/s", p.tokens_per_s, m.tokens_per_s, 0], ["MFU", p.mfu, m.mfu, null]];
   const cell = (v, digits) => h("td", {class: "num"}, digits === null ? pct(v) : num(v, digits));
   return h("table", {id: "plan"}, h("thead", {}, h("tr", {}, ["", `planned (${p.gpu || "?"})`, "measured"]
-      .map(t => h("th", {}, t)))),
+      .map((t, i) => h("th", {class: i ? "num" : null}, t)))),
     h("tbody", {}, rows.map(([what, planned, measured, digits]) => h("tr", {}, h("td", {}, what),
       cell(planned, digits), cell(measured, digits)))));
 }
@@ -242,9 +250,9 @@ function scalingChart(box, runs) {
   const ideal = gpus.map(g => base.tokens_per_s * g / base.gpus);
   const holder = h("div", {class: "chart", id: "chart-scaling"}, h("h3", {}, "Tokens/s against GPUs (dashed: ideal)"));
   box.append(holder);
-  new uPlot({width: 520, height: 260, scales: {x: {time: false}},
+  plot(holder, {height: 260, scales: {x: {time: false}},
     series: [{label: "GPUs"}, {label: "measured", stroke: COLOURS[0]},
-             {label: "ideal", stroke: "#6e7781", dash: [6, 4]}]}, [gpus, sized.map(r => r.tokens_per_s), ideal], holder);
+             {label: "ideal", stroke: "#6e7781", dash: [6, 4]}]}, [gpus, sized.map(r => r.tokens_per_s), ideal]);
 }
 
 function searchBox(search) {
@@ -270,10 +278,11 @@ function paramCharts(box, search) {
     if (!done.length) continue;
     const holder = h("div", {class: "chart"}, h("h3", {}, `${search.metric} against ${p.key}`));
     box.append(holder);
-    new uPlot({width: 440, height: 220, scales: {x: {time: false, distr: p.log ? 3 : 1}},
+    plot(holder, {scales: {x: {time: false, distr: p.log ? 3 : 1}},
+      axes: [{values: (u, ticks) => ticks.map(tick)}, {size: 64, values: (u, ticks) => ticks.map(tick)}],
       series: [{label: p.key}, {label: search.metric, stroke: COLOURS[0], paths: () => null,
                                 points: {show: true, size: 8}}]},
-      [done.map(t => t.params[p.key]), done.map(t => t.value)], holder);
+      [done.map(t => t.params[p.key]), done.map(t => t.value)]);
   }
 }
 
