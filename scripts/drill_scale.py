@@ -3,9 +3,10 @@
     .venv/bin/python scripts/drill_scale.py [--nodes 4] [--gpus 8] [--steps 30]
 
 Starts its own cluster (port 17400, directory .slurm-drill; the default cluster is left alone), launches the
-run, and reports the time from submission to every rank training, the preflight's all-reduce bandwidth of
-every rank, and the run's outcome; then stops the cluster. Not part of the default test run: 32 ranks on a
-2-core machine take a few minutes.
+run, and reports the time from submission to every rank training, rank 0's bring-up by phase (imports,
+rendezvous, preflight, data checks, model build, checkpoint load, first step: the ``started`` and ``ready``
+events), the preflight's all-reduce bandwidth of every rank, and the run's outcome; then stops the cluster.
+Not part of the default test run: 32 ranks on a 2-core machine take a few minutes.
 """
 from __future__ import annotations
 
@@ -59,6 +60,12 @@ def main() -> int:
         while not any(e["event"] in ("attempt_ended",) for e in events(run_dir)) and time.time() - start < 1800:
             time.sleep(1)
         done = time.time() - start
+        started = next((e for e in events(run_dir) if e["event"] == "started"), {})
+        ready = next((e for e in events(run_dir) if e["event"] == "ready"), {})
+        phases = {**started.get("bring_up", {}),
+                  **{key[:-2]: ready.get(key) for key in ("build_s", "load_s", "first_step_s")}}
+        print(f"bring-up of rank 0 ({world} ranks): "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items() if isinstance(v, (int, float))))
         report = next((e for e in events(run_dir) if e["event"] == "preflight"), {})
         ended = [e for e in events(run_dir) if e["event"] == "attempt_ended"]
         print(f"\n{world} ranks on {args.nodes} nodes x {args.gpus}: submit -> every rank training {training:.0f} s; "
@@ -67,7 +74,8 @@ def main() -> int:
         gbps = [row["gbps"] for row in table]
         print(f"preflight all-reduce of {report.get('allreduce_mb')} MB, bus bandwidth per rank (GB/s): "
               f"median {report.get('median_gbps')}, slowest {min(gbps, default=None)}, "
-              f"fastest {max(gbps, default=None)}, flagged slow {report.get('slow_count')} on {report.get('slow_nodes')}")
+              f"fastest {max(gbps, default=None)}, flagged slow {report.get('slow_count')} "
+              f"on {report.get('slow_nodes')}")
         for row in table:
             print(f"  rank {row['rank']:>3}  {row['node']}  {row['gbps']:.3f}")
         return 0 if ended and ended[-1]["outcome"] == "COMPLETED" else 1

@@ -1,4 +1,5 @@
-"""``launcher logs RUN``: a rank's output (rank 0 by default), optionally followed until the job ends."""
+"""``launcher logs RUN``: a rank's output (rank 0 by default, and the end of each rank the attempt blamed for its
+failure: at 1,024 ranks, the few logs worth reading), optionally followed until the job ends."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,9 @@ from typing import Dict, List, Tuple
 
 from launcher.views.lookup import lookup, roots_of
 from launcher.errors import LaunchError
+from launcher.core.events import Attempt, AttemptEnded, Failed, Stalled
 from launcher.core.plan import read_plan
+from launcher.core.rundir import read_events
 from launcher.core.run_index import RunRecord
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.status.job_state import JobState, job_states
@@ -39,6 +42,22 @@ def ranks_on_node(rec: RunRecord, node: str) -> List[int]:
     return list(range(first, first + per))
 
 
+FAILED_RANK_LINES = 40  # of each failed rank shown beside rank 0, unless --tail says otherwise
+
+
+def failed_ranks(run_dir: Path) -> List[int]:
+    """The ranks the newest attempt blamed: those that raised, the frozen ones, the one its end named."""
+    events = read_events(run_dir)
+    start = max((i for i, e in enumerate(events) if isinstance(e, Attempt)), default=0)
+    ranks: set = set()
+    for event in events[start:]:
+        if isinstance(event, (Failed, AttemptEnded)) and event.rank is not None and str(event.rank).isdigit():
+            ranks.add(int(event.rank))
+        elif isinstance(event, Stalled):
+            ranks.update(rank for rank in event.ranks if isinstance(rank, int))
+    return sorted(ranks)
+
+
 def tail_lines(path: Path, count: int) -> str:
     with open(path, errors="replace") as f:
         return "".join(deque(f, maxlen=count))
@@ -57,6 +76,8 @@ def follow(rec: RunRecord, files: Dict[int, Path], offsets: Offsets, err: bool) 
             if not path.exists():
                 continue
             with open(path, errors="replace") as f:
+                if path.stat().st_size < offsets.get((rank, str(path)), 0):  # cut (launcher/train/task.py): anew
+                    offsets[(rank, str(path))] = 0
                 f.seek(offsets.get((rank, str(path)), 0))
                 chunk = f.read()
                 offsets[(rank, str(path))] = f.tell()
@@ -95,7 +116,9 @@ def in_short(rec: RunRecord, state: JobState) -> str:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--rank", type=int, default=None, help="this global rank's output")
+    where.add_argument("--rank", type=int, default=None,
+                       help="this global rank's output (default: rank 0, and the end of each rank the last attempt "
+                            "blamed)")
     where.add_argument("--node", help="the output of every rank on this node")
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     parser.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines")
@@ -106,16 +129,19 @@ def main(args: argparse.Namespace) -> int:
     rec = lookup(roots_of(args), args.name)
     if args.rank is not None and not 0 <= args.rank < rec.gpus:  # one rank per GPU
         raise LaunchError(f"--rank {args.rank}: {rec.name} has ranks 0..{rec.gpus - 1}")
-    ranks = ranks_on_node(rec, args.node) if args.node else [args.rank or 0]
+    chosen = args.node or args.rank is not None
+    failed = [] if chosen else [rank for rank in failed_ranks(Path(rec.run_dir)) if rank != 0 and rank < rec.gpus]
+    ranks = ranks_on_node(rec, args.node) if args.node else [args.rank or 0, *failed]
     files = {rank: log_file(rec, rank, args.err) for rank in ranks}
     offsets: Offsets = {}
     for rank, path in files.items():
         if len(files) > 1:
-            print(f"==> rank {rank} <==")
+            print(f"==> rank {rank}{' (failed)' if rank in failed else ''} <==")
         if not path.exists():
             print(f"(no output from rank {rank} yet; {in_short(rec, job_states([rec])[rec.name])})", file=sys.stderr)
             continue
-        text = tail_lines(path, args.tail) if args.tail is not None else path.read_text(errors="replace")
+        count = args.tail if args.tail is not None else FAILED_RANK_LINES if rank in failed else None
+        text = tail_lines(path, count) if count is not None else path.read_text(errors="replace")
         sys.stdout.write(text)
         offsets[(rank, str(path))] = path.stat().st_size
         if not args.follow:

@@ -111,12 +111,26 @@ class PreflightFailed(Event):
 
 @dataclass(kw_only=True)
 class Started(Event):
-    """The ranks began training (rank 0 writes it)."""
+    """The ranks began training (rank 0 writes it), and how long rank 0's bring-up took so far, in seconds by
+    phase: ``imports`` (the process's start to the task's), ``rendezvous`` (the process group and its check),
+    ``preflight``, ``data`` (the data's checks)."""
     kind: ClassVar[str] = "started"
     job_id: Optional[str] = None
     world_size: Optional[int] = None
     nodes: list = field(default_factory=list)
     code: Optional[str] = None  # where the task imported the launcher from (the frozen copy)
+    bring_up: dict = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class Ready(Event):
+    """The attempt's first step is done (rank 0 writes it): the rest of its bring-up, in seconds, the model's
+    build (``build_s``), the checkpoint's load (``load_s``, 0 from scratch) and the first step (``first_step_s``)."""
+    kind: ClassVar[str] = "ready"
+    job_id: Optional[str] = None
+    build_s: Optional[float] = None
+    load_s: Optional[float] = None
+    first_step_s: Optional[float] = None
 
 
 @dataclass(kw_only=True)
@@ -326,7 +340,7 @@ class UnknownEvent(Event):
 
 
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    Submitted, Attempt, Preflight, PreflightFailed, Started, Resumed, CheckpointDamaged, Stalled, Failed,
+    Submitted, Attempt, Preflight, PreflightFailed, Started, Ready, Resumed, CheckpointDamaged, Stalled, Failed,
     AttemptEnded, Retrying, Resubmitted, Watching, DuplicateJob, Signalled, Requeued, Finished, Cancelled, Evaluated,
     Exported, ExportFailed, TrialReported, SearchFailed)}
 

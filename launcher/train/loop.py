@@ -15,6 +15,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,8 @@ from launcher.train.optim import build_optimizer, optimizer_step
 from launcher.train.parallel import parallelize
 from launcher.train.resume import Start, Starter
 from launcher.train.watchdog import Watchdog
-from launcher.core.rundir import METRICS
+from launcher.core.events import Ready
+from launcher.core.rundir import METRICS, append_event
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +148,12 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
     evaluator, pruning = Evaluator(tc, data, env, batching, metrics.timer), Pruning.of(run_dir, env.is_main)
     checkpointer = Checkpointer(run_dir, tc, env, interrupt, watchdog, exports, metrics.timer)
     try:
+        began = time.perf_counter()
         first = first_step(starter, steps, metrics.timer)
+        if env.is_main:  # the rest of the bring-up (launcher/train/task.py recorded the start of it)
+            append_event(run_dir, Ready(job_id=os.environ.get("SLURM_JOB_ID"), build_s=round(steps.begun.build_s, 3),
+                                        load_s=round(steps.begun.load_s, 3),
+                                        first_step_s=round(time.perf_counter() - began, 3)))
         for result in itertools.chain([first], map(steps.run, range(first.step + 1, tc.steps))):
             guards.check(result)  # before anything of this step is saved
             done, last = result.step + 1, result.step + 1 == tc.steps

@@ -23,6 +23,7 @@ import gc
 import logging
 import math
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -68,6 +69,8 @@ class Start:
     step: int = 0
     checkpoint: Optional[Path] = None
     reference: Optional[dict] = None
+    build_s: float = 0.0  # how long building the model, optimizer and schedule took
+    load_s: float = 0.0  # and loading the checkpoint (0: from scratch)
 
     def judge_first_step(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, env: DistEnv) -> Optional[str]:
         """On the first step after a resume (all ranks): what is wrong with it, judged from the loss averaged
@@ -98,12 +101,15 @@ class Starter:
         torch.manual_seed(self.seed)
         np.random.seed(self.seed)
         random.seed(self.seed)
+        began = time.perf_counter()
         begun = Start(*self.build())
+        begun.build_s = time.perf_counter() - began
         path = resume_checkpoint(self.run_dir, self.env, on_damage=self._record_damage)
         if path is None:
             return begun
+        began = time.perf_counter()
         begun.step = load_checkpoint(path, begun.model, begun.optimizer, begun.scheduler, self.env)
-        begun.checkpoint, begun.reference = path, reference(path)
+        begun.checkpoint, begun.reference, begun.load_s = path, reference(path), time.perf_counter() - began
         log.info("resumed at step %d from %s", begun.step, path)
         if self.env.is_main:
             append_event(self.run_dir, Resumed(step=begun.step, checkpoint=str(path)))

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import logging.handlers
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -42,13 +44,18 @@ def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> dict[str, Any]:
         setup_logging(run_dir, rank)
         cfg = load_run_config(run_dir / "config.yaml")
         plan = read_plan(run_dir)
+        clock = Phases()
         env = init_distributed()
         check_allreduce(env)
+        clock.ended("rendezvous")
         preflight(env, run_dir, plan, cfg.model, cfg.cluster.virtual_gpus)
+        clock.ended("preflight")
         verify_data(env, cfg)
+        clock.ended("data")
         if env.is_main:
             append_event(run_dir, Started(job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
-                                          nodes=env.nodes, code=str(SOURCE_ROOT)))  # the run's frozen copy
+                                          nodes=env.nodes, code=str(SOURCE_ROOT),  # the run's frozen copy
+                                          bring_up=clock.seconds))
         first = env.rank - env.local_rank  # Slurm's block distribution: a node's ranks are consecutive
         watchdog = Watchdog(run_dir, env.rank, env.node, cfg.train.stall_timeout_s,
                             on_stall=functools.partial(_record_stall, run_dir),
@@ -80,20 +87,53 @@ def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> dict[str, Any]:
             dist.destroy_process_group()
 
 
+class Phases:
+    """How long each phase of a rank's bring-up took, in seconds: ``imports`` from the process's start (as the
+    kernel counts it) to now, then each phase from the end of the one before (docs/performance.md, bring-up
+    against scale)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {"imports": round(time.time() - process_start(), 3)}
+        self._since = time.perf_counter()
+
+    def ended(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase], self._since = round(now - self._since, 3), now
+
+
+def process_start() -> float:
+    """When this process started, from /proc (its start in clock ticks since boot, and the boot time); now where
+    /proc does not say."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
 def _record_stall(run_dir: Path, cause: str, frozen: list[Pulse]) -> None:
     reached = max((p.step for p in read_pulses(run_dir)), default=None)  # where the waiting ranks are
     append_event(run_dir, Stalled(cause=cause, ranks=[p.rank for p in frozen], nodes=[p.node for p in frozen],
                                    step=reached, job_id=os.environ.get("SLURM_JOB_ID")))
 
 
+LOG_MAX_BYTES = 64 * 2**20  # a rank's log is cut here (one older part kept: rank_<N>.log.1), 128 MiB at most
+
+
 def setup_logging(run_dir: Path, rank: int) -> None:
-    """Log to ``logs/rank_<N>.log`` and to stdout, each line stamped with the rank."""
+    """Log to ``logs/rank_<N>.log`` and to stdout, each line stamped with the rank. The log is bounded in size
+    (:data:`LOG_MAX_BYTES`, rotated once); only rank 0 logs every step, the others their start, their faults and
+    their end (docs/performance.md: what a run writes at scale)."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     formatter = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    for handler in (logging.FileHandler(run_dir / "logs" / f"rank_{rank}.log"), logging.StreamHandler(sys.stdout)):
+    own = logging.handlers.RotatingFileHandler(run_dir / "logs" / f"rank_{rank}.log", maxBytes=LOG_MAX_BYTES,
+                                               backupCount=1)
+    for handler in (own, logging.StreamHandler(sys.stdout)):
         handler.setFormatter(formatter)
         root.addHandler(handler)
     root.setLevel(logging.INFO)

@@ -245,3 +245,24 @@ def test_a_copied_run_directory_is_damaged_and_no_command_reaches_the_original_t
         assert_one_line_error(capsys, root, args, f"run beta-copy is damaged: {root / 'beta-copy' / 'run.json'} "
                                                   "is a copy of run beta")
     assert (root / "beta" / "run.json").exists() and (root / "beta-copy").is_dir()
+
+
+def test_logs_shows_rank_0_and_the_end_of_each_rank_the_attempt_blamed(root, capsys):
+    """At 1,024 ranks, the logs worth reading: rank 0's whole, then the last lines of the ranks the newest attempt
+    blamed (one raised, one froze); an earlier attempt's culprit is not shown again, and --rank shows one."""
+    run_dir = root / "alpha"
+    record = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**record, "gpus": 4}))  # ranks 0..3
+    for rank in (1, 2, 3):
+        (run_dir / "logs" / f"rank_{rank}.log").write_text("".join(f"rank {rank} line {i}\n" for i in range(100)))
+    with (run_dir / "events.jsonl").open("a") as f:
+        for event in ({"event": "attempt", "attempt": 1, "job_id": "6"}, {"event": "failed", "rank": 1, "job_id": "6"},
+                      {"event": "attempt", "attempt": 2, "job_id": "7"}, {"event": "failed", "rank": "3"},
+                      {"event": "stalled", "ranks": [2]}):
+            f.write(json.dumps({"time": 1001.0, **event}) + "\n")
+    assert cli.main(["logs", "alpha", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("==> rank 0 <==\nalpha trained\n==> rank 2 (failed) <==\nrank 2 line 60\n")
+    assert "rank 3 line 99\n" in out and "rank 3 line 59\n" not in out and "rank 1 " not in out
+    assert cli.main(["logs", "alpha", "--root", str(root), "--rank", "0"]) == 0
+    assert capsys.readouterr().out == "alpha trained\n"

@@ -51,7 +51,7 @@ def resumed_copy(interrupted_run, tmp_path, spoil=None):
 
 def test_a_healthy_resume_passes_the_check(interrupted_run, reference_run, tmp_path):
     run_dir = resumed_copy(interrupted_run, tmp_path)
-    assert [e["event"] for e in events(run_dir)][-3:] == ["started", "resumed", "finished"]
+    assert [e["event"] for e in events(run_dir)][-4:] == ["started", "resumed", "ready", "finished"]
     assert [e["step"] for e in events(run_dir) if e["event"] == "resumed"] == [STOPPED_AT]
     assert losses(run_dir) == losses(reference_run)
 
@@ -70,8 +70,8 @@ def test_spoiled_weights_with_matching_checksums_fall_back_to_the_previous_check
     assert first_loss > 2 * recorded["loss"] + 3  # far outside the rule, not near its edge
     assert manifest.damage(ckpts / "step_00000004.damaged", 2) == []  # its checksums matched all along
     # Set aside, then resumed from step 2 in the same attempt: one "started", two "resumed".
-    after = [e["event"] for e in events(run_dir)][-5:]
-    assert after == ["started", "resumed", "checkpoint_damaged", "resumed", "finished"]
+    after = [e["event"] for e in events(run_dir)][-6:]
+    assert after == ["started", "resumed", "checkpoint_damaged", "resumed", "ready", "finished"]
     assert [e["step"] for e in events(run_dir) if e["event"] == "resumed"] == [STOPPED_AT, EVERY]
     final = metrics(run_dir)[-1]
     assert final["final"] and final["step"] == 6 and final["resumed_from"] == EVERY and final["steps_run"] == 4

@@ -30,7 +30,7 @@ def test_uninterrupted_run_records_everything(reference_run):
     assert final["loss"] < records[0]["loss"]
     assert [r["eval_loss"] is not None for r in records[:-1]] == [s % EVERY == 0 for s in range(1, STEPS + 1)]
     events = [e["event"] for e in read_events(reference_run)]
-    assert events == ["preflight", "started", "finished"]
+    assert events == ["preflight", "started", "ready", "finished"]
     assert sorted(p.name for p in (reference_run / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
     assert "allreduce 3 ok" in (reference_run / "logs" / "rank_1.log").read_text()
 
@@ -47,8 +47,10 @@ def test_crash_during_save_then_resume_matches_uninterrupted(tmp_path, reference
     launch_forked(train_workers.train_run, (run_dir,), world_size=2)
     assert "resumed at step 3" in (run_dir / "logs" / "rank_0.log").read_text()
     events = read_events(run_dir)
-    assert [e["event"] for e in events] == ["preflight", "started", "preflight", "started", "resumed", "finished"]
-    assert events[4]["step"] == 3
+    assert [e["event"] for e in events] == ["preflight", "started", "ready", "preflight", "started", "resumed",
+                                            "ready", "finished"]
+    assert events[5]["step"] == 3 and events[6]["load_s"] > 0 and events[2]["load_s"] == 0  # resumed, from scratch
+    assert set(events[4]["bring_up"]) == {"imports", "rendezvous", "preflight", "data"}
     resumed = [r for r in metrics(run_dir) if r.get("final")][-1]
     assert resumed["resumed_from"] == 3 and resumed["steps_run"] == 3
     # Exactly the uninterrupted losses (float equality, not approx), eval included.
