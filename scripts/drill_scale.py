@@ -47,13 +47,15 @@ def main() -> int:
     subprocess.run(["bash", str(REPO / "slurm" / "up.sh")], env=env, check=True)
     try:
         start = time.time()
-        launch = subprocess.run([sys.executable, "-m", "launcher", f"gpus={world}", "model=gpt_tiny",
-                                 "parallel.sharding=hybrid", f"train.steps={args.steps}", "train.log_every=5",
-                                 "name=drill", f"run_root={root}"], env=env, cwd=REPO, capture_output=True, text=True)
+        name = f"drill-{args.nodes}x{args.gpus}-{int(start)}"  # a drill of each shape, each time, its own run
+        launch = subprocess.run([sys.executable, "-m", "launcher", f"gpus={world}", f"layout.nodes={args.nodes}",
+                                 "model=gpt_tiny", "parallel.sharding=hybrid", f"train.steps={args.steps}",
+                                 "train.log_every=5", f"name={name}", f"run_root={root}"],
+                                env=env, cwd=REPO, capture_output=True, text=True)
         if launch.returncode:
             print(launch.stderr, file=sys.stderr)
             return 1
-        run_dir = root / "drill"
+        run_dir = root / name
         while not (run_dir / "metrics.jsonl").exists() and time.time() - start < 900:
             time.sleep(0.5)
         training = time.time() - start
@@ -62,7 +64,8 @@ def main() -> int:
         done = time.time() - start
         started = next((e for e in events(run_dir) if e["event"] == "started"), {})
         ready = next((e for e in events(run_dir) if e["event"] == "ready"), {})
-        phases = {**started.get("bring_up", {}),
+        began = started.get("bring_up", {})
+        phases = {**{key: began.get(key) for key in ("imports", "rendezvous", "preflight", "data")},
                   **{key[:-2]: ready.get(key) for key in ("build_s", "load_s", "first_step_s")}}
         print(f"bring-up of rank 0 ({world} ranks): "
               + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items() if isinstance(v, (int, float))))
