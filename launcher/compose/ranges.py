@@ -82,6 +82,7 @@ RANGES: Dict[str, Range] = {
     "train.keep_checkpoints": AT_LEAST_1,
     "train.export_every": Range(0, zero="0: no export while training"),
     "train.stall_timeout_s": POSITIVE,
+    "train.preflight_timeout_s": POSITIVE,
     "data.val_fraction": Range(0, 1, high_open=True, zero="0: no validation split; needs train.eval_every=0"),
     "cluster.gpus_per_node": AT_LEAST_1,
     "cluster.gpu_memory_gb": POSITIVE,

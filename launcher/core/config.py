@@ -130,6 +130,9 @@ class TrainConfig:
     # A step (or a save/eval phase) that has not ended after this long is a hang: the attempt ends with the
     # frozen ranks named (launcher/train/watchdog.py). Null: derived from the measured step time, at least 300 s.
     stall_timeout_s: Optional[float] = None
+    # Every rank's own preflight checks (device, disk) must be done within this; a node whose ranks are not is
+    # named and left out of the retry (launcher/train/preflight.py).
+    preflight_timeout_s: float = 300.0
 
 
 @dataclass

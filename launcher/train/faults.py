@@ -4,6 +4,7 @@ environment of the submitting shell (sbatch passes it on to every task).
     LAUNCHER_FAULT=raise@5          every rank raises an error of the code's own at step 5
     LAUNCHER_FAULT=raise@5:1        only rank 1 does
     LAUNCHER_FAULT=preflight:NODE   the device check fails on node NODE (launcher/train/preflight.py)
+    LAUNCHER_FAULT=stuck:NODE       the device check on node NODE never returns (a hung GPU or driver)
     LAUNCHER_FAULT=pace@0.1         every step takes 0.1 s longer (a run of known length, for time limits)
 
 Unset (always, outside drills), nothing here does anything.
@@ -41,7 +42,7 @@ def at_step(step: int, rank: int) -> None:
         raise InjectedFault(f"fault injected by {VARIABLE}={_spec()} at step {step}")
 
 
-def failing_node() -> Optional[str]:
-    """The node whose preflight must fail, if a drill says so."""
-    kind, _, node = _spec().partition(":")
-    return node if kind == "preflight" and node else None
+def failing_node(kind: str = "preflight") -> Optional[str]:
+    """The node whose preflight must fail (``stuck``: never return), if a drill says so."""
+    said, _, node = _spec().partition(":")
+    return node if said == kind and node else None

@@ -19,6 +19,7 @@ file is the data's fault, not a node's: every rank raises the DatasetError that 
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import shutil
@@ -114,13 +115,20 @@ def bandwidth(env: DistEnv) -> float:
     return 2 * (n - 1) / n * tensor.numel() * 4 / seconds / 1e9
 
 
-def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig, virtual_gpus: bool = True) -> None:
-    """Every rank calls this before training; raises NodeUnfit on every rank if any node failed."""
+def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig, virtual_gpus: bool = True,
+              timeout_s: float = 300.0) -> None:
+    """Every rank calls this before training; raises NodeUnfit on every rank if any node failed, or if some
+    rank's own checks were not done within ``timeout_s`` (:func:`check_in`)."""
+    store = dist.distributed_c10d._get_default_store()  # the rendezvous's, kept by rank 0's node
+    store.set(f"{JOINED}{env.rank}", env.node)
+    if faults.failing_node("stuck") == env.node:
+        time.sleep(10 * 24 * 3600)  # a drill's hung device check: the others name this node (check_in)
     problem = device_problem(env, virtual_gpus) or (disk_problem(run_dir, plan, model) if env.local_rank == 0 else None)
     if problem:
         log.error("preflight failed on %s: %s", env.node, problem)
         append_event(run_dir, events.PreflightFailed(rank=env.rank, node=env.node, problem=problem,
                                               job_id=os.environ.get("SLURM_JOB_ID")))
+    check_in(store, env, run_dir, timeout_s)
     failed = torch.tensor([int(problem is not None)], device=env.device)
     dist.all_reduce(failed, op=dist.ReduceOp.MAX)
     if failed.item():
@@ -133,6 +141,41 @@ def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig, virtu
         append_event(run_dir, report)
         log.info("preflight ok: all-reduce bus bandwidth median %.3f GB/s%s", report.median_gbps,
                  f"; {report.slow_count} slow rank(s) on {', '.join(report.slow_nodes)}" if report.slow_count else "")
+
+
+JOINED, CHECKED, ALL_CHECKED = "launcher/preflight/joined/", "launcher/preflight/checked/", "launcher/preflight/all"
+
+
+def check_in(store: dist.Store, env: DistEnv, run_dir: Path, timeout_s: float) -> None:
+    """Say this rank's own checks are done, and wait (at most ``timeout_s``) until every rank's are: a rank
+    whose device check never returns (a hung GPU or driver) would otherwise hold every other rank in the first
+    collective until the process group's timeout. Through the rendezvous's store, a key a rank and one waited
+    for by all (the last rank in sets it). On time-out the lowest rank that did check in records a
+    ``preflight_failed`` event for each node of the ranks that did not, and every rank raises NodeUnfit, so the
+    retry leaves those nodes out."""
+    store.set(f"{CHECKED}{env.rank}", env.node)
+    if store.add(f"{CHECKED}count", 1) == env.world_size:
+        store.set(ALL_CHECKED, "1")
+    try:
+        store.wait([ALL_CHECKED], datetime.timedelta(seconds=timeout_s))
+        return
+    except RuntimeError:  # DistStoreError: the ranks that did not check in are found below
+        pass
+    # The recorder is the lowest rank that checked in: a rank looks at those below it and stops at the first there.
+    if not any(store.check([f"{CHECKED}{rank}"]) for rank in range(env.rank)):
+        missing = [rank for rank in range(env.world_size) if not store.check([f"{CHECKED}{rank}"])]
+        nodes: dict = {}
+        for rank in missing:
+            node = store.get(f"{JOINED}{rank}").decode() if store.check([f"{JOINED}{rank}"]) else "an unknown node"
+            nodes.setdefault(node, []).append(rank)
+        for node, ranks in nodes.items():
+            problem = (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} on {node} did not finish "
+                       f"their preflight checks within {timeout_s:.0f} s (train.preflight_timeout_s): a device or "
+                       "disk that does not answer")
+            log.error("preflight failed: %s", problem)
+            append_event(run_dir, events.PreflightFailed(rank=ranks[0], node=node, problem=problem,
+                                                         job_id=os.environ.get("SLURM_JOB_ID")))
+    raise NodeUnfit(f"a node's preflight checks did not finish within {timeout_s:.0f} s")
 
 
 def summary(everyone: list, job_id: Optional[str], run_dir: Path) -> events.Preflight:

@@ -48,7 +48,7 @@ def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> dict[str, Any]:
         env = init_distributed()
         check_allreduce(env)
         clock.ended("rendezvous")
-        preflight(env, run_dir, plan, cfg.model, cfg.cluster.virtual_gpus)
+        preflight(env, run_dir, plan, cfg.model, cfg.cluster.virtual_gpus, cfg.train.preflight_timeout_s)
         clock.ended("preflight")
         verify_data(env, cfg)
         clock.ended("data")

@@ -86,6 +86,28 @@ def test_a_lost_node_is_named_left_out_and_the_run_completes_on_the_others(three
           f"(SlurmdTimeout={SLURMD_TIMEOUT_S} s); completed {time.time() - killed_at:.0f} s after it")
 
 
+def test_a_node_whose_preflight_never_ends_is_named_within_the_bound_and_left_out(three, tmp_path):
+    """One rank per node on two of the three nodes; the second node's device check never returns (a hung GPU):
+    within train.preflight_timeout_s the other rank names that node, and the retry runs without it."""
+    cluster, _ = three
+    stuck = cluster.nodes[1]
+    job = launch(cluster, tmp_path, "name=stuck", "gpus=2", "layout.nodes=2", "train.steps=20",
+                 "train.preflight_timeout_s=10", defaults=RUN, env={"LAUNCHER_FAULT": f"stuck:{stuck}"})
+    run_dir = tmp_path / "stuck"
+    retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 180, "retry")[0]
+    failed = [e for e in events(run_dir) if e["event"] == "preflight_failed"]
+    assert [(e["rank"], e["node"]) for e in failed] == [(1, stuck)], failed
+    assert "did not finish their preflight checks within 10 s" in failed[0]["problem"]
+    assert retry["exclude"] == [stuck], retry
+    first = next(e for e in events(run_dir) if e["event"] == "attempt")
+    assert failed[0]["time"] - first["time"] < 10 + 60, (first, failed)  # the bound, and the ranks' start
+    assert "metrics.jsonl" not in {p.name for p in run_dir.iterdir()}  # caught before training
+    cluster.completes(retry["job_id"], run_dir, timeout=300)
+    attempts = [e for e in events(run_dir) if e["event"] == "attempt"]
+    assert stuck not in cluster.run("scontrol", "show", "hostnames", attempts[-1]["nodes"]).stdout.split()
+    assert job != retry["job_id"]
+
+
 @contextmanager
 def slurmd_timeout(cluster, state: Path, seconds: int):
     """The cluster's SlurmdTimeout for the duration of a test (a site's is a minute or more: Slurm then runs jobs

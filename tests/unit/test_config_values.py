@@ -37,6 +37,7 @@ RANGE = [
     (["train.keep_checkpoints=0"], "train.keep_checkpoints"), (["train.seed=-1"], "train.seed"),
     (["train.seed=4294967296"], "train.seed"), (["train.steps=0"], "train.steps"), (["train.steps=-5"], "train.steps"),
     (["train.steps=100000000000000000000000"], "train.steps"), (["train.stall_timeout_s=0"], "train.stall_timeout_s"),
+    (["train.preflight_timeout_s=0"], "train.preflight_timeout_s"),
     (["train.global_batch=0"], "train.global_batch"), (["train.batch_per_gpu=0"], "train.batch_per_gpu"),
     (["train.micro_batch=0"], "train.micro_batch"), (["train.micro_batch=-2"], "train.micro_batch"),
     (["data.val_fraction=1"], "data.val_fraction"), (["data.val_fraction=1.5"], "data.val_fraction"),

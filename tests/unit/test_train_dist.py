@@ -3,16 +3,20 @@
 The all-reduce check itself runs in every multi-rank test (parity, resume),
 which assert its logged result.
 """
+import datetime
 import json
 import os
+import threading
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from launcher.core.events import encode
 from launcher.train import dist as tdist
-from launcher.train.preflight import NAMED, summary
+from launcher.train.dist import DistEnv
+from launcher.train.preflight import JOINED, NAMED, NodeUnfit, check_in, summary
 from support.train_harness import free_port
 
 
@@ -123,3 +127,34 @@ def test_the_preflight_record_stays_small_at_sixteen_thousand_ranks_and_names_th
     table = json.loads((tmp_path / report.table).read_text())
     assert report.table == "preflight/1234.json" and len(table["ranks"]) == 16384
     assert table["ranks"][4100] == {"rank": 4100, "node": "node0512", "gbps": 2.0}
+
+
+def test_a_rank_whose_checks_never_end_is_named_by_the_others_within_the_preflight_timeout(tmp_path):
+    """Ranks 0 and 2 check in; rank 1 (on node b) joined but its device check never returned: within the timeout,
+    rank 0 records that node, and every rank that waited raises NodeUnfit (the retry leaves node b out)."""
+    server = dist.TCPStore("127.0.0.1", free_port(), None, True, timeout=datetime.timedelta(seconds=30),
+                           wait_for_workers=False)
+    port = server.port
+    envs = [DistEnv(rank=r, local_rank=0, world_size=3, nodes=3, node="abc"[r], device=torch.device("cpu"))
+            for r in range(3)]
+    for env in envs:
+        server.set(f"{JOINED}{env.rank}", env.node)
+    raised = {}
+
+    def rank(env):
+        store = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=30))
+        try:
+            check_in(store, env, tmp_path, timeout_s=1.0)
+        except NodeUnfit as err:
+            raised[env.rank] = str(err)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=rank, args=(envs[r],)) for r in (0, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert time.monotonic() - started < 10 and sorted(raised) == [0, 2], raised
+    failed = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["rank"], e["node"]) for e in failed] == [("preflight_failed", 1, "b")]  # rank 0's, once
+    assert "rank 1 on b did not finish their preflight checks within 1 s" in failed[0]["problem"]
