@@ -234,7 +234,21 @@ class StepSampler:
         return [mine[i: i + micro_batch] for i in range(0, per_rank, micro_batch)]
 
 
-def val_indices(batch: int, rank: int, world_size: int, micro_batch: int, num_samples: int) -> np.ndarray:
-    """The val samples of eval batch ``batch`` on ``rank``: the same ones at every evaluation."""
-    start = (batch * world_size + rank) * micro_batch
-    return (start + np.arange(micro_batch)) % num_samples
+def eval_windows(count: int, num_samples: int) -> np.ndarray:
+    """The val windows an evaluation reads: ``count`` of them spread evenly over the whole split (each the middle
+    of its ``num_samples / count`` stretch), or every window when the split has no more than ``count``. They depend
+    on nothing else (not the world size, the step or the attempt), so every evaluation of a run, and every run with
+    the same data and count, estimates the split's loss on the same windows (docs/configuration.md:
+    train.eval_batches)."""
+    if count >= num_samples:
+        return np.arange(num_samples)
+    return (2 * np.arange(count) + 1) * num_samples // (2 * count)
+
+
+def rank_eval_batches(windows: np.ndarray, rank: int, world_size: int, micro_batch: int) -> list[np.ndarray]:
+    """Rank ``rank``'s share of the eval ``windows`` (every ``world_size``-th), in micro-batches of ``micro_batch``.
+    Every rank gets the same number of micro-batches, as sharded forward passes need all ranks: where the windows do
+    not divide evenly, a rank's last ones are shorter, or empty."""
+    mine = windows[rank::world_size]
+    rounds = -(-(-(-len(windows) // world_size)) // micro_batch)
+    return [mine[i * micro_batch: (i + 1) * micro_batch] for i in range(rounds)]

@@ -32,7 +32,7 @@ from launcher.core.plan import Plan, flops_per_token, halved_micro_batch
 from launcher.train import faults
 from launcher.train.checkpoint import save_checkpoint
 from launcher.train.hf_export import Exports
-from launcher.train.data import StepSampler, TokenData, token_file, val_indices
+from launcher.train.data import StepSampler, TokenData, eval_windows, rank_eval_batches, token_file
 from launcher.train.dist import DistEnv, global_mean
 from launcher.train.guard import check_finite
 from launcher.train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
@@ -102,15 +102,18 @@ def forward_backward(model: nn.Module, micro_batches: list[Batch]) -> torch.Tens
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: TokenData, env: DistEnv, micro_batch: int, batches: int) -> float:
-    """Mean loss over ``batches`` fixed val micro-batches per rank (the same ones at every evaluation)."""
+def evaluate(model: nn.Module, data: TokenData, env: DistEnv, micro_batch: int, windows: np.ndarray) -> float:
+    """The mean loss per token over the val ``windows`` (:func:`eval_windows`), which the ranks split; a rank
+    whose share runs out first still takes part in every sharded forward pass, on a window it then weighs 0."""
     model.eval()
-    total = torch.zeros((), device=env.device)
-    for b in range(batches):
-        indices = val_indices(b, env.rank, env.world_size, micro_batch, data.num_samples("val"))
-        total += model(*_to_device(data.batch("val", indices), env.device))
+    total = torch.zeros(2, dtype=torch.float64, device=env.device)  # the windows' losses summed; the windows
+    for batch in rank_eval_batches(windows, env.rank, env.world_size, micro_batch):
+        loss = model(*_to_device(data.batch("val", batch if len(batch) else windows[:1]), env.device))
+        total += torch.stack([loss.double() * len(batch), torch.tensor(float(len(batch)), device=env.device,
+                                                                        dtype=torch.float64)])
     model.train()
-    return global_mean(total / batches, env)
+    dist.all_reduce(total)
+    return (total[0] / total[1]).item()
 
 
 def build_model(cfg: RunConfig, env: DistEnv) -> nn.Module:
@@ -242,6 +245,8 @@ class Evaluator:
 
     def __init__(self, tc: TrainConfig, data: TokenData, env: DistEnv, batching: Batching, timer: _IntervalTimer):
         self.tc, self.data, self.env, self.batching, self.timer = tc, data, env, batching, timer
+        self.windows = eval_windows(tc.eval_batches * batching.global_batch, data.num_samples("val")) \
+            if tc.eval_every > 0 else np.empty(0, dtype=np.int64)
 
     def after(self, done: int, last: bool, model: nn.Module) -> float | None:
         """The held-out loss after ``done`` steps, when one is due."""
@@ -249,7 +254,7 @@ class Evaluator:
         if every <= 0 or not (done % every == 0 or last):
             return None
         with self.timer.paused():
-            return evaluate(model, self.data, self.env, self.batching.micro_batch, self.tc.eval_batches)
+            return evaluate(model, self.data, self.env, self.batching.micro_batch, self.windows)
 
 
 class Metrics:

@@ -11,7 +11,8 @@ import pytest
 
 from launcher.core.config import DataConfig
 from launcher.core.dataset import DatasetError, verify
-from launcher.train.data import StepSampler, TokenData, stdlib_sources, token_file, val_indices, write_tokens
+from launcher.train.data import (StepSampler, TokenData, eval_windows, rank_eval_batches, stdlib_sources, token_file,
+                                  write_tokens)
 
 
 @pytest.mark.parametrize("world_size,micro_batch", [(1, 4), (2, 2), (4, 1), (8, 2)])
@@ -67,8 +68,23 @@ def test_token_data_split_and_shift(tmp_path):
     assert x.dtype == np.int64 and x.shape == (2, 10)
     assert np.array_equal(x[1], np.arange(50, 60)) and np.array_equal(y[1], np.arange(51, 61))
     assert data.num_samples("train") == 89 and data.num_samples("val") == 9
-    idx = val_indices(batch=1, rank=1, world_size=2, micro_batch=3, num_samples=9)
-    assert list(idx) == [0, 1, 2]  # (1*2 + 1)*3 = 9, wrapped around the 9 val samples
+
+
+def test_eval_windows_span_the_val_split_evenly():
+    windows = eval_windows(8, 1000)
+    assert list(windows) == [62, 187, 312, 437, 562, 687, 812, 937]  # the middle of each eighth
+    assert list(eval_windows(5, 3)) == [0, 1, 2]  # a split smaller than the set: all of it
+    assert list(eval_windows(1, 9)) == [4]
+
+
+@pytest.mark.parametrize("world_size, micro_batch", [(1, 2), (2, 2), (4, 1), (3, 2), (8, 4)])
+def test_the_ranks_split_the_same_eval_windows_whatever_the_world_size(world_size, micro_batch):
+    windows = eval_windows(24, 100_000)
+    shares = [rank_eval_batches(windows, rank, world_size, micro_batch) for rank in range(world_size)]
+    assert len({len(share) for share in shares}) == 1  # every rank takes part in every sharded forward pass
+    read = sorted(int(w) for share in shares for batch in share for w in batch)
+    assert read == list(windows)  # each window once, by one rank, whatever the layout
+    assert all(len(batch) <= micro_batch for share in shares for batch in share)
 
 
 def _build_default_corpus(cache_dir, out):

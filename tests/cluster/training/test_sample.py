@@ -1,39 +1,35 @@
-"""``launcher sample``: the sharded checkpoint of a 2-rank run loads into one process with exactly the
-weights the ranks trained (its eval loss is reproduced), generation is a function of the seed, and a run
-without a checkpoint or a bad option is one line, exit 2."""
+"""``launcher sample`` and ``launcher eval``: the sharded checkpoint of a 2-rank run loads into one process with
+exactly the weights the ranks trained (its eval loss is reproduced), generation is a function of the seed, and a
+run without a checkpoint or a bad option is one line, exit 2."""
 from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
-import torch
 
 from launcher import cli
-from launcher.core.checkpoints import latest_checkpoint
 from launcher.core.config import load_run_config
-from launcher.train.data import TokenData, val_indices
-from launcher.train.generate import load_model
+from launcher.core.plan import read_plan
 from support.train_harness import as_run, metrics
 
 # The cluster tier without Slurm: real multi-rank training on gloo, seconds of CPU a test (docs/development.md).
 pytestmark = pytest.mark.slurm
 
 
-def test_checkpoint_loads_into_one_process_with_the_trained_weights(reference_run):
+def test_checkpoint_loads_into_one_process_with_the_trained_weights(reference_run, tmp_path, capsys):
+    """``launcher eval`` on as many tokens as an evaluation reads reads the same windows (spread over the val
+    split, launcher/train/data.py eval_windows), so one process reproduces the two ranks' ``eval_loss``."""
     cfg = load_run_config(reference_run / "config.yaml")
-    model = load_model(cfg.model, latest_checkpoint(reference_run), torch.device("cpu"))
-    data = TokenData(Path(cfg.data.path), cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction,
-                     cfg.model.vocab_size)
-    losses = []
-    with torch.no_grad():
-        for rank in range(2):  # the eval batches the two ranks read at step 6 (launcher/train/loop.py's evaluate)
-            for batch in range(cfg.train.eval_batches):
-                x, y = data.batch("val", val_indices(batch, rank, 2, 2, data.num_samples("val")))
-                losses.append(model(torch.from_numpy(x), torch.from_numpy(y)).item())
+    plan = read_plan(reference_run)
+    as_run(tmp_path, "ref", reference_run)
+    tokens = cfg.train.eval_batches * plan.global_batch * cfg.model.seq_len
+    assert cli.main(["eval", "ref", "--root", str(tmp_path), "--data", cfg.data.path, "--tokens", str(tokens),
+                     "--step", "6", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
     logged = {r["step"]: r for r in metrics(reference_run) if not r.get("final")}
-    assert sum(losses) / len(losses) == pytest.approx(logged[6]["eval_loss"], abs=1e-5)
+    assert found["split"] == "val" and found["tokens"] == tokens
+    assert found["loss"] == pytest.approx(logged[6]["eval_loss"], abs=1e-5)
 
 
 def test_sample_prints_the_prompt_and_a_seeded_continuation(reference_run, tmp_path, capsys):
