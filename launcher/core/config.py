@@ -45,10 +45,11 @@ def tracker_missing(backend: str) -> Optional[str]:
 
 
 def compute_precision(precision: str, cuda: bool) -> str:
-    """The dtype a run computes in: ``bf16`` (parameters gathered in bf16, gradients reduced in fp32) on
-    CUDA unless fp32 is asked for; ``fp32`` on CPU, where bf16 matmuls are slow or missing. Training
+    """The dtype a run computes in: ``bf16`` (parameters gathered in bf16, gradients reduced in fp32) when asked
+    for, and by default (``auto``) on CUDA; ``fp32`` otherwise, so ``auto`` on CPU, where bf16 matmuls are slow,
+    stays fp32 while ``bf16`` on CPU trains the GPU's mixed-precision path (tests/cluster/training). Training
     applies it (launcher/train/parallel.py); the planner sizes GPUs (cuda) and the local cluster's CPU ranks with it."""
-    return "bf16" if cuda and precision in ("auto", "bf16") else "fp32"
+    return "bf16" if precision == "bf16" or (cuda and precision == "auto") else "fp32"
 
 
 def checkpointed(level: str, block: int) -> bool:
@@ -91,7 +92,7 @@ class ParallelConfig:
     ``hybrid`` (sharded inside a node, replicated across nodes) or ``grad_op``
     (params kept gathered after forward; grads and optimizer state sharded).
     activation_checkpointing: ``none``, ``selective`` (every other block) or ``full``.
-    precision: ``auto`` (bf16 params + fp32 reduce on CUDA, fp32 on CPU), ``bf16`` or ``fp32``.
+    precision: ``auto`` (bf16 params + fp32 reduce on CUDA, fp32 on CPU), ``bf16`` (on CPU too) or ``fp32``.
     """
 
     sharding: str = "full"

@@ -2,9 +2,9 @@
 machine, so a run's ranks all share this machine's RAM (docs/planning.md, "The local cluster's memory").
 
 Each rank holds what the GPU memory model (forecast/memory.py) counts for it, computed in the precision
-training runs in on CPU (fp32: launcher.core.config.compute_precision): its shard of the training state, the
-gathered units, the gradient buffers and the activations, plus the margin; and, in place of the CUDA
-context, the Python + torch runtime of the process (RANK_RUNTIME_GIB).
+training runs in on CPU (fp32 unless bf16 is asked for: launcher.core.config.compute_precision): its shard of
+the training state, the gathered units, the gradient buffers and the activations, plus the margin; and, in place
+of the CUDA context, the Python + torch runtime of the process (RANK_RUNTIME_GIB).
 """
 from __future__ import annotations
 
@@ -51,8 +51,9 @@ class HostMemory:
 
     model: str
     ranks: int
-    rank: Memory  # one rank's need in fp32 (rank 0's, the largest shard), margin and runtime included
+    rank: Memory  # one rank's need (rank 0's, the largest shard), margin and runtime included
     capacity: int  # bytes of RAM
+    precision: str  # what the ranks compute in on CPU
 
     @property
     def total(self) -> int:
@@ -67,7 +68,7 @@ class HostMemory:
         return (f"{self.model} on {self.ranks} local rank{'s' if self.ranks > 1 else ''} needs "
                 f"{self.total / GIB:.1f} GiB of this machine's memory ({self.ranks} x {r.total / GIB:.2f} GiB: "
                 f"states {r.states / GIB:.2f}, activations {r.activations / GIB:.2f}, runtime {RANK_RUNTIME_GIB:g} "
-                "per rank, in fp32)")
+                f"per rank, in {self.precision})")
 
     def summary(self) -> str:
         return f"{self.need()} but it has {self.capacity / GIB:.1f} GiB (MemTotal)"
@@ -77,11 +78,11 @@ def host_memory(cfg: RunConfig, plan: Plan, capacity: int, micro_batch: Optional
     """What ``cfg`` laid out as ``plan`` (optionally at another micro-batch) needs of the machine's
     ``capacity`` bytes."""
     on_cpu = compute_precision(cfg.parallel.precision, cuda=False)
-    fp32 = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, precision=on_cpu))
+    as_run = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, precision=on_cpu))
     cpu = TargetGpu(gpu_type="cpu", memory_gib=capacity / GIB, memory_source="MemTotal", enforce=True,
                    peak_flops=0.0, peak_source="")
-    rank = memory(fp32, plan, cpu, Assumptions(overhead_gib=RANK_RUNTIME_GIB), micro_batch)
-    return HostMemory(model=plan.model, ranks=plan.world_size, rank=rank, capacity=capacity)
+    rank = memory(as_run, plan, cpu, Assumptions(overhead_gib=RANK_RUNTIME_GIB), micro_batch)
+    return HostMemory(model=plan.model, ranks=plan.world_size, rank=rank, capacity=capacity, precision=on_cpu)
 
 
 def to_fit(cfg: RunConfig, plan: Plan, capacity: int) -> str:

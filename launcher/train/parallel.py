@@ -49,8 +49,6 @@ def parallelize(model: GPT, cfg: ParallelConfig, env: DistEnv, seed: int) -> nn.
 
     mesh = _device_mesh(cfg.sharding, env)
     bf16 = compute_precision(cfg.precision, env.device.type == "cuda") == "bf16"
-    if cfg.precision == "bf16" and not bf16:
-        log.warning("precision bf16 asked for on %s: training in fp32", env.device.type)
     mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
     # Resharding after forward frees a block's gathered parameters until backward gathers them again;
