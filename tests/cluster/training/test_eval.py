@@ -1,5 +1,6 @@
 """``launcher eval``: a 2-rank run's checkpoint scored on held-out tokens in one process. On the run's own data
-only its validation split is read; the loss is the windows' mean cross-entropy, as the model computes it; the
+only its validation split is read, any other data whole; either way the windows read are spread evenly over it
+(launcher/train/data.py eval_windows); the loss is the windows' mean cross-entropy, as the model computes it; the
 result lands in the run's events and ``describe``. Data made with another tokenizer is refused in one line."""
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from launcher import cli
 from launcher.core.checkpoints import step_dir
 from launcher.core.config import load_run_config
-from launcher.train.data import TokenData
+from launcher.train.data import TokenData, eval_windows
 from launcher.train.generate import load_model
 from support.train_harness import as_run
 from support.helpers import events as read_events
@@ -30,13 +31,15 @@ def ref(reference_run, tmp_path):
     return tmp_path, as_run(tmp_path, "ref", reference_run)
 
 
-def expected(run_dir, split_fraction, windows, step=6):
+def expected(run_dir, data_path, split_fraction, windows, step):
     cfg = load_run_config(run_dir / "config.yaml")
-    data = TokenData(Path(cfg.data.path), cfg.data.dtype, cfg.model.seq_len, split_fraction, cfg.model.vocab_size)
+    data = TokenData(Path(data_path), cfg.data.dtype, cfg.model.seq_len, split_fraction, cfg.model.vocab_size)
     model = load_model(cfg.model, step_dir(run_dir, step), torch.device("cpu"))
     split = "val" if split_fraction else "train"
+    spread = eval_windows(windows, data.num_samples(split))
+    assert len(spread) == windows and spread[-1] > data.num_samples(split) * (windows - 1) / windows  # to its end
     with torch.no_grad():
-        losses = [model(*map(torch.from_numpy, data.batch(split, np.array([i])))).item() for i in range(windows)]
+        losses = [model(*map(torch.from_numpy, data.batch(split, np.array([i])))).item() for i in spread]
     return sum(losses) / len(losses)
 
 
@@ -46,7 +49,7 @@ def test_the_runs_own_data_is_scored_on_its_validation_split_and_recorded(ref, c
     assert cli.main(["eval", "ref", "--root", str(root), "--data", cfg.data.path, "--tokens", "320", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["run"], result["step"], result["split"], result["tokens"]) == ("ref", 6, "val", 320)
-    assert result["loss"] == pytest.approx(expected(run_dir, cfg.data.val_fraction, 10), abs=1e-5)
+    assert result["loss"] == pytest.approx(expected(run_dir, cfg.data.path, cfg.data.val_fraction, 10, 6), abs=1e-5)
     assert result["perplexity"] == pytest.approx(math.exp(result["loss"]), rel=1e-4)
     recorded = read_events(run_dir)[-1]
     assert recorded["event"] == "evaluated" and recorded["loss"] == result["loss"]
@@ -57,7 +60,7 @@ def test_the_runs_own_data_is_scored_on_its_validation_split_and_recorded(ref, c
         f"{cfg.data.path} (launcher eval) |" in (root / "ref-hf" / "README.md").read_text()
 
 
-def test_other_data_is_read_whole_from_its_start_and_another_tokenizer_is_refused(ref, tmp_path, capsys):
+def test_other_data_is_read_whole_and_another_tokenizer_is_refused(ref, tmp_path, capsys):
     root, run_dir = ref
     from support.train_harness import make_tokens
 
@@ -66,12 +69,7 @@ def test_other_data_is_read_whole_from_its_start_and_another_tokenizer_is_refuse
                      "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["split"], result["tokens"], result["step"]) == ("all", 96, 3)
-    cfg = load_run_config(run_dir / "config.yaml")
-    data = TokenData(other, cfg.data.dtype, cfg.model.seq_len, 0.0, cfg.model.vocab_size)
-    model = load_model(cfg.model, step_dir(run_dir, 3), torch.device("cpu"))
-    with torch.no_grad():
-        mine = sum(model(*map(torch.from_numpy, data.batch("train", np.array([i])))).item() for i in range(3)) / 3
-    assert result["loss"] == pytest.approx(mine, abs=1e-5)
+    assert result["loss"] == pytest.approx(expected(run_dir, other, 0.0, 3, 3), abs=1e-5)
 
     bpe = tmp_path / "bpe"
     assert cli.main(["data", "prepare", str(bpe), str(STDLIB / "json"), "--glob", "*.py", "--tokenizer",
