@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from submitit.slurm.slurm import SlurmJobEnvironment
 
+from launcher.train import host_sync
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -120,7 +122,7 @@ def global_mean(value: torch.Tensor, env: DistEnv) -> float:
     """The mean of a scalar over all ranks (gloo has no AVG, hence SUM / world)."""
     total = value.detach().clone().reshape(1)
     dist.all_reduce(total)
-    return total.item() / env.world_size
+    return host_sync.read(total)[0] / env.world_size
 
 
 def check_allreduce(env: DistEnv) -> int:

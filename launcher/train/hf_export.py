@@ -207,7 +207,8 @@ class Exports:
     them once training ends and the watchdog is stopped (Slurm would end them with the job step).
 
     An export cut short (the attempt requeued, failed or killed) leaves its held files, and only then: the next
-    attempt's Exports starts it again from them as it is made, so a preemption costs no export."""
+    attempt's Exports starts it again from them as it is made, so a preemption costs no export; an export due after
+    the save that ends an attempt is held for the next one in the same way (:meth:`defer`)."""
 
     def __init__(self, run_dir: Path):
         self.run_dir, self.running = Path(run_dir), []
@@ -217,6 +218,16 @@ class Exports:
     def start(self, step: int) -> None:
         """Start the export of the checkpoint of ``step``; a failure to start it is recorded, never raised."""
         self._start(step)
+
+    def defer(self, step: int) -> None:
+        """Hold the checkpoint of ``step`` for the next attempt to export as it begins: this one ends at the save the
+        export was due after (Slurm's signal came). Copied aside where links cannot be made."""
+        try:
+            held = self._hold(step)
+            if held == step_dir(self.run_dir, step):
+                shutil.copytree(held, self.run_dir / EXPORTS / HELD / held.name)
+        except OSError as err:
+            append_event(self.run_dir, events.ExportFailed(step=step, error=f"{type(err).__name__}: {err}"))
 
     def _start(self, step: int, held: Optional[Path] = None) -> None:
         try:

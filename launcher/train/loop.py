@@ -29,12 +29,12 @@ import torch.nn as nn
 from launcher.core.config import RunConfig, TrainConfig, compute_precision
 from launcher.core.heartbeats import SLOW_PHASE_S
 from launcher.core.plan import Plan, flops_per_token, halved_micro_batch
-from launcher.train import faults
+from launcher.train import faults, host_sync
 from launcher.train.checkpoint import save_checkpoint
 from launcher.train.hf_export import Exports
 from launcher.train.data import StepSampler, TokenData, eval_windows, rank_eval_batches, token_file
 from launcher.train.dist import DistEnv, global_mean
-from launcher.train.guard import check_finite
+from launcher.train.guard import Checks
 from launcher.train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
 from launcher.train.interrupt import Interrupt, Requeue
 from launcher.train.model import GPT
@@ -113,7 +113,8 @@ def evaluate(model: nn.Module, data: TokenData, env: DistEnv, micro_batch: int, 
                                                                         dtype=torch.float64)])
     model.train()
     dist.all_reduce(total)
-    return (total[0] / total[1]).item()
+    windows_loss, count = host_sync.read(total)
+    return windows_loss / count
 
 
 def build_model(cfg: RunConfig, env: DistEnv) -> nn.Module:
@@ -143,7 +144,7 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
     if begun.step >= tc.steps:
         log.info("nothing to do: step %d of %d already reached", begun.step, tc.steps)
         return {"final": True, "step": begun.step, "steps_run": 0}
-    guards = Guards(watchdog, env)
+    guards = Guards(watchdog, env, Checks(env.device))
     steps = Steps(begun, batching, data, StepSampler(data.num_samples("train"), batching.global_batch, tc.seed), tc,
                   env, guards)
     metrics = Metrics(cfg, batching, env, watchdog, MetricsLog(Path(run_dir) / METRICS, open_tracker(
@@ -158,8 +159,9 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
                                         load_s=round(steps.begun.load_s, 3),
                                         first_step_s=round(time.perf_counter() - began, 3)))
         for result in itertools.chain([first], map(steps.run, range(first.step + 1, tc.steps))):
-            guards.check(result)  # before anything of this step is saved
             done, last = result.step + 1, result.step + 1 == tc.steps
+            # read on the host only where a component reads the device anyway: before anything is written
+            guards.check(result, read=any(c.due(done, last) for c in (evaluator, metrics, checkpointer)))
             eval_loss = evaluator.after(done, last, steps.begun.model)
             row = metrics.after(result, done, last, eval_loss)
             if pruning and eval_loss is not None and pruning_said(pruning, done, row, env) and not last:
@@ -185,17 +187,21 @@ class StepResult:
 @dataclass
 class Guards:
     """What every step is checked by: the watchdog hears it begin and a fault drill may strike (before), and
-    its loss and gradient norm must be finite (after: launcher/train/guard.py)."""
+    its loss and gradient norm must be finite (after: noted on the device, read by the host when ``read``,
+    launcher/train/guard.py)."""
 
     watchdog: Watchdog
     env: DistEnv
+    finite: Checks
 
     def before(self, step: int) -> None:
         self.watchdog.step(step)
         faults.at_step(step, self.env.rank)
 
-    def check(self, result: StepResult) -> None:
-        check_finite(result.step, result.loss, result.grad_norm)
+    def check(self, result: StepResult, read: bool) -> None:
+        self.finite.note(result.step, result.loss, result.grad_norm)
+        if read:
+            self.finite.read()
 
 
 @dataclass
@@ -212,18 +218,29 @@ class Steps:
     env: DistEnv
     guards: Guards
 
+    prepared: tuple[int, int, list[Batch]] | None = None  # the next step's batches: its step, micro-batch, them
+
     def run(self, step: int) -> StepResult:
         self.guards.before(step)
         begun, batching = self.begun, self.batching
-        batches = functools.partial(_rank_batches, self.data, self.sampler, self.env, step)
         lr = begun.scheduler.get_last_lr()[0]
         if batching.auto and step < begun.step + AUTO_PROBE_STEPS:
-            loss, grad_norm = _step_fitting_memory(begun.model, begun.optimizer, begun.scheduler, batches, batching,
-                                                   self.tc, self.env)
+            loss, grad_norm = _step_fitting_memory(begun.model, begun.optimizer, begun.scheduler,
+                                                   functools.partial(self.batches, step), batching, self.tc, self.env)
         else:
-            loss = forward_backward(begun.model, batches(batching.micro_batch))
+            loss = forward_backward(begun.model, self.batches(step, batching.micro_batch))
+            if step + 1 < self.tc.steps:  # read and copied while this step's work runs on the GPU
+                self.prepared = step + 1, batching.micro_batch, self.batches(step + 1, batching.micro_batch)
             grad_norm = optimizer_step(begun.model, begun.optimizer, begun.scheduler, self.tc.grad_clip)
         return StepResult(step, lr, loss, grad_norm)
+
+    def batches(self, step: int, micro_batch: int) -> list[Batch]:
+        """This rank's micro-batches of ``step``, on its device: those prepared during the step before, if any."""
+        prepared, self.prepared = self.prepared, None
+        if prepared and prepared[:2] == (step, micro_batch):
+            return prepared[2]
+        return [_to_device(self.data.batch("train", idx), self.env.device)
+                for idx in self.sampler.micro_batches(step, self.env.rank, self.env.world_size, micro_batch)]
 
 
 def first_step(starter: Starter, steps: Steps, timer: _IntervalTimer) -> StepResult:
@@ -248,10 +265,13 @@ class Evaluator:
         self.windows = eval_windows(tc.eval_batches * batching.global_batch, data.num_samples("val")) \
             if tc.eval_every > 0 else np.empty(0, dtype=np.int64)
 
+    def due(self, done: int, last: bool) -> bool:
+        every = self.tc.eval_every
+        return every > 0 and (done % every == 0 or last)
+
     def after(self, done: int, last: bool, model: nn.Module) -> float | None:
         """The held-out loss after ``done`` steps, when one is due."""
-        every = self.tc.eval_every
-        if every <= 0 or not (done % every == 0 or last):
+        if not self.due(done, last):
             return None
         with self.timer.paused():
             return evaluate(model, self.data, self.env, self.batching.micro_batch, self.windows)
@@ -270,14 +290,17 @@ class Metrics:
         self.intervals: list[dict[str, Any]] = []
         self.row: dict[str, Any] = {}
 
+    def due(self, done: int, last: bool) -> bool:
+        """Whether a row is due after ``done`` steps (at an evaluation too: :meth:`after`)."""
+        return last or (self.tc.log_every > 0 and done % self.tc.log_every == 0)
+
     def after(self, result: StepResult, done: int, last: bool, eval_loss: float | None) -> dict[str, Any]:
         """Count the step; write a row of metrics.jsonl when one is due. Returns the newest row."""
         self.timer.steps += 1
-        every = self.tc.log_every
-        if last or eval_loss is not None or (every > 0 and done % every == 0):
+        if eval_loss is not None or self.due(done, last):
             steps, seconds = self.timer.steps, self.timer.seconds()
             self.row = {"step": done, "loss": global_mean(result.loss, self.env), "eval_loss": eval_loss,
-                        "lr": result.lr, "grad_norm": result.grad_norm.item(), "step_time": seconds / steps,
+                        "lr": result.lr, "grad_norm": host_sync.read(result.grad_norm), "step_time": seconds / steps,
                         **throughput(self.tokens_per_step * steps, seconds, self.env.world_size, self.fpt,
                                      self.peak),
                         "peak_mem_gb": peak_memory_gb(self.env.device)}
@@ -303,26 +326,34 @@ class Metrics:
 
 
 class Checkpointer:
-    """Saves every ``train.checkpoint_every`` steps, after the last step, and when Slurm's signal came (every
-    rank agrees at each step boundary whether any rank heard it: then the step just done is saved and
-    :class:`Requeue` ends training); starts the exports asked for after their checkpoints' saves."""
+    """Saves every ``train.checkpoint_every`` steps, after the last step, and when Slurm's signal came (the ranks
+    agree whether any rank heard it at every save and every few seconds of steps, launcher/train/interrupt.py: then
+    the step just done is saved and :class:`Requeue` ends training); starts the exports asked for after their
+    checkpoints' saves."""
 
     def __init__(self, run_dir: Path, tc: TrainConfig, env: DistEnv, interrupt: Interrupt, watchdog: Watchdog,
                  exports: Exports | None, timer: _IntervalTimer):
         self.run_dir, self.tc, self.env, self.interrupt, self.watchdog = run_dir, tc, env, interrupt, watchdog
         self.exports, self.timer = exports, timer
 
+    def saves(self, done: int, last: bool) -> bool:
+        return last or (self.tc.checkpoint_every > 0 and done % self.tc.checkpoint_every == 0)
+
+    def due(self, done: int, last: bool) -> bool:
+        """Whether this boundary saves, or the ranks agree on Slurm's signal at it."""
+        return self.saves(done, last) or self.interrupt.due(done)
+
     def after(self, result: StepResult, done: int, last: bool, begun: Start) -> None:
         tc = self.tc
-        interrupted = not last and self.interrupt.agreed(done)  # Slurm's time-limit or preemption signal
-        if last or interrupted or (tc.checkpoint_every > 0 and done % tc.checkpoint_every == 0):
+        # Slurm's time-limit or preemption signal, agreed on at every save and every few seconds of steps
+        interrupted = not last and self.due(done, last) and self.interrupt.agreed(done)
+        if interrupted or self.saves(done, last):
             with self.timer.paused(), self.watchdog.phase(SLOW_PHASE_S):
                 save_checkpoint(self.run_dir, done, begun.model, begun.optimizer, begun.scheduler, self.env,
                                 tc.keep_checkpoints, reference={"loss": global_mean(result.loss, self.env),
-                                                                "grad_norm": result.grad_norm.item()})
-            if self.exports and not interrupted and ((tc.export_every and done % tc.export_every == 0)
-                                                     or (last and tc.export_final)):
-                self.exports.start(done)
+                                                                "grad_norm": host_sync.read(result.grad_norm)})
+            if self.exports and ((tc.export_every and done % tc.export_every == 0) or (last and tc.export_final)):
+                (self.exports.defer if interrupted else self.exports.start)(done)  # the attempt ends: the next
         if interrupted:
             raise Requeue(done)
 
@@ -332,7 +363,7 @@ def pruning_said(pruning: Pruning, step: int, row: dict[str, Any], env: DistEnv)
     answer on every rank (a broadcast: every rank leaves the loop together, or none does)."""
     said = torch.tensor([pruning.pruned(step, row)], dtype=torch.int32, device=env.device)
     dist.broadcast(said, src=0)
-    return bool(said.item())
+    return bool(host_sync.read(said)[0])
 
 
 def _build(cfg: RunConfig, env: DistEnv) -> tuple[nn.Module, torch.optim.Optimizer,
@@ -363,15 +394,16 @@ def _step_fitting_memory(model: nn.Module, optimizer: torch.optim.Optimizer,
             if env.device.type == "cuda":
                 torch.cuda.empty_cache()
         dist.all_reduce(failed)
-        if not failed.item():
+        (ranks,) = host_sync.read(failed)
+        if not ranks:
             log.info("micro_batch auto: %d (grad_accum %d) fits", batching.micro_batch, batching.grad_accum)
             return result
         if batching.micro_batch == 1:
-            raise RuntimeError(f"out of memory on {int(failed.item())} rank(s) even at micro_batch 1: "
+            raise RuntimeError(f"out of memory on {int(ranks)} rank(s) even at micro_batch 1: "
                                "use a smaller model or seq_len, more GPUs, or activation checkpointing")
         batching.halve()
         log.warning("out of memory on %d rank(s): micro_batch now %d, grad_accum %d",
-                    int(failed.item()), batching.micro_batch, batching.grad_accum)
+                    int(ranks), batching.micro_batch, batching.grad_accum)
 
 
 def _overall(intervals: list[dict[str, Any]], tokens_per_step: int, env: DistEnv, fpt: int,
@@ -384,15 +416,13 @@ def _overall(intervals: list[dict[str, Any]], tokens_per_step: int, env: DistEnv
             "peak_mem_gb": peak_memory_gb(env.device)}
 
 
-def _rank_batches(data: TokenData, sampler: StepSampler, env: DistEnv, step: int, micro_batch: int) -> list[Batch]:
-    """This rank's micro-batches of ``step``, on its device."""
-    return [_to_device(data.batch("train", idx), env.device)
-            for idx in sampler.micro_batches(step, env.rank, env.world_size, micro_batch)]
-
-
 def _to_device(batch: tuple[np.ndarray, np.ndarray], device: torch.device) -> Batch:
-    x, y = batch
-    return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    """``batch`` on ``device``: on a GPU copied from pinned memory without the host waiting for the copy (the
+    pinned buffer is reused only once the copy is done: torch's caching host allocator sees to it)."""
+    if device.type != "cuda":
+        return torch.from_numpy(batch[0]), torch.from_numpy(batch[1])
+    x, y = (torch.from_numpy(a).pin_memory().to(device, non_blocking=True) for a in batch)
+    return x, y
 
 
 class _IntervalTimer:
@@ -417,6 +447,5 @@ class _IntervalTimer:
 
 def _synced_time(device: torch.device) -> float:
     """Wall time once queued GPU work is done, so intervals measure work, not launches."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    host_sync.wait(device)
     return time.perf_counter()

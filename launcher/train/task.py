@@ -62,7 +62,8 @@ def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> dict[str, Any]:
                             neighbours=range(first, first + env.world_size // env.nodes)).start(0)
         exports = Exports(run_dir) if env.is_main else None
         try:
-            final = train(cfg, plan, run_dir, env, watchdog, Interrupt(env, run_dir), exports)
+            final = train(cfg, plan, run_dir, env, watchdog, Interrupt(env, run_dir, cfg.cluster.signal_delay_s),
+                          exports)
         except BaseException as err:
             if exports:
                 exports.stop()  # the next attempt redoes what they leave

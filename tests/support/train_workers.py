@@ -57,6 +57,15 @@ def train_run(run_dir: Path) -> None:
     task.run(run_dir)
 
 
+def train_run_counting_reads(run_dir: Path) -> None:
+    """Like :func:`train_run`; then writes how often this rank's host read the device (RUN/reads_<rank>)."""
+    from launcher.train import host_sync
+
+    host_sync.reads = 0  # what the forking process counted is not this rank's
+    task.run(run_dir)
+    (run_dir / f"reads_{os.environ['RANK']}").write_text(str(host_sync.reads))
+
+
 def train_run_preempted_in_export(run_dir: Path, step: int) -> None:
     """Like :func:`train_run`, but Slurm's preemption signal reaches the main rank just after the export of
     ``step`` has started, as a preemption would while it runs: the attempt saves and ends requeued. The export

@@ -158,3 +158,48 @@ def test_a_rank_whose_checks_never_end_is_named_by_the_others_within_the_preflig
     failed = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [(e["event"], e["rank"], e["node"]) for e in failed] == [("preflight_failed", 1, "b")]  # rank 0's, once
     assert "rank 1 on b did not finish their preflight checks within 1 s" in failed[0]["problem"]
+
+
+class _Clock:
+    """The interrupt's clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("signal_delay_s, within_s", [(120, 10.0), (8, 2.0), (0, 0.0)])
+def test_the_ranks_agree_on_slurms_signal_as_often_as_steps_fit_in_the_bound(clean_env, tmp_path, signal_delay_s,
+                                                                            within_s):
+    """Between saves, the ranks agree (a host sync on a GPU) after the first step, then after as many steps as fit
+    in 10 s (a quarter of a short warning) at the step time measured since the last agreement: a signal is acted
+    on within that bound, and at least at the next step when steps are slower than it."""
+    import signal
+
+    from launcher.train import interrupt as module
+
+    clock = _Clock()
+    clean_env.setattr(module, "time", clock)
+    handlers = {sig: signal.getsignal(sig) for sig in (module.preemption.SIGNAL, signal.SIGTERM)}
+    env = tdist.init_distributed(timeout_s=30)
+    try:
+        agreement = module.Interrupt(env, tmp_path, signal_delay_s)
+        assert agreement.within_s == within_s and agreement.due(1) and not agreement.agreed(1)
+        clock.now += 0.25  # one step of 0.25 s
+        assert agreement.due(2) and not agreement.agreed(2)
+        every = max(1, int(within_s / 0.25))
+        assert [agreement.due(step) for step in (1 + every, 2 + every)] == [False, True]
+        clock.now += every * 1.0  # the steps got slower: 1 s each
+        agreement.heard = True  # Slurm's signal came
+        assert agreement.agreed(2 + every)
+        after = 2 + every + max(1, int(within_s))  # as many 1-s steps as fit in the bound
+        assert agreement.due(after) and not agreement.due(after - 1)
+    finally:
+        dist.destroy_process_group()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

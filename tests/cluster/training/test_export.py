@@ -189,22 +189,26 @@ def exports_of(run_dir: Path) -> list:
 
 def test_an_attempt_preempted_while_it_exports_stops_the_export_and_the_next_attempt_redoes_it(reference_config,
                                                                                              tmp_path):
-    """Preempted just after the step-3 export began: the attempt saves step 4 and ends requeued, its export stopped
-    (not left running as an orphan of the ended job); the resumed attempt exports step 3 as it begins, then 6."""
+    """Preempted just after the step-3 export began: the ranks act on it at the next save (step 6: its steps are
+    far shorter than the 10 s between agreements), which ends the attempt requeued, the export of step 3 stopped (not
+    left running as an orphan of the ended job) and that of step 6 held; the resumed attempt exports both as it
+    begins, then 9."""
     from support import train_workers
     from support.helpers import events
     from support.train_harness import launch_forked, make_run_dir
 
-    config = {**reference_config, "train": {**reference_config["train"], "export_every": 3}}
+    config = {**reference_config, "train": {**reference_config["train"], "export_every": 3, "steps": 9}}
     run_dir = make_run_dir(tmp_path / "run", config, world_size=2, micro_batch=2)
     launch_forked(train_workers.train_run_preempted_in_export, (run_dir, 3), world_size=2)
     kinds = [(e["event"], e.get("step")) for e in events(run_dir)]
-    assert ("requeued", 4) in kinds and not [k for k in kinds if k[0].startswith("export")], kinds
-    assert (run_dir / "hf" / ".held" / "step_00000003").is_dir() and not (run_dir / "hf" / "step_00000003").exists()
+    assert ("requeued", 6) in kinds and not [k for k in kinds if k[0].startswith("export")], kinds
+    held = run_dir / "hf" / ".held"
+    assert sorted(p.name for p in held.iterdir() if p.is_dir()) == ["step_00000003", "step_00000006"]
+    assert not (run_dir / "hf" / "step_00000003").exists()
     assert not exports_of(run_dir)  # its export ended with the attempt
     launch_forked(train_workers.train_run, (run_dir,), world_size=2)
     exported = [e["step"] for e in events(run_dir) if e["event"].startswith("export")]
-    assert sorted(exported) == [3, 6] and [e["event"] for e in events(run_dir)].count("exported") == 2
+    assert sorted(exported) == [3, 6, 9] and [e["event"] for e in events(run_dir)].count("exported") == 3
     assert not list((run_dir / "hf" / ".held").iterdir())
     assert transformers.AutoModelForCausalLM.from_pretrained(run_dir / "hf" / "step_00000003") is not None
 
