@@ -6,7 +6,7 @@ die of their lost peer: the steps since the last periodic checkpoint are gone. I
 signal; at step boundaries the ranks agree (an all-reduce of a few flags) whether any heard it, then all of
 them save a checkpoint of the step just done and end (:class:`Requeue`). They agree at every save, and between
 saves after as many steps as take :func:`within_s` (10 s, less if Slurm's warning is short) at the step time
-measured since the last agreement: on a GPU an agreement is a host sync (launcher/train/host_sync.py), too
+measured since the last agreement (growing by doubling from one step): on a GPU an agreement is a host sync (launcher/train/host_sync.py), too
 costly for every step, and 10 s is well inside the warning, less the time a save takes. The requeue itself, and
 the budget of requeues that made no progress (``cluster.max_requeues``), are the batch script's, on the host
 (launcher/job/recovery.py): a rank may run in a container that has no Slurm client.
@@ -68,7 +68,7 @@ class Interrupt:
         # heard USR2, heard SIGTERM, heard it TERM_GRACE_S ago, seconds per step since the last agreement
         self._flags = torch.zeros(4, dtype=torch.float64, device=env.device)
         self._last: tuple[int, float] | None = None  # the step boundary of the last agreement, and when
-        self._next = 0  # the ranks agree at the first boundary at or after this step
+        self._every, self._next = 1, 0  # steps between agreements; the ranks agree at the first boundary from _next
         signal.signal(preemption.SIGNAL, self._hear)  # replaces submitit's rank-0-only checkpoint-and-requeue
         signal.signal(signal.SIGTERM, self._hear_term)  # replaces submitit's, which only logs it
 
@@ -87,7 +87,9 @@ class Interrupt:
     def agreed(self, step: int) -> bool:
         """Whether any rank heard Slurm's signal (the same answer on every rank); ``step`` is the step just done.
         Sets the next boundary to agree at: as many steps as fit in :attr:`within_s` at the ranks' mean step
-        time since the last agreement (one step after the first)."""
+        time since the last agreement, but at most twice as many as last time (one step's time is a poor guide to
+        the next hundred's), so the bound holds while the steps keep their pace; steps that slow down stretch it for
+        an interval or two, until an agreement has measured them (tests/unit/test_train_dist.py)."""
         now = time.perf_counter()
         per_step = (now - self._last[1]) / (step - self._last[0]) if self._last and step > self._last[0] else 0.0
         self._last = (step, now)
@@ -97,7 +99,8 @@ class Interrupt:
         dist.all_reduce(self._flags)
         heard, terminated, late_anywhere, seconds = host_sync.read(self._flags)
         mean = seconds / self.env.world_size
-        self._next = step + (max(1, int(self.within_s / mean)) if mean > 0 else 1)
+        self._every = min(max(1, int(self.within_s / mean)) if mean > 0 else 1, 2 * self._every)
+        self._next = step + self._every
         if self.terminated is not None and not self._said and late_anywhere and terminated < self.env.world_size:
             self._said = True
             append_event(self.run_dir, Signalled(

@@ -268,9 +268,12 @@ def test_every_signal_costs_no_step_and_the_losses_stay_exact(slurm, tmp_path):
     """Four time-limit/preemption signals (USR2, as Slurm sends them): every rank saves the step just done
     and the job requeues, so no step is ever trained twice and none is lost, with no periodic checkpoint. The
     tasks cannot reach Slurm (as in a container without its client): the batch shell on the host requeues.
-    Before them a SIGTERM to one rank from outside Slurm (a user's kill): the rank records it and trains on."""
+    Before them a SIGTERM to one rank from outside Slurm (a user's kill): the rank records it and trains on. A
+    warning of 8 s has the ranks agree on the signal every 2 s of steps (launcher/train/interrupt.py), so that each
+    signal is acted on well before the last step, which would end the run instead of requeuing it."""
     steps = 200
-    common = ("model=gpt_tiny", "gpus=2", f"train.steps={steps}", "train.log_every=1", "train.checkpoint_every=0")
+    common = ("model=gpt_tiny", "gpus=2", f"train.steps={steps}", "train.log_every=1", "train.checkpoint_every=0",
+              "cluster.signal_delay_s=8")
     steady = slurm.launcher(*common, "name=steady", root=tmp_path)
     res = slurm.launcher(*common, "name=cut", TASKS_WITHOUT_SLURM, root=tmp_path, env=FAULTED)
     job = job_id_of(res.stdout)
