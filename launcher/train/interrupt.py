@@ -6,8 +6,9 @@ die of their lost peer: the steps since the last periodic checkpoint are gone. I
 signal; at step boundaries the ranks agree (an all-reduce of a few flags) whether any heard it, then all of
 them save a checkpoint of the step just done and end (:class:`Requeue`). They agree at every save, and between
 saves after as many steps as take :func:`within_s` (10 s, less if Slurm's warning is short) at the step time
-measured since the last agreement (growing by doubling from one step): on a GPU an agreement is a host sync (launcher/train/host_sync.py), too
-costly for every step, and 10 s is well inside the warning, less the time a save takes. The requeue itself, and
+measured since the last agreement (growing by doubling from one step): on a GPU an agreement is a host sync
+(launcher/train/host_sync.py), too costly for every step, and 10 s is well inside the warning, less the time a
+save takes. The requeue itself, and
 the budget of requeues that made no progress (``cluster.max_requeues``), are the batch script's, on the host
 (launcher/job/recovery.py): a rank may run in a container that has no Slurm client.
 

@@ -3,7 +3,8 @@ machine's gcc) and ``parallel.precision=bf16`` (parameters gathered in bf16, gra
 stays fp32 on CPU). Each trains the reference run's config, resumes exactly after a crash at step 5 (the rows of
 steps 4 and 5 of the crashed attempt and of the resumed one are equal, float for float), and agrees with the fp32
 reference within a stated tolerance: compile 1e-5 relative (the same maths, fused: 2e-7 measured), bf16 5e-3
-(bf16 keeps 8 bits of mantissa: 1e-4 measured on these 6 steps). Rank 0's log says what ran.
+(bf16 keeps 8 bits of mantissa: 1e-4 measured on these 6 steps). Compiled, one rank resumes and four ranks on two
+nodes of two train through; rank 0's log says what ran.
 
 Compiling costs CPU (about 30 s for a cold cache on one rank, docs/development.md): the cache is the test's own, so
 the machine's does not decide what is measured, and one rank fills it before four ranks read it.
@@ -61,13 +62,14 @@ def test_compiled_training_on_one_rank_and_on_two_nodes_of_two(tmp_path, referen
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     config = {**reference_config, "parallel": {"compile": True}}
     one = make_run_dir(tmp_path / "one", config, world_size=1, micro_batch=2)
-    train(one, 1, 1)
+    crash_then_resume(one, 1, 1, monkeypatch)
     assert parallelized(one).endswith("precision fp32 activation checkpointing none compile True")
     assert_close(one, reference_run, COMPILE_TOLERANCE)
 
     four = make_run_dir(tmp_path / "four", config, world_size=4, micro_batch=2)
-    crash_then_resume(four, 4, 2, monkeypatch)
+    train(four, 4, 2)  # resuming is the one rank's to show: each of these ranks traces the model again
     assert parallelized(four).startswith("sharding full mesh (4,) precision fp32")
+    assert parallelized(four).endswith("compile True")
     assert_close(four, reference_run, COMPILE_TOLERANCE)
 
 

@@ -52,15 +52,19 @@ def test_a_diverging_run_stops_before_saving_the_poisoned_step(tmp_path):
 
 def test_the_host_reads_the_device_a_few_times_an_attempt_not_every_step(tmp_path):
     """Every read goes through launcher/train/host_sync.py, which counts them: a run three times as long (no
-    metrics row, evaluation or save between its first steps and its end) reads as often, give or take an agreement
-    on Slurm's signal that a slow machine's steps bring forward (one every 10 s of steps)."""
+    metrics row, evaluation or save between its first step and its end) reads twice more, for one more agreement on
+    Slurm's signal (steps 1, 2, 4, 8, 16, and 32: the doubling, not held to 10 s here) and the finiteness read with
+    it; at every step it would be 80 more."""
     tokens = make_tokens(tmp_path / "tokens.bin")
     reads = {}
     for steps in (20, 60):
-        run_dir = make_run_dir(tmp_path / f"run{steps}", tiny_config(tokens, steps=steps, log_every=steps),
-                               world_size=2, micro_batch=2)
+        config = tiny_config(tokens, steps=steps, log_every=steps)
+        config["cluster"]["signal_delay_s"] = 3600
+        run_dir = make_run_dir(tmp_path / f"run{steps}", config, world_size=2, micro_batch=2)
         launch_forked(train_workers.train_run_counting_reads, (run_dir,), world_size=2)
         reads[steps] = [int((run_dir / f"reads_{rank}").read_text()) for rank in range(2)]
         assert [r["step"] for r in metrics(run_dir)] == [steps, steps]  # the last row, and the final summary
-    assert reads[20][0] == reads[20][1] and max(reads[20]) <= 12
-    assert max(reads[60]) - max(reads[20]) <= 4  # per step, it would be 40 more
+    assert reads[20][0] == reads[20][1] and reads[60][0] == reads[60][1]
+    # 5 agreements and their finiteness reads; the last step's finiteness, its metrics row and its save (2 each)
+    assert reads[20][0] == 5 * 2 + 1 + 2 + 2
+    assert reads[60][0] - reads[20][0] == 2
