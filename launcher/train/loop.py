@@ -106,15 +106,13 @@ def evaluate(model: nn.Module, data: TokenData, env: DistEnv, micro_batch: int, 
     """The mean loss per token over the val ``windows`` (:func:`eval_windows`), which the ranks split; a rank
     whose share runs out first still takes part in every sharded forward pass, on a window it then weighs 0."""
     model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=env.device)  # the windows' losses summed; the windows
+    total = torch.zeros(1, dtype=torch.float64, device=env.device)  # the windows' losses summed
     for batch in rank_eval_batches(windows, env.rank, env.world_size, micro_batch):
         loss = model(*_to_device(data.batch("val", batch if len(batch) else windows[:1]), env.device))
-        total += torch.stack([loss.double() * len(batch), torch.tensor(float(len(batch)), device=env.device,
-                                                                        dtype=torch.float64)])
+        total += loss.double() * len(batch)
     model.train()
     dist.all_reduce(total)
-    windows_loss, count = host_sync.read(total)
-    return windows_loss / count
+    return host_sync.read(total)[0] / len(windows)
 
 
 def build_model(cfg: RunConfig, env: DistEnv) -> nn.Module:
