@@ -250,5 +250,5 @@ def rank_eval_batches(windows: np.ndarray, rank: int, world_size: int, micro_bat
     Every rank gets the same number of micro-batches, as sharded forward passes need all ranks: where the windows do
     not divide evenly, a rank's last ones are shorter, or empty."""
     mine = windows[rank::world_size]
-    rounds = -(-(-(-len(windows) // world_size)) // micro_batch)
-    return [mine[i * micro_batch: (i + 1) * micro_batch] for i in range(rounds)]
+    most = -(-len(windows) // world_size)  # the largest share: ceiling division
+    return [mine[start: start + micro_batch] for start in range(0, most, micro_batch)]
