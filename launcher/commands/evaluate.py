@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional
 
 from launcher.views.trained_model import with_checkpoint
 from launcher.core.checkpoints import step_of
+from launcher.core.startup import long_lived_imports
 from launcher.core.config import RunConfig
 from launcher.core.dataset import DatasetError, read_metadata
 from launcher.core.events import Evaluated
@@ -48,10 +49,11 @@ def main(args: argparse.Namespace) -> int:
     own = cfg.data.path is not None and Path(cfg.data.path).expanduser().absolute() == path
     split = "val" if own else "train"  # TokenData's "train" split of other data, val_fraction 0, is all of it
 
-    import torch  # lazy: keeps torch, numpy out of start-up
+    with long_lived_imports():
+        import torch  # lazy: keeps torch, numpy out of start-up
 
-    from launcher.train.data import TokenData  # lazy: keeps numpy out of start-up
-    from launcher.train.held_out import held_out_loss  # lazy: keeps torch, numpy out of start-up
+        from launcher.train.data import TokenData  # lazy: keeps numpy out of start-up
+        from launcher.train.held_out import held_out_loss  # lazy: keeps torch, numpy out of start-up
 
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import List
 
+from launcher.core.startup import long_lived_imports
 from launcher.remote.forward import forward, without_option
 from launcher.remote.ship import fetch_dir
 from launcher.views.lookup import lookup, roots_of
@@ -61,7 +62,8 @@ def main(args: argparse.Namespace) -> int:
     checkpoint = chosen_checkpoint(rec, cfg, args.step, "export")
     run_tokenizer(cfg.data)  # the dataset's tokenizer file is there and is the one the data was made with
 
-    from launcher.train.hf_export import export_run  # lazy: keeps torch, numpy out of start-up
+    with long_lived_imports():
+        from launcher.train.hf_export import export_run  # lazy: keeps torch, numpy out of start-up
 
     started = time.monotonic()
     done = export_run(Path(rec.run_dir), checkpoint, out, args.dtype, max_shard)

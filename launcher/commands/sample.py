@@ -13,6 +13,7 @@ import sys
 
 from launcher.views.trained_model import run_tokenizer, with_checkpoint
 from launcher.core.checkpoints import step_of
+from launcher.core.startup import long_lived_imports
 from launcher.errors import LaunchError
 
 
@@ -43,9 +44,10 @@ def main(args: argparse.Namespace) -> int:
         raise LaunchError(f"the prompt has token {max(prompt)}, outside the model's vocabulary of "
                           f"{cfg.model.vocab_size}")
 
-    import torch  # lazy: keeps torch, numpy out of start-up
+    with long_lived_imports():
+        import torch  # lazy: keeps torch, numpy out of start-up
 
-    from launcher.train.generate import generate, load_model  # lazy: keeps torch, numpy out of start-up
+        from launcher.train.generate import generate, load_model  # lazy: keeps torch, numpy out of start-up
 
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")

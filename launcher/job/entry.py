@@ -16,6 +16,7 @@ import submitit
 from launcher.core import failures, preemption
 from launcher.core.events import Fault, Requeued
 from launcher.core.rundir import append_event
+from launcher.core.startup import long_lived_imports
 from launcher.job.secret_store import inject, secrets_dir
 
 
@@ -36,7 +37,8 @@ class NoTorch(RuntimeError):
 def training():
     """launcher/train/'s ``run``, imported here on the task; :class:`NoTorch` where this Python has no torch."""
     try:
-        from launcher.train.task import run  # lazy: keeps torch, omegaconf, numpy out of start-up
+        with long_lived_imports():
+            from launcher.train.task import run  # lazy: keeps torch, omegaconf, numpy out of start-up
     except ModuleNotFoundError as err:
         if err.name != "torch":  # torch there but broken, or another module missing: its own error says more
             raise
