@@ -13,18 +13,19 @@ SLURM_LOCAL_LOG=$SLURM_LOCAL_DIR/log
 # The daemons in start order; down.sh stops them in reverse.
 SLURM_LOCAL_DAEMONS=(munged mariadbd slurmdbd slurmctld)
 
-# PIDFILE -> success if the process it names is running (a zombie is not) and is the one started: PIDFILE.started
-# holds its start time (up.sh), so that a pid freed and handed to another process (pids wrap at 32768 on many
+# PIDFILE -> success if the process it names is running (a zombie is not) and is the daemon the file is named
+# after (slurmd-NODE.pid: a slurmd), so that a pid freed and handed to another process (pids wrap at 32768 on many
 # machines, in minutes on a busy one) is not taken for the daemon, kept alive or signalled by down.sh.
 slurm_local_pid_alive() {
-  local pid fields
+  local pid fields name
   [[ -s $1 ]] && pid=$(cat "$1") && kill -0 "$pid" 2>/dev/null || return 1
   fields=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null) && [[ ${fields%% *} != Z ]] || return 1
-  [[ ! -s $1.started || $(cat "$1.started") == "$(cut -d' ' -f20 <<<"$fields")" ]]
+  name=$(basename "$1")
+  [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "${name%%[-.]*}" ]]
 }
 
-slurm_local_started() {  # PID -> its start time (clock ticks after boot: field 22 of /proc/PID/stat)
-  sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20
+slurm_local_started() {  # PID -> its start time (clock ticks after boot: field 22 of /proc/PID/stat), or nothing
+  { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null || true; } | cut -d' ' -f20
 }
 
 # slurm_local_set_hosts NAME [LINE]: drop the /etc/hosts line of cluster NAME and, given LINE, put LINE in its

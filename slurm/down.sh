@@ -29,13 +29,13 @@ fi
 
 stop() {  # PIDFILE: TERM, wait up to 10 s for the process to be gone (reaped, not a zombie), then KILL
   local pidfile=$1 pid started
-  slurm_local_pid_alive "$pidfile" || { rm -f "$pidfile" "$pidfile.started"; return 0; }
+  slurm_local_pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
   pid=$(cat "$pidfile")
   started=$(slurm_local_started "$pid")  # the same process while its pid shows this start time
   kill -TERM "$pid" 2>/dev/null
   for _ in $(seq 50); do [[ $(slurm_local_started "$pid") == "$started" ]] || break; sleep 0.2; done
   [[ $(slurm_local_started "$pid") != "$started" ]] || kill -KILL "$pid" 2>/dev/null
-  rm -f "$pidfile" "$pidfile.started"
+  rm -f "$pidfile"
 }
 
 for pidfile in "$SLURM_LOCAL_RUN"/slurmd-*.pid; do

@@ -273,7 +273,6 @@ start() {
   shift 2
   setsid "$@" >>"$log" 2>&1 </dev/null &
   echo $! >"$SLURM_LOCAL_RUN/$name.pid"
-  slurm_local_started $! >"$SLURM_LOCAL_RUN/$name.pid.started"
 }
 
 # wait_for WHAT PIDFILE LOG TEST...: poll TEST until it succeeds; fail naming the log if the daemon dies.
