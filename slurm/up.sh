@@ -267,12 +267,18 @@ EOF
   fi
 }
 
-# start NAME LOG CMD...: run a daemon in the foreground of its own session, remember its pid.
+# start NAME LOG CMD...: run a daemon in the foreground of its own session, remember its pid, and return once that
+# process is the daemon (setsid has exec'd it): slurm_local_pid_alive knows a daemon by its name.
 start() {
-  local name=$1 log=$2
+  local name=$1 log=$2 pid _
   shift 2
   setsid "$@" >>"$log" 2>&1 </dev/null &
-  echo $! >"$SLURM_LOCAL_RUN/$name.pid"
+  pid=$!
+  echo "$pid" >"$SLURM_LOCAL_RUN/$name.pid"
+  for _ in $(seq 250); do
+    [[ $(cat "/proc/$pid/comm" 2>/dev/null) != "${1##*/}" ]] && kill -0 "$pid" 2>/dev/null || break
+    sleep 0.02
+  done
 }
 
 # wait_for WHAT PIDFILE LOG TEST...: poll TEST until it succeeds; fail naming the log if the daemon dies.
