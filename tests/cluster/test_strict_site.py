@@ -29,19 +29,22 @@ QOS_LIMIT = ("gpus=16 can never start under QOS normal, which allows at most 8 G
 
 
 @pytest.fixture(scope="module")
-def site(slurm, tmp_path_factory):
+def site(slurm):
     if os.geteuid() != 0 or not shutil.which("useradd"):
         pytest.skip("needs root and useradd for the site's second user")
     made = subprocess.run(["useradd", "--user-group", "--no-create-home", "--shell", "/bin/sh", SECOND],
                           capture_output=True, text=True)
     assert made.returncode in (0, 9), made.stderr  # 9: there already
-    state = tmp_path_factory.mktemp("strict")
+    # Outside pytest's tree, which the second user reaches through ACLs (let_reach) that a worker's first use of
+    # tmp_path can take away: pytest takes group and other bits off /tmp/pytest-of-root, and with them the ACL mask.
+    state = Path(tempfile.mkdtemp(prefix="w-strict-site-", dir="/tmp"))
     port = cluster_port("strict")
     up = run_up("--dir", str(state), "--name", f"strict{port}", "--port", str(port), "--strict", f"root,{SECOND}")
     assert up.returncode == 0, up.stderr
     yield SlurmCluster(env={**slurm.env, "SLURM_CONF": str(state / "etc" / "slurm.conf")},
                        nodes=[f"strict{port}-node{n}" for n in (1, 2)], gpus_per_node=8)
     run_down(state)
+    shutil.rmtree(state, ignore_errors=True)
 
 
 def launcher(site, root: Path, *args: str):
