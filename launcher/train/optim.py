@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import math
+from typing import Iterable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from launcher.core.config import TrainConfig
 
@@ -34,8 +36,31 @@ def build_optimizer(model: nn.Module,
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                    scheduler: torch.optim.lr_scheduler.LRScheduler, grad_clip: float) -> torch.Tensor:
     """Clip, step, advance the LR, clear gradients; returns the gradient norm before clipping."""
-    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    grad_norm = clip_grad_norm(model.parameters(), grad_clip)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
+    return grad_norm
+
+
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Scale the gradients so that their total 2-norm, over every rank's shards, is at most ``max_norm``; returns
+    that norm before scaling, the same on every rank.
+
+    FSDP2's gradients are DTensors sharded over the mesh. ``nn.utils.clip_grad_norm_`` on them sends each
+    gradient's norm, their stack, the total and the scaling through DTensor's dispatch, and reduces the partial
+    norm over the mesh: a seventh of a small model's step on CPU. The sum is the same done on the local shards:
+    each rank adds the squares of its shards' norms, one all-reduce over the mesh's shard dimensions adds the
+    ranks' (a replicated dimension holds copies, already counted), and one foreach multiply scales the shards."""
+    grads = [p.grad for p in params if p.grad is not None]
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    total = nn.utils.get_total_norm(local, 2.0, foreach=True)
+    sharded = [grads[0].device_mesh.get_group(dim) for dim, placement in enumerate(grads[0].placements)
+               if isinstance(placement, Shard)] if grads and isinstance(grads[0], DTensor) else []
+    if sharded:
+        squares = total.square()
+        for group in sharded:
+            dist.all_reduce(squares, group=group)
+        total = squares.sqrt()
+    torch._foreach_mul_(local, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    return total

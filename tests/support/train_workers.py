@@ -13,7 +13,7 @@ from launcher.train import checkpoint, task
 from launcher.train.data import StepSampler, TokenData
 from launcher.train.dist import check_allreduce, init_distributed
 from launcher.train.loop import build_model, forward_backward, global_mean
-from launcher.train.optim import build_optimizer, optimizer_step
+from launcher.train.optim import build_optimizer, clip_grad_norm, optimizer_step
 
 
 def run_config(raw: dict) -> RunConfig:
@@ -49,6 +49,32 @@ def parity(raw: dict, micro_batch: int, out_dir: Path) -> None:
         steps.append({"loss": global_mean(loss, env), "grad_norm": grad_norm.item(), "grads": grads})
     if env.rank == 0:
         torch.save({"steps": steps, "allreduce": allreduce, "nodes": env.nodes}, out_dir / "parity.pt")
+    dist.destroy_process_group()
+
+
+def clipping(raw: dict, micro_batch: int, out_dir: Path) -> None:
+    """One batch's gradients clipped twice from the same values, by torch's ``clip_grad_norm_`` (on the DTensors)
+    and by launcher/train/optim.py's (on the local shards), at a bound below their norm and one above it; rank 0
+    saves both norms and both full gradients of each bound."""
+    cfg = run_config(raw)
+    task.setup_logging(out_dir, int(os.environ["RANK"]))
+    env = init_distributed(timeout_s=60)
+    data = TokenData(cfg.data.path, cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction, cfg.model.vocab_size)
+    sampler = StepSampler(data.num_samples("train"), cfg.train.global_batch, cfg.train.seed)
+    model = build_model(cfg, env)
+    forward_backward(model, [tuple(torch.from_numpy(a) for a in data.batch("train", idx))
+                             for idx in sampler.micro_batches(0, env.rank, env.world_size, micro_batch)])
+    params = list(model.parameters())
+    before = [p.grad.detach().clone() for p in params]
+    results = {}
+    for bound in (1e-3, 1e9):
+        for name, clip in (("torch", torch.nn.utils.clip_grad_norm_), ("ours", clip_grad_norm)):
+            for p, g in zip(params, before):
+                p.grad = g.clone()
+            norm = clip(params, bound)
+            results[(name, bound)] = {"norm": _full(norm).item(), "grads": [_full(p.grad) for p in params]}
+    if env.rank == 0:
+        torch.save(results, out_dir / "clipping.pt")
     dist.destroy_process_group()
 
 

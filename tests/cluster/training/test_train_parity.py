@@ -88,3 +88,22 @@ def test_other_parallel_settings_match_one_rank(reference, tokens, tmp_path, wor
     assert f"sharding {parallel.get('sharding', 'full')} " in log
     assert f"activation checkpointing {parallel.get('activation_checkpointing', 'none')} " in log
     assert_same_training(reference, result)
+
+
+@pytest.mark.parametrize("world_size,local_world_size,sharding", [(2, 2, "full"), (4, 2, "hybrid")])
+def test_clipping_on_the_local_shards_matches_torchs_on_the_dtensors(tokens, tmp_path, world_size, local_world_size,
+                                                                     sharding):
+    """launcher/train/optim.py sums the local shards' squares and all-reduces them over the shard dimension; torch
+    reduces DTensor norms. The same norm on every bound, the same gradients scaled below it, untouched above it."""
+    config = tiny_config(tokens, steps=1)
+    config["parallel"] = {"sharding": sharding}
+    launch_forked(train_workers.clipping, (config, 2, tmp_path), world_size, local_world_size)
+    results = torch.load(tmp_path / "clipping.pt")
+    for bound in (1e-3, 1e9):
+        torchs, ours = results[("torch", bound)], results[("ours", bound)]
+        assert ours["norm"] == pytest.approx(torchs["norm"], rel=1e-6) and ours["norm"] > 1e-3
+        for got, want in zip(ours["grads"], torchs["grads"]):
+            assert torch.allclose(got, want, rtol=1e-6, atol=0)
+    clipped, kept = results[("ours", 1e-3)], results[("ours", 1e9)]
+    scale = 1e-3 / (kept["norm"] + 1e-6)
+    assert all(torch.allclose(c, k * scale, rtol=1e-5) for c, k in zip(clipped["grads"], kept["grads"]))
