@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from support.helpers import (PACE_S, PACED_STEPS, REPO, SLURMD_TIMEOUT_S, SlurmCluster, cluster_port,
-                             job_id_of, own_cluster_port, paced, run_down, run_up, shared_once, wait_for)
+from support.helpers import (PACE_S, PACED_STEPS, REPO, SLURMD_TIMEOUT_S, STEADY_RUN, SlurmCluster, cluster_port,
+                             job_id_of, launch, losses, own_cluster_port, paced, run_down, run_up, shared_once,
+                             wait_for)
 from support.sshd_site import SSHD, started_site
 
 
@@ -80,6 +81,18 @@ def three(slurm, tmp_path_factory):
     port = own_cluster_port()
     yield start_cluster(slurm, state, f"three{port}", port, nodes=3, gpus=2, slurmd_timeout=SLURMD_TIMEOUT_S), state
     run_down(state)
+
+
+@pytest.fixture(scope="session")
+def steady(slurm, tmp_path_factory):
+    """The steady run (``STEADY_RUN``), never interrupted: what every interrupted run of that config must reproduce
+    (the recovery and preemption tests). Launched once per session by the first worker that asks; returns a
+    function that waits for its end and gives its losses."""
+    def submit(root: Path) -> None:
+        (root / "job").write_text(launch(slurm, root, "name=steady", defaults=STEADY_RUN))
+
+    root = shared_once(tmp_path_factory, "steady", submit)
+    return lambda: slurm.wait((root / "job").read_text(), timeout=400) == "COMPLETED" and losses(root / "steady")
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from support.helpers import TASKS_WITHOUT_SLURM, batch_shell_pid, events, shared_once, job_id_of, launch, losses, paced, rank_pids, wait_for
+from support.helpers import (STEADY_RUN, STEADY_STEPS, TASKS_WITHOUT_SLURM, batch_shell_pid, events, job_id_of, launch,
+                             losses, paced, rank_pids, wait_for)
 
 from launcher.core.checkpoints import complete_checkpoints, latest_checkpoint, step_of
 
-# The run each test starts unless it says otherwise: 150 steps on 2 GPUs, checkpointed every 20 (a fault comes
-# after the first checkpoint; the steps after it are what the retry must reproduce). Two ranks are enough to tell
-# the rank that failed from the peer that lost it, and a step of two gloo ranks costs a third of four's CPU.
-STEPS = 150
-RUN = ("model=gpt_tiny", "gpus=2", f"train.steps={STEPS}", "train.log_every=10", "train.checkpoint_every=20")
 # A run that a test interrupts is paced (losses unchanged): it is still training when the fault comes, however fast
 # the machine, and waits rather than spends the CPU the other tests share.
 FAULTED = paced(0.05)
@@ -31,19 +27,8 @@ def rank_pid(run_dir: Path, job_id: str, rank: int) -> int:
     return pids[rank]
 
 
-@pytest.fixture(scope="module")
-def steady(slurm, tmp_path_factory):
-    """The run that ``launch`` makes, never interrupted: what every interrupted one must reproduce. Launched once per
-    session by the first worker that asks; each test that compares waits for it to end."""
-    def submit(root: Path) -> None:
-        (root / "job").write_text(launch(slurm, root, "name=steady", defaults=RUN))
-
-    root = shared_once(tmp_path_factory, "steady", submit)
-    return lambda: slurm.wait((root / "job").read_text(), timeout=400) == "COMPLETED" and losses(root / "steady")
-
-
 def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, steady, tmp_path):
-    job = launch(slurm, tmp_path, "name=victim", defaults=RUN, env=FAULTED)
+    job = launch(slurm, tmp_path, "name=victim", defaults=STEADY_RUN, env=FAULTED)
     run_dir = tmp_path / "victim"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
     killed_at = time.time()
@@ -61,7 +46,7 @@ def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, steady, tmp_
     kinds = [e["event"] for e in events(run_dir)]
     assert kinds.count("attempt") == 2 and "resumed" in kinds and kinds[-1] == "attempt_ended"
     interrupted = losses(run_dir)
-    assert max(interrupted) == STEPS and interrupted == steady()  # a later record of a step wins
+    assert max(interrupted) == STEADY_STEPS and interrupted == steady()  # a later record of a step wins
     listed = json.loads(slurm.launcher("runs", "--json", root=tmp_path).stdout)
     assert {r["name"]: r["status"] for r in listed}["victim"] == "COMPLETED"
     described = slurm.launcher("describe", "victim", root=tmp_path).stdout
@@ -73,7 +58,7 @@ def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, steady, tmp_
 def test_a_second_fault_during_recovery_is_retried_and_the_run_still_recovers_exactly(slurm, steady, tmp_path):
     """The retry's rank killed before it trained a step: judged by its own attempt's evidence (not the heartbeats
     the first attempt left), "failed during start-up", and retried while retries last."""
-    job = launch(slurm, tmp_path, "name=twice", defaults=RUN, env=FAULTED)
+    job = launch(slurm, tmp_path, "name=twice", defaults=STEADY_RUN, env=FAULTED)
     run_dir = tmp_path / "twice"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
     os.kill(rank_pid(run_dir, job, 1), signal.SIGKILL)
@@ -93,7 +78,7 @@ def test_a_hang_on_a_cluster_too_small_to_leave_its_node_out_is_retried_on_it(ow
     """Excluding the hung rank's node would leave one node for a two-node run, which sbatch refuses: the retry
     allows it again (a hung process is the least certain blame) and says so."""
     job = launch(own_cluster, tmp_path, "name=small", "layout.nodes=2", "train.stall_timeout_s=20",
-                 "train.checkpoint_every=50", defaults=RUN, env=paced(0.1))
+                 "train.checkpoint_every=50", defaults=STEADY_RUN, env=paced(0.1))
     run_dir = tmp_path / "small"
     # Stopped between saves, after the step logged past the first checkpoint: rank 1 on a node of its own has no
     # neighbour to see it stopped, and a peer frozen while the other saves (its rename's barrier) gets a save's
@@ -120,7 +105,7 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_requeued_job_resumes_from_the
     """Twice: the job requeued by hand and the newest checkpoint damaged before it starts again (a shard
     truncated; then values overwritten inside a shard, its size unchanged). Each resume names the damage and uses the checkpoint
     before it, and the run ends with the uninterrupted run's losses."""
-    job = launch(slurm, tmp_path, "name=spoiled", "train.keep_checkpoints=3", defaults=RUN, env=FAULTED)
+    job = launch(slurm, tmp_path, "name=spoiled", "train.keep_checkpoints=3", defaults=STEADY_RUN, env=FAULTED)
     run_dir = tmp_path / "spoiled"
 
     def truncate(shard):
@@ -159,7 +144,7 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_requeued_job_resumes_from_the
 
 
 def test_a_hung_rank_is_named_with_its_stack_and_the_run_recovers_elsewhere(slurm, tmp_path):
-    job = launch(slurm, tmp_path, "name=hung", "layout.nodes=1", "train.stall_timeout_s=30", defaults=RUN,
+    job = launch(slurm, tmp_path, "name=hung", "layout.nodes=1", "train.stall_timeout_s=30", defaults=STEADY_RUN,
                  env=FAULTED)
     run_dir = tmp_path / "hung"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
@@ -200,7 +185,7 @@ def test_an_error_of_the_code_own_ends_the_run_after_one_attempt(slurm, tmp_path
 def test_a_batch_shell_killed_mid_run_is_judged_by_its_watcher_and_the_run_recovers_exactly(slurm, steady, tmp_path):
     """The job's batch shell SIGKILLed (as its host's OOM killer would): no end step runs, but the watcher job
     submitted beside it (afternotok) records the attempt's cause and retries it, with no command from the user."""
-    job = launch(slurm, tmp_path, "name=orphan", defaults=RUN, env=FAULTED)
+    job = launch(slurm, tmp_path, "name=orphan", defaults=STEADY_RUN, env=FAULTED)
     run_dir = tmp_path / "orphan"
     watching = [e for e in events(run_dir) if e["event"] == "watching"]
     assert [(e["job_id"], e["refused"]) for e in watching] == [(job, None)] and watching[0]["watcher"], watching
@@ -309,7 +294,7 @@ def test_every_signal_costs_no_step_and_the_losses_stay_exact(slurm, tmp_path):
 
 
 def test_a_drained_node_left_out_of_a_retry_is_shown_with_slurms_state_and_reason(own_cluster, tmp_path):
-    res = own_cluster.launcher(*RUN, "name=drained", root=tmp_path, env=FAULTED)
+    res = own_cluster.launcher(*STEADY_RUN, "name=drained", root=tmp_path, env=FAULTED)
     job = job_id_of(res.stdout)
     run_dir = tmp_path / "drained"
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")

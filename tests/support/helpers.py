@@ -239,6 +239,12 @@ def git(root: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True, env=env).stdout
 
 
+# The steady run (the ``steady`` fixture, tests/cluster/conftest.py), and the run a fault test starts unless it says
+# otherwise: 150 steps on 2 GPUs, checkpointed every 20. Two ranks are enough to tell the rank that failed from the
+# peer that lost it, and a step of two gloo ranks costs a third of four's CPU.
+STEADY_STEPS = 150
+STEADY_RUN = ("model=gpt_tiny", "gpus=2", f"train.steps={STEADY_STEPS}", "train.log_every=10",
+              "train.checkpoint_every=20")
 # A lost node is noticed by Slurm only after SlurmdTimeout; the clusters of the fault tests set it to 10 s (a site uses
 # minutes), so tests wait seconds, not minutes, for what a site's cluster does the same way.
 SLURMD_TIMEOUT_S = 10
