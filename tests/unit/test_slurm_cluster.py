@@ -1,10 +1,13 @@
 """The local Slurm cluster (slurm/up.sh) behaves like a real multi-node GPU cluster."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -72,14 +75,26 @@ def test_down_stops_the_process_a_pid_file_names_only_if_it_is_that_daemon(tmp_p
     run.mkdir(parents=True)
     binary = tmp_path / program
     shutil.copy(shutil.which("sleep"), binary)  # a process whose name is the program's
-    process = subprocess.Popen([str(binary), "60"])
+    # Started as up.sh starts a daemon, orphaned (its shell exits), so that init reaps it once stopped: down.sh waits
+    # for the process to be gone, and a child of this test would stay a zombie until the test waited for it.
+    pid = int(subprocess.run(["sh", "-c", f"{binary} 60 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                             check=True).stdout)
     try:
-        (run / "slurmd-n1.pid").write_text(f"{process.pid}\n")
+        (run / "slurmd-n1.pid").write_text(f"{pid}\n")
         res = subprocess.run(["bash", DOWN], capture_output=True, text=True, timeout=30,
                              env={**os.environ, "SLURM_LOCAL_DIR": str(tmp_path / "state")})
         assert res.returncode == 0, res.stderr
-        assert (process.wait(timeout=15) is not None) if stopped else (process.poll() is None)
+        assert running(pid, program) is not stopped
         assert not list(run.glob("slurmd-n1.pid"))  # the record is gone either way: nothing of it runs
     finally:
-        process.kill()
-        process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def running(pid: int, program: str) -> bool:
+    """Whether ``pid`` is a live (not zombie) process named ``program``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.index("(") + 1:stat.rindex(")")] == program and stat[stat.rindex(")") + 2] != "Z"
