@@ -26,8 +26,8 @@ os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
 
 # pytest caches each test module with its asserts rewritten, in __pycache__ (ignored by git), unless Python may not
 # write bytecode: where PYTHONDONTWRITEBYTECODE is set (CI's image sets it), every worker of every run rewrote every
-# test module again, 2 to 3 CPU-s a worker (7 s of the quick tier's 65). The suite's own processes write it; what
-# they start keeps the caller's setting.
+# test module again (collecting the quick tier took 6.7 CPU-s a worker, 4.4 with the cache). The suite's own
+# processes write it; what they start keeps the caller's setting.
 sys.dont_write_bytecode = False
 
 # The fixtures that are, or stand on, a running cluster: a test that uses one is marked ``slurm``

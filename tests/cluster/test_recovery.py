@@ -9,8 +9,6 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
 from support.helpers import (STEADY_RUN, STEADY_STEPS, TASKS_WITHOUT_SLURM, batch_shell_pid, events, job_id_of, launch,
                              losses, paced, rank_pids, wait_for)
 
