@@ -6,16 +6,19 @@
 #     test_console.py, through Playwright, which may not download one);
 #   - a virtual environment in .venv with the project and its extras for training and tests ([dev,train]), torch
 #     pinned exactly first ($TORCH_VERSION, default 2.13.0, whose CPU wheel lies on local disk; the extra's loose
-#     torch>=2.9 alone pulls a CUDA build).
+#     torch>=2.9 alone pulls a CUDA build). Its interpreter is $PYTHON if set, else Debian's own python3 (with
+#     python3-venv) where it is 3.10 or newer, else python3 on PATH. Debian builds its python3 with LTO and links it
+#     statically; a shared-library build such as pyenv's runs the suite's Python (every rank's `import torch`, every
+#     CLI call) with 5-11% more CPU (docs/development.md).
 # A second run finds everything in place and returns in about a second.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
-PYTHON=${PYTHON:-python3}
 VENV=$ROOT/.venv
-APT_PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server openssh-server acl chromium)
+APT_PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server openssh-server acl chromium python3-venv)
 
 fail() { echo "scripts/setup.sh: $*" >&2; exit 1; }
+at_least_310() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; }
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -40,8 +43,11 @@ if ((${#missing[@]})); then
     || fail "apt-get install ${missing[*]} failed"
 fi
 
-"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null \
-  || fail "$PYTHON must be Python >= 3.10 (set PYTHON=...)"
+if [[ -z ${PYTHON:-} ]]; then
+  PYTHON=python3
+  at_least_310 /usr/bin/python3 && PYTHON=/usr/bin/python3
+fi
+at_least_310 "$PYTHON" || fail "$PYTHON must be Python >= 3.10 (set PYTHON=...)"
 if [[ ! -x $VENV/bin/python ]]; then
   echo "== creating $VENV"
   "$PYTHON" -m venv "$VENV" || fail "could not create a virtual environment with $PYTHON"
