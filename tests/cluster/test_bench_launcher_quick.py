@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from support.helpers import REPO
@@ -18,10 +19,12 @@ pytestmark = pytest.mark.slurm
 RATIO = re.compile(r"ratio +\d+\.\d\dx")
 
 
-def bench(script: str, env: dict, timeout: float = 240) -> list[str]:
-    """Run ``scripts/SCRIPT --quick`` as a process, as a user would; its output lines (it must succeed)."""
+def bench(script: str, env: dict, tmp: Path, timeout: float = 240) -> list[str]:
+    """Run ``scripts/SCRIPT --quick`` as a process, as a user would; its output lines (it must succeed). Its
+    temporary run roots go under ``tmp``, which pytest clears, not into /tmp."""
     result = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--quick"], cwd=REPO,
-                            env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=timeout)
+                            env={**env, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}, capture_output=True, text=True,
+                            timeout=timeout)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout.splitlines()
 
@@ -30,31 +33,31 @@ def figures(lines: list[str]) -> list[str]:
     return [line for line in lines if RATIO.search(line)]
 
 
-def test_bench_status_quick_prints_its_four_figures():
-    lines = figures(bench("bench_status.py", dict(os.environ)))
+def test_bench_status_quick_prints_its_four_figures(tmp_path):
+    lines = figures(bench("bench_status.py", dict(os.environ), tmp_path))
     assert [line.split()[0] for line in lines] == ["cold", "cold", "finished", "finished"], lines
     assert all("import tabulate" in line and "over 300 runs" in line for line in lines), lines
 
 
 def test_bench_launch_quick_without_a_cluster_times_the_dry_run_and_says_it_skipped_the_submission(tmp_path):
     env = {**os.environ, "SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}
-    lines = bench("bench_launch.py", env)
+    lines = bench("bench_launch.py", env, tmp_path)
     assert [line.split()[1] for line in figures(lines)] == ["dry_run=json"], lines
     assert any(line.startswith("launcher (real submission)") and "skipped" in line for line in lines), lines
 
 
-def test_bench_launch_quick_on_a_cluster_times_both(slurm):
-    lines = figures(bench("bench_launch.py", slurm.env))
+def test_bench_launch_quick_on_a_cluster_times_both(slurm, tmp_path):
+    lines = figures(bench("bench_launch.py", slurm.env, tmp_path))
     assert [line.split("  ")[0] for line in lines] == ["launcher dry_run=json", "launcher (real submission)"], lines
     assert all("import hydra, submitit" in line for line in lines), lines
 
 
 def test_bench_sweep_quick_without_a_cluster_says_it_skipped(tmp_path):
-    lines = bench("bench_sweep.py", {**os.environ, "SLURM_CONF": str(tmp_path / "no-such-slurm.conf")})
+    lines = bench("bench_sweep.py", {**os.environ, "SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}, tmp_path)
     assert figures(lines) == [] and any(line.startswith("12-point grid submission") and "skipped" in line
                                         for line in lines), lines
 
 
-def test_bench_sweep_quick_on_a_cluster_times_a_grid_both_ways(slurm):
-    (line,) = figures(bench("bench_sweep.py", slurm.env))
+def test_bench_sweep_quick_on_a_cluster_times_a_grid_both_ways(slurm, tmp_path):
+    (line,) = figures(bench("bench_sweep.py", slurm.env, tmp_path))
     assert "(12 sbatch, 12 watchers)" in line and "(1 sbatch, 1 watcher)" in line, line

@@ -228,12 +228,12 @@ def test_training_goes_on_while_the_controller_is_down_and_status_commands_answe
 
 
 
-def test_the_goodput_benchmark_runs_in_its_quick_mode(three):
+def test_the_goodput_benchmark_runs_in_its_quick_mode(three, tmp_path):
     """scripts/bench_goodput.py --quick: a fault-free run beside one whose rank is killed, on this 3-node cluster;
     it prints each run's goodput, the fault's detection and restart, and the ratio."""
     cluster, _ = three
-    out = subprocess.run([sys.executable, "scripts/bench_goodput.py", "--quick"], cwd=REPO, env=cluster.env,
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run([sys.executable, "scripts/bench_goodput.py", "--quick"], cwd=REPO,
+                         env={**cluster.env, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert re.search(r"^fault-free: COMPLETED in \d+ s; Goodput: [01]\.\d\d of \d+ s", out.stdout, re.M), out.stdout
     assert re.search(r"^  kill +at +\d+ s: ended its attempt \d+ s later \(FAILED: rank 1 killed\); training again "
@@ -242,13 +242,13 @@ def test_the_goodput_benchmark_runs_in_its_quick_mode(three):
                      re.M), out.stdout
 
 
-def test_the_footprint_benchmark_shows_a_minute_per_rpc_and_heartbeats_that_grow_with_nodes(three):
+def test_the_footprint_benchmark_shows_a_minute_per_rpc_and_heartbeats_that_grow_with_nodes(three, tmp_path):
     """scripts/bench_footprint.py --quick: a 1-node and a 2-node run (2 ranks a node) side by side on this
     3-node cluster; in steady state the controller gets at most one comment update per job a minute, and the
     run directories see no create, rename, unlink or listing, and one heartbeat write per node a beat."""
     cluster, _ = three
-    out = subprocess.run([sys.executable, "scripts/bench_footprint.py", "--quick"], cwd=REPO, env=cluster.env,
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run([sys.executable, "scripts/bench_footprint.py", "--quick"], cwd=REPO,
+                         env={**cluster.env, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     head = re.search(r"^controller: (\d+) RPCs in (\d+) s with 2 running jobs: [\d.]+ per job per minute", out.stdout,
                      re.M)
