@@ -13,9 +13,10 @@ import hashlib
 import io
 import json
 import shlex
+import shutil
 import tarfile
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Union
 
 from launcher.errors import LaunchError
 from launcher.remote.ssh import Remote, Stream, run, stream
@@ -139,21 +140,43 @@ _PACK = ("import os, sys, tarfile; path = os.path.abspath(os.path.expanduser(sys
 
 def fetch_dir(remote: Remote, path: str, into: Path) -> Path:
     """Copy the directory ``path`` on the cluster into the local directory ``into`` over the same connection, as
-    a stream (never held whole); returns the copy. Its files are extracted as plain data (no links out, no device
-    files, no absolute paths)."""
+    a stream (never held whole); returns the copy."""
     into.mkdir(parents=True, exist_ok=True)
     proc = stream(remote, [remote.python or "python3", "-c", _PACK, path], text=False)
     assert proc.stdout is not None
     top = None
     try:
-        with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
-            for member in archive:
-                top = top or member.name.split("/")[0]
-                archive.extract(member, into, filter="data")
+        top = unpack(proc.stdout, into)
     except tarfile.TarError:
         pass  # what went wrong there is its exit status, and its words on standard error
+    except BaseException:
+        proc.kill()  # nothing reads the stream any more: the packer there would wait on a full pipe for ever
+        raise
     finally:
         status = proc.wait()
     if status or top is None:
         raise LaunchError(f"cluster {remote.cluster}: could not copy {path} from there (exit status {status})")
     return into / top
+
+
+def unpack(source: BinaryIO, into: Path) -> Optional[str]:
+    """Write a tar stream's folders and files under ``into`` as plain data; the name of its first member.
+
+    Anything else (a link, a device, a path out of ``into``) is refused in one line. This is tarfile's own
+    ``filter="data"``, written out because Python 3.11.2 (Debian 12's python3) and 3.10 before 3.10.12 lack it."""
+    top = None
+    with tarfile.open(fileobj=source, mode="r|") as archive:
+        for member in archive:
+            name = PurePosixPath(member.name)
+            if not name.parts or name.is_absolute() or ".." in name.parts or not (member.isfile() or member.isdir()):
+                raise LaunchError(f"refused to copy {member.name!r}: only files and folders inside the copied "
+                                  "folder are copied")
+            top = top or name.parts[0]
+            target = into.joinpath(*name.parts)
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with archive.extractfile(member) as data, open(target, "wb") as out:
+                shutil.copyfileobj(data, out)
+    return top

@@ -3,9 +3,11 @@ runs, ssh's complaints in one line, the shipped code's hash, forwarding, and com
 whose paths are its own (the real SSH server's tests are tests/cluster/test_remote.py)."""
 from __future__ import annotations
 
+import io
 import json
 import shlex
 import shutil
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -137,3 +139,44 @@ def test_a_run_for_a_remote_cluster_keeps_the_clusters_paths(tmp_path, monkeypat
     assert run.data.source == "tokens/shards on cluster far" and run.data.tokens is None
     (scratch,) = compose_runs(["cluster=far", "gpus=8", "model=gpt_tiny", "cluster.run_root=/scratch/me"])
     assert scratch.config.run_root == "/scratch/me"
+
+
+def tar_stream(*members: tuple[tarfile.TarInfo, bytes]) -> io.BytesIO:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w|") as archive:
+        for info, data in members:
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    return buffer
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = kind, link, 0o644
+    return info
+
+
+def test_a_fetched_folder_is_written_as_plain_files_on_any_python(tmp_path):
+    # As tarfile's filter="data" would, on a Python without it (Debian 12's 3.11.2): an export copied with
+    # --to-local hung there, its extraction raising while the cluster's end still wrote (launcher/remote/ship.py).
+    source = tar_stream((member("far-hf", tarfile.DIRTYPE), b""), (member("far-hf/config.json"), b"{}"),
+                        (member("far-hf/deep/model.safetensors"), b"x" * 70_000))
+    assert ship.unpack(source, tmp_path) == "far-hf"
+    assert (tmp_path / "far-hf" / "config.json").read_bytes() == b"{}"
+    assert (tmp_path / "far-hf" / "deep" / "model.safetensors").read_bytes() == b"x" * 70_000
+
+
+@pytest.mark.parametrize("bad", [member("far-hf/link", tarfile.SYMTYPE, "/etc/passwd"),
+                                 member("far-hf/hard", tarfile.LNKTYPE, "far-hf/config.json"),
+                                 member("far-hf/../../outside"), member("/abs/file"),
+                                 member("far-hf/dev", tarfile.CHRTYPE)], ids=["symlink", "hardlink", "up", "absolute",
+                                                                           "device"])
+def test_anything_but_files_and_folders_inside_the_copy_is_refused_in_one_line(tmp_path, bad):
+    into = tmp_path / "into"
+    source = tar_stream((member("far-hf", tarfile.DIRTYPE), b""), (bad, b""))
+    with pytest.raises(LaunchError) as err:
+        ship.unpack(source, into)
+    assert err.value.message == (f"refused to copy {bad.name!r}: only files and folders inside the copied folder are "
+                                 "copied")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["far-hf", "into"]
