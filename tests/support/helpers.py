@@ -265,8 +265,9 @@ def paced(seconds: float) -> dict[str, str]:
     return {"LAUNCHER_FAULT": f"pace@{seconds}"}
 
 
-# A run that trains until it is stopped: four steps a second, each a few hundredths of a CPU-second on two ranks.
-UNTIL_STOPPED = paced(0.25)
+# A run that trains until it is stopped: two steps a second, each a few hundredths of a CPU-second on two ranks
+# (what such a test waits for is a state, or a first line of metrics, not a number of steps).
+UNTIL_STOPPED = paced(0.5)
 
 
 # Ports. Every cluster a test starts listens on the suite's own cluster's port plus an offset of its own, so
