@@ -329,10 +329,11 @@ def test_small_models_and_unknown_gpus_are_not_refused(submissions, capsys):
     assert cli.main(["model=gpt_1b", "gpus=8", "cluster=slurm"]) == 0  # 80 GiB GPUs (on local: the host check)
     # GPU memory unknown (no gpu_memory_gb, no type, no Slurm to ask): no refusal.
     assert cli.main(["model=gpt_70b", "cluster=slurm", "cluster.gpu_memory_gb=null"]) == 0
-    # Nothing is said of memory; only gpt_70b's checkpoints (2 x 778 GB) may outgrow the run root's disk.
+    # Nothing is said of memory. Checkpoints may outgrow the run root's disk (gpt_70b's 2 x 778 GB, and gpt_1b's
+    # 2 x 15.8 GB where this machine has less free): that warning depends on this disk, and
+    # tests/unit/test_checkpoint_room.py checks it.
     warnings = capsys.readouterr().err.splitlines()
-    assert len(submissions) == 3 and len(warnings) <= 1 and all(w.startswith(
-        "warning: checkpoints need 1,556.58 GB (2 x 778.29 GB: all the run saves") for w in warnings), warnings
+    assert len(submissions) == 3 and all(w.startswith("warning: checkpoints need ") for w in warnings), warnings
 
 
 def test_dry_runs_print_the_plan_then_the_refusal_and_exit_2(capsys):
