@@ -75,8 +75,12 @@ def encode_node(node: str, pulses: Sequence[Pulse], written: float) -> bytes:
 
 
 def read_local(folder: Path, ranks: Optional[Sequence[int]] = None) -> List[Pulse]:
-    """The pulses in a node-local folder (those of ``ranks`` where given)."""
-    paths = sorted(folder.glob("rank_*.json")) if ranks is None else [folder / f"rank_{r:05d}.json" for r in ranks]
+    """The pulses in a node-local folder (those of ``ranks`` where given); none once the folder is gone, even while
+    it is being listed (another rank of the node sweeping it as it starts)."""
+    try:
+        paths = sorted(folder.glob("rank_*.json")) if ranks is None else [folder / f"rank_{r:05d}.json" for r in ranks]
+    except FileNotFoundError:
+        return []
     return [pulse for pulse in map(_pulse_file, paths) if pulse is not None]
 
 

@@ -72,3 +72,19 @@ def test_the_node_folder_goes_with_its_last_rank_and_a_killed_jobs_folder_is_swe
                                             '"step_since": 1.0, "alive": 1.0}')
     Watchdog(tmp_path, 0, "n1", 600.0, lambda *_: None, interval_s=BEAT_S, job_id="next").start(0).stop()
     assert not orphan.exists()
+
+
+def test_a_folder_swept_by_another_rank_while_it_is_listed_reads_as_empty(tmp_path, monkeypatch):
+    """Every rank sweeps the node's dead folders as it starts: one rank may list a folder that another has just
+    checked and removes before the listing opens it. The folder is removed at that very moment here."""
+    folder = tmp_path / "launcher-0-dead"
+    folder.mkdir()
+    scandir = os.scandir
+
+    def swept_first(path="."):
+        if os.fspath(path) == str(folder):
+            folder.rmdir()
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", swept_first)
+    assert read_local(folder) == []
