@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,9 +52,8 @@ def alternate(first: Callable[[], float], second: Callable[[], float], repeats: 
     return statistics.median(a), statistics.median(b)
 
 
-def unreachable_cluster(timeout_s: int) -> dict:
-    """A config layer with one more remote cluster, at an address that never answers."""
-    site = Path(tempfile.mkdtemp(prefix="bench-remote-site-"))
+def unreachable_cluster(site: Path, timeout_s: int) -> dict:
+    """A config layer in ``site`` with one more remote cluster, at an address that never answers."""
     layers = [p for p in os.environ.get("LAUNCHER_SITE_CONFIG", "").split(os.pathsep) if p]
     (site / "cluster").mkdir()
     for layer in layers:  # the user's own remote cluster stays defined beside it
@@ -70,31 +70,38 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
-    repeats = 2 if args.quick else args.repeats
+    site = Path(tempfile.mkdtemp(prefix="bench-remote-site-"))
+    try:
+        return measure(args.cluster, 2 if args.quick else args.repeats, site)
+    finally:  # the local runs and the config layer go with the benchmark
+        shutil.rmtree(LOCAL_ROOT, ignore_errors=True)
+        shutil.rmtree(site, ignore_errors=True)
 
-    launcher("runs", "--cluster", args.cluster)  # the master opened and the code shipped: warm from here on
+
+def measure(cluster: str, repeats: int, site: Path) -> int:
+    launcher("runs", "--cluster", cluster)  # the master opened and the code shipped: warm from here on
     both, local = alternate(lambda: timed("runs"), lambda: timed("runs", "--root", LOCAL_ROOT), repeats)
-    print(f"runs over local and {args.cluster}: {both:.3f} s, local alone {local:.3f} s; "
+    print(f"runs over local and {cluster}: {both:.3f} s, local alone {local:.3f} s; "
           f"ratio {both / local:.2f}x (goal 1.5x, and under 1 s)")
 
     names: List[str] = []
 
-    def launch(cluster: str) -> Callable[[], float]:
+    def launch(target: str) -> Callable[[], float]:
         def one() -> float:
-            name = f"bench-{cluster}-{len(names)}"
+            name = f"bench-{target}-{len(names)}"
             names.append(name)
-            return timed(f"cluster={cluster}", *HELD, f"name={name}")
+            return timed(f"cluster={target}", *HELD, f"name={name}")
         return one
 
     try:
-        far, near = alternate(launch(args.cluster), launch("local"), repeats)
-        print(f"launch to {args.cluster}: {far:.3f} s, local {near:.3f} s; ratio {far / near:.2f}x, "
+        far, near = alternate(launch(cluster), launch("local"), repeats)
+        print(f"launch to {cluster}: {far:.3f} s, local {near:.3f} s; ratio {far / near:.2f}x, "
               f"{far - near:+.3f} s (goal at most +1 s)")
     finally:
         if names:
             launcher("delete", "--yes", *names)
 
-    env = unreachable_cluster(timeout_s=2)
+    env = unreachable_cluster(site, timeout_s=2)
     silent = statistics.median(timed("runs", env=env) for _ in range(repeats))
     print(f"runs with a cluster that never answers (ssh_timeout_s=2): {silent:.3f} s, the rest {both:.3f} s; "
           f"ratio {silent / both:.2f}x (goal: at most the timeout more)")

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -247,13 +248,16 @@ def test_clusters_add_asks_the_remote_slurm_and_writes_how_to_reach_it(laptop):
 
 def test_the_remote_benchmark_runs_in_its_quick_mode(laptop):
     """scripts/bench_remote.py measures the goals of a remote cluster (docs/performance.md); here it must run and
-    print its three figures, whatever they are on a shared machine."""
+    print its three figures, whatever they are on a shared machine, and take its local runs and config layer away
+    with it."""
     env = {**laptop.cluster.env, **laptop.env, "PYTHONPATH": str(REPO)}
+    before = set(Path(tempfile.gettempdir()).glob("bench-remote-*"))
     res = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_remote.py"), "--quick", "--cluster", CLUSTER],
                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert res.returncode == 0, res.stderr[-2000:]
     lines = [line for line in res.stdout.splitlines() if " ratio " in line]
     assert [line.split()[0] for line in lines] == ["runs", "launch", "runs"], res.stdout
+    assert set(Path(tempfile.gettempdir()).glob("bench-remote-*")) <= before
     print(res.stdout)
 
 
