@@ -14,7 +14,7 @@ import re
 import signal
 from pathlib import Path
 
-from support.helpers import events, paced, rank_pids, record, runs_json, wait_for
+from support.helpers import events, paced, processes, rank_pids, record, runs_json, wait_for
 
 TRIALS = 6
 
@@ -23,17 +23,8 @@ def outside_jobs(root: Path) -> list:
     """The processes whose command line names ``root`` and that no Slurm job started: no slurmstepd above them
     and no SLURM_JOB_ID in their environment. (The environment too: a cancelled trial's srun outlives its batch
     shell for a moment, and until it exits its parent is init.)"""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        started_by_a_job = any(var.startswith(b"SLURM_JOB_ID=") for var in environ)
-        if str(root) in cmdline and not started_by_a_job and not under_slurmstepd(int(pid)):
-            found.append(f"{pid}: {cmdline} (parents: {parents(int(pid))})")
-    return found
+    return [f"{pid}: {' '.join(argv)} (parents: {parents(pid)})" for pid, environ, argv in processes()
+            if str(root) in " ".join(argv) and "SLURM_JOB_ID" not in environ and not under_slurmstepd(pid)]
 
 
 def parents(pid: int) -> str:
