@@ -334,6 +334,45 @@ class SearchFailed(Event):
 
 
 @dataclass(kw_only=True)
+class StopAsked(Event):
+    """``launcher stop`` (or the console's Stop) asked the running job ``job_id`` to save the step its ranks are at
+    and end (launcher/core/stop_request.py): ``by`` is who asked, ``wait_s`` how long it waits for that before it
+    cancels the job. The attempt then ends CANCELLED, never requeued or retried."""
+    kind: ClassVar[str] = "stop_asked"
+    job_id: Optional[str] = None
+    by: Optional[str] = None
+    wait_s: Optional[float] = None
+
+
+@dataclass(kw_only=True)
+class Stopped(Event):
+    """Every rank saved step ``step`` and ended, as ``launcher stop`` asked (``by``: who asked); written by rank 0
+    after the save (launcher/train/interrupt.py)."""
+    kind: ClassVar[str] = "stopped"
+    job_id: Optional[str] = None
+    step: Optional[int] = None
+    by: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class Terminated(Event):
+    """Slurm's SIGTERM reached every rank (a scancel, an ``scontrol requeue``, a preemption that sends it first,
+    the time limit's end), and Slurm sends SIGKILL ``kill_wait_s`` (its KillWait) after it. At the ranks' first
+    agreement after it, ``step`` done, every rank saved that step and ended (``saved``), or, where the save would
+    not fit in the ``left_s`` seconds left (a save takes about ``save_s``) or KillWait is unknown, trained on
+    until the SIGKILL, and ``reason`` says why (launcher/train/interrupt.py). Written by rank 0."""
+    kind: ClassVar[str] = "terminated"
+    job_id: Optional[str] = None
+    signal: Optional[str] = None
+    step: Optional[int] = None
+    saved: Optional[bool] = None
+    reason: Optional[str] = None
+    kill_wait_s: Optional[float] = None
+    left_s: Optional[float] = None
+    save_s: Optional[float] = None
+
+
+@dataclass(kw_only=True)
 class UnknownEvent(Event):
     """A line of a kind these types do not know (a newer launcher's): its kind and fields, kept as they were."""
     name: str = ""
@@ -342,7 +381,7 @@ class UnknownEvent(Event):
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Submitted, Attempt, Preflight, PreflightFailed, Started, Ready, Resumed, CheckpointDamaged, Stalled, Failed,
     AttemptEnded, Retrying, Resubmitted, Watching, DuplicateJob, Signalled, Requeued, Finished, Cancelled, Evaluated,
-    Exported, ExportFailed, TrialReported, SearchFailed)}
+    Exported, ExportFailed, TrialReported, SearchFailed, StopAsked, Stopped, Terminated)}
 
 
 def fields_of(kind: type[Event]) -> list[str]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional, Tuple
 
 from launcher.core.rundir import write_atomic
+from launcher.core.stop_request import this_job  # noqa: F401  (claim.this_job: the job as the run names it)
 from launcher.errors import LaunchError
 from launcher.slurm.output import SlurmError
 
@@ -140,13 +141,6 @@ def drop(run_dir: Path, claim: Claim) -> None:
         _path(Path(run_dir) / CLAIMS, claim.generation).unlink()
     except FileNotFoundError:
         pass
-
-
-def this_job() -> Optional[str]:
-    """The job this process runs in as the run's record names it: ``123``, or ``123_4`` for an array's element
-    (whose own ``SLURM_JOB_ID`` is another number); None outside a job."""
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID")
 
 
 def enter(run_dir: Path, job_state: JobState, me: str, poll_s: float = 1.0) -> Optional[ClaimHeld]:
