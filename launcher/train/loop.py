@@ -36,7 +36,7 @@ from launcher.train.data import StepSampler, TokenData, eval_windows, rank_eval_
 from launcher.train.dist import DistEnv, global_mean
 from launcher.train.guard import Checks
 from launcher.train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
-from launcher.train.interrupt import Interrupt, Requeue
+from launcher.train.interrupt import Interrupt, Interrupted
 from launcher.train.model import GPT
 from launcher.train.tracking import open_tracker
 from launcher.train.trial import Pruning
@@ -128,8 +128,8 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
 
     The loop is the step; the components around it own their cadence: :class:`Guards` (the watchdog's beat,
     fault drills, finiteness), :class:`Evaluator`, :class:`Metrics` (timing and the rows of metrics.jsonl) and
-    :class:`Checkpointer` (saves, exports, and Slurm's signal, on which every rank saves the step just done and
-    :class:`Requeue` ends the loop). The first step after a resume is checked before the loop
+    :class:`Checkpointer` (saves, exports, and Slurm's signals or a user's stop, on which every rank saves the step
+    just done and :class:`Interrupted` ends the loop). The first step after a resume is checked before the loop
     (:func:`first_step`), so the loop never rewinds."""
     tc = cfg.train
     batching = Batching.from_plan(plan, tc, env.world_size)
@@ -139,6 +139,8 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
         data.require("val")
     starter = Starter(run_dir, env, tc.seed, functools.partial(_build, cfg, env))
     begun = starter.start()
+    if begun.checkpoint is not None:  # until this attempt saves, a save is taken to last as long as this load
+        interrupt.saved_in(begun.load_s)
     if begun.step >= tc.steps:
         log.info("nothing to do: step %d of %d already reached", begun.step, tc.steps)
         return {"final": True, "step": begun.step, "steps_run": 0}
@@ -324,10 +326,11 @@ class Metrics:
 
 
 class Checkpointer:
-    """Saves every ``train.checkpoint_every`` steps, after the last step, and when Slurm's signal came (the ranks
-    agree whether any rank heard it at every save and every few seconds of steps, launcher/train/interrupt.py: then
-    the step just done is saved and :class:`Requeue` ends training); starts the exports asked for after their
-    checkpoints' saves."""
+    """Saves every ``train.checkpoint_every`` steps, after the last step, and when Slurm's signal came or a user
+    asked the run to stop (the ranks agree on it at every save and every few seconds of steps,
+    launcher/train/interrupt.py: then the step just done is saved and :class:`Interrupted` ends training); times
+    each save, which a save on Slurm's SIGTERM must fit; starts the exports asked for after their checkpoints'
+    saves."""
 
     def __init__(self, run_dir: Path, tc: TrainConfig, env: DistEnv, interrupt: Interrupt, watchdog: Watchdog,
                  exports: Exports | None, timer: _IntervalTimer):
@@ -338,22 +341,24 @@ class Checkpointer:
         return last or (self.tc.checkpoint_every > 0 and done % self.tc.checkpoint_every == 0)
 
     def due(self, done: int, last: bool) -> bool:
-        """Whether this boundary saves, or the ranks agree on Slurm's signal at it."""
+        """Whether this boundary saves, or the ranks agree at it on Slurm's signals and a user's stop."""
         return self.saves(done, last) or self.interrupt.due(done)
 
     def after(self, result: StepResult, done: int, last: bool, begun: Start) -> None:
         tc = self.tc
-        # Slurm's time-limit or preemption signal, agreed on at every save and every few seconds of steps
-        interrupted = not last and self.due(done, last) and self.interrupt.agreed(done)
-        if interrupted or self.saves(done, last):
+        # Slurm's signals or a user's stop, agreed on at every save and every few seconds of steps
+        why = self.interrupt.agreed(done) if not last and self.due(done, last) else None
+        if why is not None or self.saves(done, last):
+            began = time.perf_counter()
             with self.timer.paused(), self.watchdog.phase(SLOW_PHASE_S):
                 save_checkpoint(self.run_dir, done, begun.model, begun.optimizer, begun.scheduler, self.env,
                                 tc.keep_checkpoints, reference={"loss": global_mean(result.loss, self.env),
                                                                 "grad_norm": host_sync.read(result.grad_norm)})
+            self.interrupt.saved_in(time.perf_counter() - began)  # what a save on Slurm's SIGTERM must fit
             if self.exports and ((tc.export_every and done % tc.export_every == 0) or (last and tc.export_final)):
-                (self.exports.defer if interrupted else self.exports.start)(done)  # the attempt ends: the next
-        if interrupted:
-            raise Requeue(done)
+                (self.exports.start if why is None else self.exports.defer)(done)  # the attempt ends: the next
+        if why is not None:
+            raise Interrupted(done, why)
 
 
 def pruning_said(pruning: Pruning, step: int, row: dict[str, Any], env: DistEnv) -> bool:

@@ -3,7 +3,9 @@
 
 When Slurm signals an approaching time limit or preemption, every rank saves the step just done, rank 0 asks
 for a requeue (a ``requeued`` event) and the ranks end; the batch script's last step requeues the job on the host
-(launcher/job/recovery.py), and the requeued job resumes from that checkpoint, having lost nothing.
+(launcher/job/recovery.py), and the requeued job resumes from that checkpoint, having lost nothing. A user's stop,
+and Slurm's SIGTERM where the save fits before its SIGKILL, end the ranks the same way, rank 0 recording
+``stopped`` or ``terminated`` (launcher/train/interrupt.py).
 """
 from __future__ import annotations
 
@@ -22,10 +24,10 @@ from launcher.core import failures
 from launcher.core.config import load_run_config
 from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.plan import read_plan
-from launcher.core.events import Finished, Requeued, Stalled, Started
+from launcher.core.events import Finished, Stalled, Started
 from launcher.core.rundir import SOURCE_ROOT, append_event
 from launcher.train.dist import check_allreduce, global_rank_from_environ, init_distributed
-from launcher.train.interrupt import Interrupt, Requeue
+from launcher.train.interrupt import Interrupt, Interrupted
 from launcher.train.hf_export import Exports
 from launcher.train.loop import train
 from launcher.train.preflight import preflight, verify_data
@@ -67,11 +69,11 @@ def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> dict[str, Any]:
         except BaseException as err:
             if exports:
                 exports.stop()  # the next attempt redoes what they leave
-            if not isinstance(err, Requeue):
+            if not isinstance(err, Interrupted):
                 raise
-            if env.is_main:  # before the ranks end: the batch script's last step reads it and requeues the job
-                append_event(run_dir, Requeued(job_id=os.environ.get("SLURM_JOB_ID"), step=err.step, by="signal"))
-            return {"requeued_after": err.step}
+            if env.is_main:  # before the ranks end: the batch script's last step reads it (and requeues the job)
+                append_event(run_dir, err.event)
+            return {"interrupted_after": err.step}
         finally:
             watchdog.stop()
         if env.is_main:

@@ -215,3 +215,63 @@ def test_the_ranks_agree_on_slurms_signal_as_often_as_steps_fit_in_the_bound(cle
         dist.destroy_process_group()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def test_a_stop_or_slurms_sigterm_is_saved_for_at_the_next_agreement_when_the_save_fits(clean_env, tmp_path):
+    """Rank 0 answers a stop asked of its own job (not another's) at the next agreement; after a SIGTERM the
+    ranks agree at every step; Slurm's (every rank heard it: here the one) is saved for when the save fits in what
+    is left of KillWait, else training goes on and rank 0 records why (the save, or KillWait, or how long a save
+    takes, unknown)."""
+    import signal
+
+    from launcher.core import stop_request
+    from launcher.train import interrupt as module
+
+    clock = _Clock()
+    clean_env.setattr(module, "time", clock)
+    clean_env.setenv("SLURM_JOB_ID", "77")
+    handlers = {sig: signal.getsignal(sig) for sig in (module.preemption.SIGNAL, signal.SIGTERM)}
+    env = tdist.init_distributed(timeout_s=30)
+
+    def sigterm_after(agreement, seconds: float, step: int):
+        signal.raise_signal(signal.SIGTERM)
+        clock.now += seconds
+        return agreement.agreed(step)
+
+    try:
+        clean_env.setenv("LAUNCHER_KILL_WAIT_S", "30")
+        agreement = module.Interrupt(env, tmp_path, 120)
+        stop_request.ask(tmp_path, "76", "ann", 300)  # another job's
+        assert agreement.agreed(1) is None
+        stop_request.ask(tmp_path, "77", "ann", 300)
+        stopped = agreement.agreed(2)
+        assert (stopped.kind, stopped.job_id, stopped.step, stopped.by) == ("stopped", "77", 2, "ann")
+        stop_request.withdraw(tmp_path)
+        step = 2
+        while step < 100:  # steps of 0.1 s: the agreements grow apart
+            step, clock.now = step + 1, clock.now + 0.1
+            if agreement.due(step):
+                assert agreement.agreed(step) is None
+        assert not agreement.due(step + 1)
+        agreement.saved_in(4.0)
+        step = next(s for s in range(step, 1000) if agreement.due(s))
+        ended = sigterm_after(agreement, 5.0, step)  # 4 s x 1.5 + 2 s fits in the 25 s left
+        assert (ended.kind, ended.step, ended.saved, ended.left_s, ended.save_s) == ("terminated", step, True, 25.0,
+                                                                                     4.0)
+        assert agreement.due(step + 1)  # a SIGTERM heard: the ranks agree at every step until it is judged
+        assert sigterm_after(agreement, 23.0, step + 1) is None  # 7 s left: trained on
+        for kill_wait, saved in (("", 4.0), ("30", None)):
+            clean_env.setenv("LAUNCHER_KILL_WAIT_S", kill_wait)
+            agreement = module.Interrupt(env, tmp_path, 120)
+            if saved:
+                agreement.saved_in(saved)
+            assert sigterm_after(agreement, 1.0, 7) is None
+        said = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+        assert [(e["event"], e["step"], e["saved"], e["kill_wait_s"]) for e in said] == [
+            ("terminated", step + 1, False, 30.0), ("terminated", 7, False, None), ("terminated", 7, False, 30.0)]
+        assert [e["reason"].split(" (")[0].split(",")[0] for e in said] == [
+            "a save", "Slurm's KillWait is unknown here", "no checkpoint was saved or loaded in this attempt yet"]
+    finally:
+        dist.destroy_process_group()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
