@@ -23,6 +23,7 @@ from launcher.core.config import ClusterConfig, RunConfig
 from launcher.core.events import EXIT_NOT_OURS
 from launcher.errors import LaunchError
 from launcher.core.plan import Plan
+from launcher.core.preemption import KILL_WAIT
 from launcher.core.privacy import umask_line
 from launcher.core.rundir import CODE, code_dir
 
@@ -176,10 +177,12 @@ def host_steps(cfg: RunConfig, where: str) -> list:
     """The setup lines, after the cluster's own, of the run whose directory the shell word ``where`` names: its
     frozen code on PYTHONPATH, the attempt's record (launcher/job/recovery.py), and the progress comment, set
     from here, the host, beside the ranks (launcher/job/comment.py). The begin step's EXIT_NOT_OURS (another job of
-    the run holds it: launcher/job/claim.py) ends the script there; another failure of it lets the attempt go on."""
+    the run holds it: launcher/job/claim.py) ends the script there; another failure of it lets the attempt go on.
+    The begin step prints Slurm's KillWait, which it asks on the host, and the tasks get it in their environment
+    (srun passes the script's on; launcher/core/preemption.py), empty where Slurm could not say."""
     python = host_python(cfg.cluster)
-    steps = [_frozen_code_export(where), f"{python} -m launcher.job.recovery begin {where}",
-             f"[ $? -ne {EXIT_NOT_OURS} ] || exit {EXIT_NOT_OURS}"]
+    steps = [_frozen_code_export(where), f"{KILL_WAIT}=$({python} -m launcher.job.recovery begin {where})",
+             f"[ $? -ne {EXIT_NOT_OURS} ] || exit {EXIT_NOT_OURS}", f"export {KILL_WAIT}"]
     if cfg.cluster.progress_comment:  # a site may turn it off (cluster.progress_comment: false)
         steps.append(f"{python} -m launcher.job.comment {where} & {PROGRESS}=$!")
     return steps

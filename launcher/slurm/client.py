@@ -294,6 +294,10 @@ class Slurm:
         """The controller's SlurmdTimeout: how long a node may stay silent before Slurm marks it down."""
         return self._config_number("SlurmdTimeout", 0)
 
+    def kill_wait_s(self) -> int:
+        """The controller's KillWait: how long Slurm waits after its SIGTERM to a job's tasks before SIGKILL."""
+        return self._config_number("KillWait", 30)  # Slurm's default
+
     def max_array_size(self) -> int:
         """The controller's MaxArraySize: a job array's indices must be below it (0: no job arrays)."""
         return self._config_number("MaxArraySize", 1001)  # Slurm's default

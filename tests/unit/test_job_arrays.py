@@ -36,7 +36,7 @@ def test_the_array_script_runs_each_element_in_its_own_run_directory(tmp_path):
     assert "#SBATCH --array=0-2%2" in lines and "#SBATCH --job-name=sweep-x" in lines
     assert f"#SBATCH --error={tmp_path}/.sweeps/sweep-x/%A_%a_0_log.err" in lines
     assert lines[-2].endswith('-m launcher.job.recovery end "$RUN_DIR" $?') and lines[-1] == REAP
-    assert any(line.endswith('-m launcher.job.recovery begin "$RUN_DIR"') for line in lines)
+    assert any(line.endswith('-m launcher.job.recovery begin "$RUN_DIR")') for line in lines)
     assert 'export PYTHONPATH="$RUN_DIR"/code${PYTHONPATH:+:$PYTHONPATH} PYTHONSAFEPATH=1' in lines
     srun = next(line for line in lines if line.startswith("srun "))
     assert '--output "$RUN_DIR/submitit/%A_%a_%t_log.out"' in srun and "--kill-on-bad-exit=1" in srun

@@ -55,7 +55,7 @@ def test_script_requests_the_plans_layout(runs, gpus, nodes, tmp_path):
     srun = next(line for line in lines if line.startswith("srun "))
     assert "--kill-on-bad-exit=1" in srun and srun.endswith(f"-m submitit.core._submit {tmp_path / 'submitit'}")
     # The attempt is recorded around the ranks, and its end judged with srun's exit status (launcher/job/recovery.py).
-    assert lines.index(next(line for line in lines if line.endswith(f"-m launcher.job.recovery begin {tmp_path}"))) \
+    assert lines.index(next(line for line in lines if line.endswith(f"-m launcher.job.recovery begin {tmp_path})"))) \
         < lines.index(srun) < lines.index(lines[-2]) and lines[-2].endswith(f"-m launcher.job.recovery end {tmp_path} $?")
     # The progress follower is the shell's to reap, after the end step, whose status the script ends with.
     assert lines[-1] == "ENDED=$?; kill $LAUNCHER_PROGRESS 2>/dev/null; wait $LAUNCHER_PROGRESS 2>/dev/null; exit $ENDED"
@@ -67,6 +67,24 @@ def test_the_job_imports_the_runs_frozen_code_from_its_first_line_of_python(runs
     begin = next(i for i, line in enumerate(lines) if "-m launcher.job.recovery begin" in line)
     assert lines[begin - 1] == frozen_code_line(tmp_path) == \
         f"export PYTHONPATH={tmp_path}/code${{PYTHONPATH:+:$PYTHONPATH}} PYTHONSAFEPATH=1"
+
+
+@pytest.mark.parametrize("begins, said", [("echo 30", "ran with 30"), ("echo; exit 1", "ran with"),
+                                          ("exit 3", "")])
+def test_the_begin_step_hands_slurms_kill_wait_to_the_tasks(runs, tmp_path, begins, said):
+    """The begin step prints KillWait, which it asks Slurm on the host; the script exports it to the tasks (srun
+    passes the environment on), and still ends at once when the begin step says the run is another job's (exit 3)."""
+    run = runs[(8, "local")]
+    lines = render_sbatch(run.config, run.plan, "r", tmp_path / "submitit").splitlines()
+    begin = next(i for i, line in enumerate(lines) if "-m launcher.job.recovery begin" in line)
+    assert lines[begin].startswith("LAUNCHER_KILL_WAIT_S=$(") and lines[begin + 2] == "export LAUNCHER_KILL_WAIT_S"
+    fake = tmp_path / "python"  # the host's Python, as the begin step answers
+    fake.write_text(f"#!/bin/sh\n{begins}\n")
+    fake.chmod(0o755)
+    steps = [line.replace(sys.executable, str(fake)) for line in lines[begin:begin + 3]]
+    shell = subprocess.run(["bash", "-c", "\n".join([*steps, 'echo "ran with $(printenv LAUNCHER_KILL_WAIT_S)"'])],
+                           capture_output=True, text=True)
+    assert (shell.stdout.strip(), shell.returncode) == (said, 3 if begins == "exit 3" else 0)
 
 
 def test_a_site_can_turn_the_progress_comment_off(runs, tmp_path):

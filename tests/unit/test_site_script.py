@@ -104,7 +104,8 @@ def test_a_container_runs_the_tasks_with_its_python_and_sees_the_run_data_and_se
             f"--container-workdir={run_dir} /usr/bin/python3 -u -m submitit.core._submit") in srun
     # The batch script's own steps run on the host, with the cluster's interpreter, never inside the image: the
     # attempt's record, the squeue comment beside srun, and after it the requeue (the image needs no scontrol).
-    host = [line for line in lines(text) if line.startswith("/opt/venv/bin/python ")]
+    host = [line.removeprefix("LAUNCHER_KILL_WAIT_S=$(").removesuffix(")") for line in lines(text)
+            if "/opt/venv/bin/python " in line]
     assert host == [f"/opt/venv/bin/python -m launcher.job.recovery begin {run_dir}",
                     f"/opt/venv/bin/python -m launcher.job.comment {run_dir} & LAUNCHER_PROGRESS=$!",
                     f"/opt/venv/bin/python -m launcher.job.recovery end {run_dir} $?"]
