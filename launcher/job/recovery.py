@@ -37,7 +37,7 @@ from launcher.core.events import (EXIT_NOT_OURS, Attempt, AttemptEnded, Cancelle
 from launcher.core.rundir import EVENTS, append_event, last_metrics, read_events, read_metrics
 from launcher.core.run_index import mend_record
 from launcher.errors import LaunchError
-from launcher.job import claim
+from launcher.job import claim, endings
 from launcher.job.attempts import Cause, attribute
 from launcher.search.hook import trial_ended
 from launcher.slurm.client import Slurm
@@ -136,7 +136,7 @@ def begin(run_dir: Path) -> Attempt:
                                                outcome=Outcome.REQUEUED, short="requeued",
                                                cause=requeue_cause(requeued)))
         else:
-            append_event(run_dir, unjudged(run_dir, previous))
+            append_event(run_dir, unjudged(run_dir, previous, since))
     number = 1 + log.count
     stderr = batch_log(run_dir, job_id)
     attempt = Attempt(attempt=number, job_id=job_id, nodes=os.environ.get("SLURM_JOB_NODELIST"),
@@ -154,11 +154,12 @@ def requeue_cause(requeued: Requeued) -> str:
     return "requeued by submitit"
 
 
-def unjudged(run_dir: Path, attempt: Attempt) -> AttemptEnded:
-    """The ``attempt_ended`` fields of an attempt whose batch script never judged it: because Slurm requeued
-    the job itself, LOST when one of its nodes stopped responding (NODE_FAIL; the nodes to blame are those
-    Slurm now holds down, and the requeued job runs without them), else REQUEUED from outside the run; an
-    attempt of another job (its batch step died unwatched) FAILED, cause unknown."""
+def unjudged(run_dir: Path, attempt: Attempt, since: List[Event]) -> AttemptEnded:
+    """The ``attempt_ended`` fields of an attempt whose batch script never judged it (``since``: its events):
+    because Slurm requeued the job itself, LOST when one of its nodes stopped responding (NODE_FAIL; the nodes to
+    blame are those Slurm now holds down, and the requeued job runs without them), else REQUEUED from outside the
+    run, at the step its ranks saved on Slurm's SIGTERM if they did (launcher/job/endings.py); an attempt of
+    another job (its batch step died unwatched) FAILED, cause unknown."""
     nodes = held_down(attempt.nodes)
     pulses = read_pulses(run_dir, since=attempt.time)
     step = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *(p.step for p in pulses)])
@@ -167,9 +168,9 @@ def unjudged(run_dir: Path, attempt: Attempt) -> AttemptEnded:
                             fault=Fault.UNKNOWN, short="not judged", cause=f"job {attempt.job_id} ended at step "
                             f"{step} without judging its attempt (its batch step died, and no watcher judged it)")
     if not nodes:
+        step, cause = endings.requeued_from_outside(run_dir, since, step)
         return AttemptEnded(attempt=attempt.attempt, job_id=attempt.job_id, step=step,
-                            outcome=Outcome.REQUEUED, short="requeued", cause=f"requeued from outside the run at step "
-                            f"{step} (scontrol requeue, or a node that came back)")
+                            outcome=Outcome.REQUEUED, short="requeued", cause=cause)
     return AttemptEnded(attempt=attempt.attempt, job_id=attempt.job_id, step=step, outcome=Outcome.LOST,
                         node=nodes[0], exclude=nodes, short=f"{nodes[0]} lost",
                         cause=f"node {', '.join(nodes)} lost at step {step}: Slurm holds it down and requeued the job")
@@ -235,9 +236,14 @@ def without_failure(run_dir: Path, since: List[Event], number: Optional[int], jo
     queued = queue_state(job_id) if queued is None else queued
     if queued.startswith("CANCELLED"):  # by the user or an administrator (`launcher stop` records it too)
         kinds.add(Cancelled)
-    if Requeued in kinds or Cancelled in kinds:  # preemption, time limit, or the user: not a failure
-        append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id,
-                                           outcome=Outcome.REQUEUED if Requeued in kinds else Outcome.CANCELLED))
+    if endings.stop_asked(since):  # the user asked it to stop: whatever its ranks did, never requeued nor retried
+        kinds.add(Cancelled)
+        kinds.discard(Requeued)
+    if Requeued in kinds:  # preemption or time limit: not a failure
+        append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=Outcome.REQUEUED))
+        return Settled()
+    if Cancelled in kinds:  # what the ranks saved first, if they did (launcher/job/endings.py)
+        append_event(run_dir, endings.cancelled(run_dir, since, number, job_id))
         return Settled()
     # Slurm requeued the job itself (its node was lost) while this batch script lived on: the next attempt
     # records this one (unjudged()), and a retry from here would run the run twice.
@@ -437,6 +443,15 @@ def partition_nodes(partition: Optional[str]) -> List[str]:
     return sorted({n.name for n in nodes if (n.partition == partition if partition else n.default)})
 
 
+def kill_wait_s() -> str:
+    """Slurm's KillWait in seconds, asked on the host for the ranks ("" where Slurm cannot say:
+    launcher/core/preemption.py)."""
+    try:
+        return str(Slurm(None, timeout=15).kill_wait_s())
+    except SlurmError:
+        return ""
+
+
 def slurmd_timeout_s() -> int:
     """How long the controller waits before it marks a silent node down (0 when Slurm cannot say)."""
     try:
@@ -607,6 +622,7 @@ def main(argv: List[str]) -> int:
             if refused is not None:  # before anything of the run's attempts is read or written: they are not ours
                 return not_ours(run_dir, refused)
             begin(run_dir)
+            print(kill_wait_s())  # the batch script hands it to the ranks (launcher/slurm/batch.py host_steps)
             return 0
         if argv[0] == "watch":
             watch(run_dir, argv[2])

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from launcher.core.damage import DamagedRun, read_json_object
-from launcher.core.events import (Attempt, Cancelled, Failed, Finished, Requeued, Resubmitted, Resumed, Retrying,
-                                   Started, Submitted)
+from launcher.core.attempt_log import AttemptLog
+from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Failed, Finished, Outcome, Requeued, Resubmitted,
+                                   Resumed, Retrying, Started, Submitted)
 from launcher.core.heartbeats import stalled_for
 from launcher.core.rundir import write_json_atomic
 from launcher.core.safepath import is_safe_root
@@ -138,9 +139,17 @@ def from_run_dir(run_dir: Path, files: Optional[RunFiles] = None) -> Optional[Jo
             return JobState("FAILED", in_a_word(event), "run directory", files=files)
         if isinstance(event, Cancelled):
             return JobState("CANCELLED", "stopped by the user", "run directory", files=files)
+        if isinstance(event, AttemptEnded) and event.outcome == Outcome.CANCELLED:
+            return JobState("CANCELLED", event.short or "stopped by the user", "run directory", files=files)
         if isinstance(event, (Submitted, Started, Requeued, Resumed, Retrying, Resubmitted, Attempt)):
             return None
     return None
+
+
+def stopped_by_its_record(attempts: AttemptLog) -> Optional[AttemptEnded]:
+    """The newest attempt's end when it was stopped or cancelled (launcher/job/endings.py), else None."""
+    ended = attempts.newest(Attempt, AttemptEnded)
+    return ended if isinstance(ended, AttemptEnded) and ended.outcome == Outcome.CANCELLED else None
 
 
 def finished_early(finished: Finished) -> str:
@@ -179,6 +188,10 @@ def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = Non
         return dataclasses.replace(state, reason=f"{state.reason}: {said}" if said else state.reason)
     if state.state == "COMPLETED" and isinstance(last, Finished) and finished_early(last):
         return dataclasses.replace(state, reason=finished_early(last))
+    stopped = stopped_by_its_record(attempts)
+    if state.state in ("COMPLETED", "CANCELLED") and stopped is not None:
+        # A stop its ranks saved for ends the job itself (COMPLETED in Slurm); the run was stopped all the same.
+        return dataclasses.replace(state, state="CANCELLED", reason=stopped.short or state.reason)
     if state.state in ("RUNNING", "PENDING") and attempts.ended_complete():
         # The run recorded its end, but the controller lost track of it (a crash that cost it its latest state).
         return dataclasses.replace(state, state="COMPLETED", reason="the run ended; Slurm still lists its job")
