@@ -41,7 +41,8 @@ COMMANDS: Dict[str, Command] = {
     "describe": Command("launcher.commands.describe",
                         "show a run's config, plan, paths, nodes, events, checkpoints and metrics", True),
     "logs": Command("launcher.commands.logs", "show a run's output: rank 0 by default", True),
-    "stop": Command("launcher.commands.stop", "cancel runs' Slurm jobs; their directories stay", True),
+    "stop": Command("launcher.commands.stop", "stop runs, each saving the step it is at first; their directories "
+                    "stay", True),
     "resume": Command("launcher.commands.resume",
                       "continue a failed, stopped or finished-early run from its newest good checkpoint", True),
     "delete": Command("launcher.commands.delete", "cancel runs' jobs if active, then remove their directories",

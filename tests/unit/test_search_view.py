@@ -287,6 +287,14 @@ def test_a_stopped_search_owes_nothing_and_its_running_trials_are_told_failed(se
     assert open_study(path, load(path)).user_attrs["ended"] == STOPPED_BY
 
 
+def states_of(pending: set):
+    """Slurm's part of ``launcher stop``: the jobs of the runs named ``pending`` wait in the queue (cancelled at once,
+    with no save to wait for), the others have ended."""
+    from launcher.status.job_state import JobState
+
+    return lambda records: {rec.name: JobState("PENDING" if rec.name in pending else "COMPLETED") for rec in records}
+
+
 def test_stop_sweep_marks_the_search_stopped_before_it_cancels_and_fails_the_running_trials(searched, monkeypatch,
                                                                                              capsys):
     from launcher.commands import stop as stop_command
@@ -294,13 +302,12 @@ def test_stop_sweep_marks_the_search_stopped_before_it_cancels_and_fails_the_run
     root, path, _ = searched
     cancelled = []
 
-    def cancel(records):  # Slurm's part: the jobs of the trials still running, cancelled after the search stopped
+    def scancel(rec):  # Slurm's part: the jobs of the trials still active, cancelled after the search stopped
         assert "stopped" in open_study(path, load(path)).user_attrs
-        active = [rec for rec in records if rec.name in ("run-4", "run-5", "run-6")]
-        cancelled.extend(rec.name for rec in active)
-        return active
+        cancelled.append(rec.name)
 
-    monkeypatch.setattr(stop_command, "cancel", cancel)
+    monkeypatch.setattr(stop_command, "job_states", states_of({"run-4", "run-5", "run-6"}))
+    monkeypatch.setattr(stop_command, "scancel", scancel)
     assert cli.main(["stop", "--sweep", "sweep-2026", "--root", str(root)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"Stopped search {SEARCH_ID}: it submits no more trials."
@@ -321,7 +328,8 @@ def test_stopping_one_trial_fails_it_and_submits_the_trial_owed_in_its_place(sea
     from launcher.search import submission
 
     root, path, submit = searched
-    monkeypatch.setattr(stop_command, "cancel", lambda records: list(records))
+    monkeypatch.setattr(stop_command, "job_states", states_of({"run-4"}))
+    monkeypatch.setattr(stop_command, "scancel", lambda rec: None)
     monkeypatch.setattr(submission, "submit_trial", submit)
     assert cli.main(["stop", "run-4", "--root", str(root)]) == 0
     out = capsys.readouterr().out.splitlines()
