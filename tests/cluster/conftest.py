@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from support.helpers import (PACE_S, PACED_STEPS, REPO, SLURMD_TIMEOUT_S, STEADY_RUN, SlurmCluster, cluster_port,
+from support.helpers import (PACE_S, PACED_STEPS, REPO, SITE_KILL_WAIT_S, SLURMD_TIMEOUT_S, STEADY_RUN, SlurmCluster,
+                             cluster_port,
                              job_id_of, launch, losses, own_cluster_port, paced, run_down, run_up, shared_once,
                              wait_for)
 from support.sshd_site import SSHD, started_site
@@ -49,16 +50,19 @@ def slurm() -> SlurmCluster:
 # A test that needs a whole cluster (every GPU free, its daemons killed, its controller stopped) has one of its own,
 # ``own_cluster`` or ``three``, which start in a few seconds beside the suite's; the others share the suite's.
 def start_cluster(slurm: SlurmCluster, state: Path, name: str, port: int, nodes: int, gpus: int,
-                  slurmd_timeout: int | None = None) -> SlurmCluster:
-    """A local cluster beside the suite's, its state in ``state``: ``nodes`` x ``gpus``, with accounting."""
+                  timers: dict[str, int] | None = None) -> SlurmCluster:
+    """A local cluster beside the suite's, its state in ``state``: ``nodes`` x ``gpus``, with accounting, and
+    slurm.conf's ``timers`` (``SlurmdTimeout``, ``KillWait``: seconds) set as given."""
     up = run_up("--dir", str(state), "--name", name, "--port", str(port), "--nodes", str(nodes), "--gpus", str(gpus))
     assert up.returncode == 0, up.stderr
     env = {**slurm.env, "SLURM_CONF": str(state / "etc" / "slurm.conf")}
     cluster = SlurmCluster(env=env, nodes=[f"{name}-node{n}" for n in range(1, nodes + 1)], gpus_per_node=gpus)
-    if slurmd_timeout is not None:
+    if timers:
         slurm_conf = state / "etc" / "slurm.conf"
-        slurm_conf.write_text(re.sub(r"^SlurmdTimeout=\d+", f"SlurmdTimeout={slurmd_timeout}",
-                                     slurm_conf.read_text(), flags=re.M))
+        text = slurm_conf.read_text()
+        for key, seconds in timers.items():
+            text = re.sub(rf"^{key}=\d+", f"{key}={seconds}", text, flags=re.M)
+        slurm_conf.write_text(text)
         cluster.run("scontrol", "reconfigure")
     return cluster
 
@@ -79,7 +83,19 @@ def three(slurm, tmp_path_factory):
     controller stopped); a lost node is noticed after ``SLURMD_TIMEOUT_S``. Stopped after the test."""
     state = tmp_path_factory.mktemp("three")
     port = own_cluster_port()
-    yield start_cluster(slurm, state, f"three{port}", port, nodes=3, gpus=2, slurmd_timeout=SLURMD_TIMEOUT_S), state
+    yield start_cluster(slurm, state, f"three{port}", port, nodes=3, gpus=2,
+                        timers={"SlurmdTimeout": SLURMD_TIMEOUT_S}), state
+    run_down(state)
+
+
+@pytest.fixture
+def site_kill_wait(slurm, tmp_path_factory):
+    """A cluster of the test's own, 1 node x 2 GPUs, that gives a job's tasks Slurm's default (and a site's usual)
+    KillWait of 30 s between its SIGTERM and its SIGKILL; the suite's clusters give 5 s, which keeps their cancels
+    quick. Stopped after the test."""
+    state = tmp_path_factory.mktemp("kw")
+    port = own_cluster_port()
+    yield start_cluster(slurm, state, f"kw{port}", port, nodes=1, gpus=2, timers={"KillWait": SITE_KILL_WAIT_S})
     run_down(state)
 
 

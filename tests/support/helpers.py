@@ -248,6 +248,9 @@ STEADY_RUN = ("model=gpt_tiny", "gpus=2", f"train.steps={STEADY_STEPS}", "train.
 # A lost node is noticed by Slurm only after SlurmdTimeout; the clusters of the fault tests set it to 10 s (a site uses
 # minutes), so tests wait seconds, not minutes, for what a site's cluster does the same way.
 SLURMD_TIMEOUT_S = 10
+# Slurm's default KillWait, the time between its SIGTERM to a job's tasks and its SIGKILL, as sites keep it; the
+# suite's clusters use 5 s (slurm/up.sh), and the test of a requeue that loses no step has a cluster of its own.
+SITE_KILL_WAIT_S = 30
 # The time-limited run: each attempt trains at most about 52 s (the signal comes 30-60 s after the start,
 # Slurm's 30-second tick, and starting takes 8 s or more), so 180 s of paced steps need at least 4 attempts. Few
 # long steps rather than many short ones: a step's CPU is the same however long it waits.
