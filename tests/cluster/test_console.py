@@ -103,7 +103,8 @@ def test_a_running_run_is_listed_its_curve_grows_its_log_shows_and_stop_cancels_
     page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
 
     page.locator("#stop").click()
-    wait_for(lambda: page.locator("#said").inner_text() == f"Stopped {name} (job {job}).", 30, "stop's own words")
+    wait_for(lambda: re.search(rf"Stopped {name} \(job {job}\) at step \d+: every rank saved it",
+                               page.locator("#said").inner_text()), 60, "stop's own words, once it saved")
     wait_for(lambda: "CANCELLED" in page.locator("#run-head .status").inner_text(), 60, "CANCELLED on its page")
     assert runs_json(slurm, console[1], env=console[2])[name]["status"] == "CANCELLED"
 

@@ -59,7 +59,7 @@ def test_stop_of_one_element_leaves_the_others_running_and_the_sweep_stops_whole
     assert runs_json(slurm, tmp_path)[third["name"]]["status"] == "PENDING"  # sweep.parallel=2
 
     stopped = slurm.launcher("stop", first["name"], root=tmp_path)
-    assert f"Stopped {first['name']} (job {first['job_id']})." in stopped.stdout, stopped.stderr
+    assert f"Stopped {first['name']} (job {first['job_id']}) at step " in stopped.stdout, stopped.stderr
     assert wait_status(slurm, tmp_path, first["name"], {"CANCELLED", "FAILED"})["status"] == "CANCELLED"
     wait_status(slurm, tmp_path, third["name"], {"RUNNING"}, timeout=120)  # its turn, now that one is stopped
     assert runs_json(slurm, tmp_path)[second["name"]]["status"] == "RUNNING"

@@ -158,8 +158,8 @@ def test_stop_sweep_stops_the_search_and_no_trial_is_submitted_after_it(slurm, t
     assert stopped.returncode == 0, stopped.stderr
     lines = stopped.stdout.splitlines()
     assert lines[0] == f"Stopped search {search_id}: it submits no more trials."
-    cancelled = re.fullmatch(rf"Stopped {first.name} \(job (\d+)\)\.", lines[1])
-    assert cancelled, stopped.stdout
+    cancelled = re.fullmatch(rf"Stopped {first.name} \(job (\d+)\) at step \d+: every rank saved it; .*", lines[2])
+    assert cancelled and lines[1].startswith(f"Asked {first.name} "), stopped.stdout
     slurm.wait(cancelled.group(1), timeout=120)  # what its job could still submit (its batch shell), it has by now
 
     assert [p.parent for p in root.glob("*/trial.json")] == [first], "a trial was submitted after the stop"
