@@ -79,7 +79,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"how long a running run has to save the step it is at and end before its job is "
                              f"cancelled (default {WAIT_S})")
     parser.add_argument("--now", action="store_true",
-                        help="cancel at once, without the save: the steps since the last checkpoint are trained again")
+                        help="cancel at once, without asking: the ranks then save only if Slurm's KillWait leaves "
+                             "them time, else the steps since the last checkpoint are trained again")
 
 
 @dataclass
@@ -92,6 +93,12 @@ class Asked:
     ended: Optional[AttemptEnded] = None  # its attempt was judged
     gone: bool = False  # its job is no longer active
     cancelled: bool = False  # not done in time: its job was cancelled
+
+    def look(self) -> Optional[AttemptEnded]:
+        """Read what the run recorded since the ask: whether its ranks saved, whether its attempt was judged."""
+        since = AttemptLog(read_events(Path(self.rec.run_dir))[self.seen:])
+        self.stopped, self.ended = since.newest(Stopped), since.newest(AttemptEnded)
+        return self.ended
 
 
 @dataclass
@@ -149,12 +156,13 @@ def wait(stopping: Stopping) -> None:
     saved has :data:`SETTLE_S` more for its job to end. Prints nothing and holds no lock."""
     polls = 0
     while True:
-        waiting = [asked for asked in stopping.asked if not (asked.ended or asked.gone)]
-        if not waiting or time.monotonic() > stopping.deadline + (SETTLE_S if all(a.stopped for a in waiting) else 0):
+        now = time.monotonic()
+        waiting = [asked for asked in stopping.asked if not (asked.ended or asked.gone)
+                   and now <= stopping.deadline + (SETTLE_S if asked.stopped else 0)]
+        if not waiting:
             return
         for asked in waiting:
-            since = AttemptLog(read_events(Path(asked.rec.run_dir))[asked.seen:])
-            asked.stopped, asked.ended = since.newest(Stopped), since.newest(AttemptEnded)
+            asked.look()
         polls += 1
         if polls % ALIVE_EVERY == 0:
             states = job_states([asked.rec for asked in waiting])
@@ -167,7 +175,7 @@ def finish(stopping: Stopping) -> None:
     """Cancel the jobs of the runs asked that did not end in time, say what became of every run, withdraw the
     requests, and tell the searches."""
     for asked in stopping.asked:
-        if not (asked.ended or asked.gone):
+        if not (asked.ended or asked.gone or asked.look()):  # a last look: it may have ended since the wait's
             scancel(asked.rec)
             asked.cancelled = True
         stop_request.withdraw(Path(asked.rec.run_dir))
