@@ -88,7 +88,8 @@ RANGES: Dict[str, Range] = {
     "cluster.gpu_memory_gb": POSITIVE,
     "cluster.cpus_per_gpu": AT_LEAST_1,
     "cluster.time_limit_min": AT_LEAST_1,
-    "cluster.signal_delay_s": Range(0, zero="0: the signal comes at the time limit, leaving no time to save"),
+    "cluster.signal_delay_s": Range(0, zero="0: the signal comes with the time limit's SIGTERM: a save only if it "
+                                            "fits in Slurm's KillWait"),
     "cluster.max_requeues": Range(0, zero="0: a preemption or time limit ends the run"),
     "cluster.max_retries": Range(0, zero="0: a failed attempt is not retried"),
     "cluster.ssh_timeout_s": POSITIVE,
