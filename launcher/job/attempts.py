@@ -107,7 +107,7 @@ def _from_srun(failures: List[Failed], task_ends: List[TaskEnd], watchdogs: List
     reported = {_int(e.rank) for e in failures}
     silent = [(rank, end) for end in task_ends for rank in end.ranks
               if rank not in reported and rank not in watchdogs]
-    killed = [(rank, end.node) for rank, end in silent if end.how == "Killed"]
+    killed = [(rank, end.node) for rank, end in silent if end.how == "Killed" and not end.after_end]
     if killed:  # killed from outside (the kernel's OOM killer, an administrator): each one is named
         rank, node = killed[0]
         if len(killed) == 1:

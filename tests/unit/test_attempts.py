@@ -36,8 +36,8 @@ def pulse(rank, step, alive=100.0, node="local-node1"):
 
 def test_srun_reports_are_parsed_in_order():
     assert srun_task_ends(SRUN_KILLED) == [TaskEnd("local-node2", [2], "Killed"),
-                                           TaskEnd("local-node1", [0, 1], "Exited with exit code 1"),
-                                           TaskEnd("local-node2", [3], "Exited with exit code 1")]
+                                           TaskEnd("local-node1", [0, 1], "Exited with exit code 1", after_end=True),
+                                           TaskEnd("local-node2", [3], "Exited with exit code 1", after_end=True)]
     assert expand_ranks("0-2,5") == [0, 1, 2, 5]
 
 
@@ -262,6 +262,22 @@ def test_a_lost_node_is_the_cause_whatever_its_ranks_and_peers_reported():
                           node="local-node2",
                           step=52, short="local-node2 lost", nodes=("local-node2",))
     assert attribute([], [], [], lost=["n2", "n3"]).text == "node n2, n3 lost during start-up: Slurm could not reach it"
+
+
+# A retry's rank 1 SIGKILLed while rank 0 still imported torch: srun ended the step, rank 0's SIGTERM was passed over
+# (submitit's handler, before the task's), and srun SIGKILLed it after KillWait.
+SRUN_ONE_KILLED_EARLY = """\
+srun: error: local-node1: task 1: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=17.0
+slurmstepd-local-node1: error: *** STEP 17.0 ON local-node1 CANCELLED AT 2026-12-05T06:23:34 ***
+srun: error: local-node1: task 0: Killed
+srun: Force Terminated StepId=17.0
+"""
+
+
+def test_a_rank_srun_killed_while_ending_the_step_is_not_blamed_with_the_one_killed_first():
+    cause = attribute([], srun_task_ends(SRUN_ONE_KILLED_EARLY), [])
+    assert (cause.text, cause.rank) == ("rank 1 on local-node1: killed by a signal (SIGKILL)", 1)
 
 
 def test_every_rank_killed_together_is_named():
