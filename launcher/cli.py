@@ -20,6 +20,7 @@ from typing import Dict, List, NoReturn, Optional, Sequence
 from launcher import __version__
 from launcher.core.damage import DamagedRun, forget_warnings
 from launcher.core.rundir import launcher_home
+from launcher.core.safepath import UnsafePath
 from launcher.errors import LaunchError, did_you_mean
 from launcher.remote.clusters import RUNS_INDEX
 from launcher.remote.forward import forward, target
@@ -91,7 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # One line whatever a message quotes: a value with a newline must not start a second one.
         print("error: " + exc.message.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
         return 2
-    except DamagedRun as exc:  # a run whose record, config or plan cannot be read: which file, and how
+    except (DamagedRun, UnsafePath) as exc:  # a run that cannot be read, a place another user could change: which
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except SystemExit as done:  # --help, --version

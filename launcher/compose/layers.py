@@ -21,6 +21,7 @@ import yaml
 
 from launcher.compose.catalog import CONF_DIR, GROUPS, option_files
 from launcher.compose.schema import field_type
+from launcher.core.safepath import check_tree, private_dir
 from launcher.errors import LaunchError
 
 GLOBAL = "# @package _global_"  # a file whose keys are the run's own sections (model/, gpus/), not its group's
@@ -45,10 +46,17 @@ def conf_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    """Where views live: ``$XDG_CACHE_HOME/launcher`` (default ``~/.cache/launcher``), private to the user."""
+    """Where views live: ``$XDG_CACHE_HOME/launcher`` (default ``~/.cache/launcher``), a 0700 folder of the user's
+    whose path no other user could change or plant (launcher/core/safepath.py): a view is what a launch composes
+    from."""
     path = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "launcher"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    check_tree(path, "cache folder", CACHE)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path, "cache folder", CACHE)
     return path
+
+
+CACHE = "set XDG_CACHE_HOME to a folder of your own"
 
 
 def build_view(view: Path, files: Dict[Tuple[str, str], Path]) -> None:

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from launcher.core.rundir import launcher_home
+from launcher.core.safepath import HOME, ensure_home, private_dir
 from launcher.errors import LaunchError
 from launcher.slurm.client import SHARED
 from launcher.views.lookup import roots_of
@@ -93,9 +94,11 @@ def loopback(host: str) -> bool:
 
 
 def write_token(token: str) -> Path:
-    """Keep the token where only this user reads it: ``$LAUNCHER_HOME/console/token``, mode 0600."""
-    folder = launcher_home() / "console"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Keep the token where only this user reads it: ``$LAUNCHER_HOME/console/token``, mode 0600, in a launcher home
+    and a folder no other user could change or plant (launcher/core/safepath.py), written to a fresh file and
+    renamed into place (a rename replaces a symlink rather than following it)."""
+    folder = ensure_home(launcher_home()) / "console"
+    private_dir(folder, "console folder", HOME)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".token.")  # 0600
     with os.fdopen(fd, "w") as handle:
         handle.write(token + "\n")

@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.core.events import Fault
 from launcher.core.config import DataConfig
+from launcher.core.safepath import check_tree
 
 # Token ids are stored as unsigned integers of this many bytes.
 TOKEN_DTYPES = {"uint16": 2, "uint32": 4}
@@ -69,6 +70,13 @@ def default_corpus(cache_dir: str, dtype: str) -> Path:
     use)."""
     version = f"{sys.version_info.major}{sys.version_info.minor}"
     return Path(cache_dir).expanduser() / f"stdlib-py{version}-bytes-{dtype}"
+
+
+def check_cache(data: DataConfig) -> None:
+    """UnsafePath, in one line, when another user could change what ``data.cache_dir`` leads to (a folder of
+    theirs, or one they may write, on its way: launcher/core/safepath.py): the default corpus is built there and
+    trained on, and its lock file opened there."""
+    check_tree(Path(data.cache_dir).expanduser(), "data.cache_dir", "set data.cache_dir to a folder of your own")
 
 
 def samples(tokens: int, seq_len: int) -> int:

@@ -334,6 +334,35 @@ class SearchFailed(Event):
 
 
 @dataclass(kw_only=True)
+class PathRefused(Event):
+    """A path the launcher keeps node-local state at was taken by someone else (another user's file or folder, a
+    symlink): it was neither used, written through nor removed, and the state went to ``used`` instead
+    (launcher/core/nodelocal.py). Written by the node's first rank."""
+    kind: ClassVar[str] = "path_refused"
+    job_id: Optional[str] = None
+    node: Optional[str] = None
+    rank: Optional[int] = None
+    path: Optional[str] = None
+    found: Optional[str] = None  # what was there, in words ("a folder of user mallory")
+    owner: Optional[str] = None
+    used: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class HeartbeatFailed(Event):
+    """A rank's pulse could not be written to its node's memory (full, unwritable): the node's heartbeat file in the
+    run directory is written from what is known meanwhile (launcher/train/watchdog.py). Once per node and attempt,
+    by the node's first rank."""
+    kind: ClassVar[str] = "heartbeat_failed"
+    job_id: Optional[str] = None
+    node: Optional[str] = None
+    rank: Optional[int] = None
+    path: Optional[str] = None
+    error: Optional[str] = None  # the error in full ("[Errno 28] No space left on device")
+    errno: Optional[str] = None  # its symbol, ENOSPC
+
+
+@dataclass(kw_only=True)
 class StopAsked(Event):
     """``launcher stop`` (or the console's Stop) asked the running job ``job_id`` to save the step its ranks are at
     and end (launcher/core/stop_request.py): ``by`` is who asked, ``wait_s`` how long it waits for that before it
@@ -381,7 +410,7 @@ class UnknownEvent(Event):
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Submitted, Attempt, Preflight, PreflightFailed, Started, Ready, Resumed, CheckpointDamaged, Stalled, Failed,
     AttemptEnded, Retrying, Resubmitted, Watching, DuplicateJob, Signalled, Requeued, Finished, Cancelled, Evaluated,
-    Exported, ExportFailed, TrialReported, SearchFailed, StopAsked, Stopped, Terminated)}
+    Exported, ExportFailed, TrialReported, SearchFailed, PathRefused, HeartbeatFailed, StopAsked, Stopped, Terminated)}
 
 
 def fields_of(kind: type[Event]) -> list[str]:

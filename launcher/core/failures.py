@@ -5,8 +5,8 @@ the words of its message: renaming an exception, or a message that happens to ho
 name, changes nothing. A rank's exception is classified by :func:`classify` where the task catches it
 (launcher/job/entry.py before training, launcher/train/task.py during it):
 
-1. an exception of the project's own declares its kind (a ``fault`` class attribute: ``DatasetError`` is
-   ``DATA``, ``CheckpointSaveError`` ``INFRASTRUCTURE``);
+1. an exception of the project's own declares its kind (a ``fault`` attribute: ``DatasetError`` is ``DATA``, a
+   ``CheckpointSaveError`` ``DISK_FULL`` when the disk was full, else ``INFRASTRUCTURE``);
 2. Python's own by type and errno: ``OSError`` with ``ENOSPC`` or ``EDQUOT`` is a full disk; a lost connection
    (``ConnectionResetError``, ``BrokenPipeError``, ...) a lost peer; any other ``ConnectionError``, a
    ``TimeoutError``, an I/O error, a read-only or stale file system an infrastructure fault; a missing file or
@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from launcher.core.events import Failed, Fault, Requeued
-from launcher.core.heartbeats import steps_by_rank
 from launcher.core.rundir import append_event, read_events
 
 
@@ -60,7 +59,7 @@ THIRD_PARTY: Sequence[tuple[re.Pattern[str], Fault, str]] = (
 
 def classify(err: BaseException) -> Fault:
     """The kind of ``err`` (see the module's docstring for the order)."""
-    declared = getattr(type(err), "fault", None)
+    declared = getattr(err, "fault", None)
     if isinstance(declared, Fault):
         return declared
     if isinstance(err, OSError):
@@ -89,9 +88,12 @@ def third_party(message: str) -> Optional[Fault]:
 
 
 def failure_event(err: BaseException, step: Optional[int], run_dir: Path, secrets: Sequence[str] = ()) -> Failed:
-    """This rank's ``failed`` event for ``err``: rank, node and job from Slurm's environment, ``step`` (else
-    the rank's last heartbeat's), the kind, the error's type and first line (never a secret's value: each
-    variable in ``secrets`` is masked), and the error's ``short`` words for `runs` where it has them."""
+    """This rank's ``failed`` event for ``err``: rank, node and job from Slurm's environment, ``step`` (None where
+    the rank had not begun training: an earlier attempt's heartbeat says nothing of this one), the kind, the
+    error's type and first line (never a secret's value: each variable in ``secrets`` is masked), and the
+    error's ``short`` words for `runs` where it has them. An error that names the rank it came from (``rank``: a
+    save that failed on another rank, a full disk another rank found) is recorded as that rank's, without a
+    node."""
     first_line = (str(err).strip().splitlines() or [""])[0][:300]
     name = type(err).__name__
     error = f"{name}: {first_line}" if first_line else name
@@ -100,12 +102,13 @@ def failure_event(err: BaseException, step: Optional[int], run_dir: Path, secret
     for var in secrets:
         if os.environ.get(var):
             error = error.replace(os.environ[var], "***")
-    rank = os.environ.get("SLURM_PROCID")
-    if step is None and rank is not None:
-        step = steps_by_rank(run_dir).get(int(rank))
+    rank, node = os.environ.get("SLURM_PROCID"), os.environ.get("SLURMD_NODENAME")
+    origin = getattr(err, "rank", None)
+    if isinstance(origin, int) and str(origin) != rank:
+        rank, node = str(origin), None
     short = getattr(err, "short", None)
-    return Failed(rank=rank, node=os.environ.get("SLURMD_NODENAME"), step=step, job_id=os.environ.get("SLURM_JOB_ID"),
-                  error=error, short=short if isinstance(short, str) else None, fault=classify(err), exception=name)
+    return Failed(rank=rank, node=node, step=step, job_id=os.environ.get("SLURM_JOB_ID"), error=error,
+                  short=short if isinstance(short, str) else None, fault=classify(err), exception=name)
 
 
 def record(run_dir: Path, err: BaseException, step: Optional[int], secrets: Sequence[str] = ()) -> None:

@@ -1,8 +1,9 @@
 """Heartbeats: where each rank's watchdog (launcher/train/watchdog.py) says it is alive and on which step.
 
-Between the ranks of one node, through node-local state: each rank replaces its pulse in a folder of the node's
-memory (``/dev/shm/launcher-<uid>-<run>-<job>-<node>/rank_<N>.json``, 0700), which the node's other ranks read
-to find a neighbour stopped. Beyond the node, through one file per node in the run directory on the shared file
+Between the ranks of one node, through node-local state: each rank replaces its pulse in a folder of the job's in
+this user's private folder of the node's memory (``/dev/shm/launcher-<uid>/<run>-<job>-<node>/rank_<N>.json``,
+launcher/core/nodelocal.py: no other user can plant a name there), which the node's other ranks read to find a
+neighbour stopped. Beyond the node, through one file per node in the run directory on the shared file
 system, ``heartbeats/node_<node>.json``: the node's lowest live rank rewrites it in place each beat with every
 pulse of the node, so the shared file system sees one write per node per beat and no create, rename or unlink
 (at 1,024 ranks of 8 a node that is 64 writes a second where a file per rank took 512 creates and 512 renames:
@@ -12,15 +13,15 @@ files there instead, read the same way.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
+
+from launcher.core.nodelocal import PREFIX, Folder, sweep
 
 HEARTBEATS = "heartbeats"
 STALL_FLOOR_S = 300.0  # a limit derived from the step time never goes below this
@@ -53,16 +54,20 @@ def node_path(run_dir: Path, node: str) -> Path:
     return Path(run_dir) / HEARTBEATS / f"node_{node}.json"
 
 
-def local_dir(run_dir: Path, job_id: str, node: str) -> Path:
-    """The node-local folder of this run's job's pulses on ``node``: in the node's memory (``/dev/shm``, else the
-    temporary folder), keyed by user, run, job and node (the local cluster's virtual nodes share one machine)."""
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+def local_name(run_dir: Path, job_id: str, node: str) -> str:
+    """The name of the folder of this run's job's pulses on ``node``, in this user's node-local folder: keyed by
+    run, job and node (the local cluster's virtual nodes share one machine)."""
     run = hashlib.sha1(str(Path(run_dir).absolute()).encode()).hexdigest()[:12]
-    return base / f"{LOCAL_PREFIX}{os.getuid()}-{run}-{job_id}-{node}"
+    return f"{run}-{job_id}-{node}"
 
 
-LOCAL_PREFIX = "launcher-"
+_LOCAL_NAME = re.compile(r"[0-9a-f]{12}-.+")  # local_name's, which the sweep looks into (nothing else of the folder)
+
+
+def pulse_name(rank: int) -> str:
+    return f"rank_{rank:05d}.json"
+
+
 ORPHAN_S = 60.0  # a node-local folder with no pulse is left alone this long after its last change
 BLOCK = 4096  # a node file is written as whole blocks of this size, padded with spaces
 
@@ -74,14 +79,12 @@ def encode_node(node: str, pulses: Sequence[Pulse], written: float) -> bytes:
     return text + b" " * (-len(text) % BLOCK)
 
 
-def read_local(folder: Path, ranks: Optional[Sequence[int]] = None) -> List[Pulse]:
+def read_local(folder: Folder, ranks: Optional[Sequence[int]] = None) -> List[Pulse]:
     """The pulses in a node-local folder (those of ``ranks`` where given); none once the folder is gone, even while
     it is being listed (another rank of the node sweeping it as it starts)."""
-    try:
-        paths = sorted(folder.glob("rank_*.json")) if ranks is None else [folder / f"rank_{r:05d}.json" for r in ranks]
-    except FileNotFoundError:
-        return []
-    return [pulse for pulse in map(_pulse_file, paths) if pulse is not None]
+    names = sorted(n for n in folder.names() if n.startswith("rank_") and n.endswith(".json")) \
+        if ranks is None else [pulse_name(r) for r in ranks]
+    return [pulse for pulse in (_pulse(folder.read(name)) for name in names) if pulse is not None]
 
 
 def read_pulses(run_dir: Path, since: Optional[float] = None, ranks: Optional[Sequence[int]] = None) -> List[Pulse]:
@@ -114,31 +117,30 @@ def _node_file(path: Path) -> List[Pulse]:
 
 def _pulse_file(path: Path) -> Optional[Pulse]:
     try:
-        return Pulse(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+        return _pulse(path.read_bytes())
+    except OSError:
         return None  # not there, or being replaced
 
 
-def sweep_local(alive=lambda pid: Path(f"/proc/{pid}").exists()) -> None:
-    """Remove this user's node-local folders whose ranks are all gone (a job whose ranks were killed leaves
-    its folder: a rank's normal end removes its own pulse, the last one the folder)."""
-    base = local_dir(Path("/"), "", "").parent
-    for folder in base.glob(f"{LOCAL_PREFIX}{os.getuid()}-*"):
+def _pulse(data: Optional[bytes]) -> Optional[Pulse]:
+    try:
+        return Pulse(**json.loads(data)) if data is not None else None
+    except (ValueError, TypeError):
+        return None  # being replaced
+
+
+def sweep_local(alive: Callable[[int], bool] = lambda pid: Path(f"/proc/{pid}").exists()) -> None:
+    """Remove this user's node-local folders of pulses whose ranks are all gone (a job whose ranks were killed
+    leaves its folder: a rank's normal end removes its own pulse, the last one the folder); a folder with no pulse
+    is left alone :data:`ORPHAN_S` after its last change (a starting rank's, before its first pulse). Only this
+    user's folders, never through a link (launcher/core/nodelocal.py)."""
+    def unused(folder: Folder) -> bool:
+        if not (_LOCAL_NAME.fullmatch(folder.path.name) or folder.path.name.startswith(PREFIX)):
+            return False  # not a job's folder of pulses (a compile cache beside them, launcher/train/task.py)
         pulses = read_local(folder)
-        try:
-            new = time.time() - folder.stat().st_mtime < ORPHAN_S  # a starting rank's, before its first pulse
-        except OSError:
-            continue
-        if (pulses or not new) and not any(alive(p.pid) for p in pulses):
-            with contextlib.suppress(OSError):  # another rank of the node may be sweeping it too
-                for path in list(folder.iterdir()):
-                    with contextlib.suppress(OSError):
-                        path.unlink()
-                folder.rmdir()
+        return (bool(pulses) or folder.age() >= ORPHAN_S) and not any(alive(p.pid) for p in pulses)
 
-
-def steps_by_rank(run_dir: Path) -> Dict[int, int]:
-    return {pulse.rank: pulse.step for pulse in read_pulses(run_dir)}
+    sweep(unused)
 
 
 def stalled_for(run_dir: Path, limit: Optional[float], step_time: Optional[float], now: float) -> Optional[float]:

@@ -9,8 +9,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional
 
 from launcher.core.config import RunConfig
-from launcher.core.dataset import (BYTE_TOKENIZER, TOKEN_DTYPES, DatasetError, check_vocab, data_path, samples,
-                                   val_tokens, verify)
+from launcher.core.dataset import (BYTE_TOKENIZER, TOKEN_DTYPES, DatasetError, check_cache, check_vocab, data_path,
+                                   samples, val_tokens, verify)
+from launcher.core.safepath import UnsafePath
 from launcher.core.plan import Plan
 from launcher.errors import LaunchError
 
@@ -40,6 +41,11 @@ def check_data(cfg: RunConfig, plan: Plan) -> DataSummary:
     if data.dtype not in TOKEN_DTYPES:
         raise LaunchError(f"data.dtype must be one of {', '.join(TOKEN_DTYPES)}; got '{data.dtype}'")
     source = str(data_path(data)) if data.path is not None else "the standard-library corpus"
+    if data.path is None:  # the corpus is built into a cache of the user's, which no other user may plant
+        try:
+            check_cache(data)
+        except UnsafePath as err:
+            raise LaunchError(str(err)) from None
     try:
         if data.path is None and not data_path(data).is_dir():  # built by the first task that needs it
             check_vocab(BYTE_TOKENIZER, cfg.model.vocab_size)

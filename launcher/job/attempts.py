@@ -23,7 +23,7 @@ read as attempts (which is this one, the attempts table) is launcher/core/attemp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from launcher.core.events import AttemptEnded, Event, Failed, Fault, Outcome, PreflightFailed, Stalled
 from launcher.core.heartbeats import EXIT_STALLED, Pulse
@@ -56,8 +56,13 @@ def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pu
               exit_code: Optional[int] = None, lost: Sequence[str] = (), logged: Optional[int] = None) -> Cause:
     """The cause of an attempt's end from its events, srun's reports, its ranks' heartbeats and the nodes found
     lost (all of this attempt's only). A rank's step is its heartbeat's, or the last step the attempt logged
-    (``logged``) where that is later: the ranks step together, and a heartbeat lags by up to its interval."""
-    steps = {p.rank: max(p.step, logged or 0) for p in pulses}
+    (``logged``) where that is later (or where the rank left no heartbeat): the ranks step together, and a
+    heartbeat lags by up to its interval."""
+    heard = {p.rank: max(p.step, logged or 0) for p in pulses}
+
+    def steps(rank: Optional[int]) -> Optional[int]:
+        return heard.get(rank, logged) if rank is not None else logged
+
     for event in events:
         if isinstance(event, PreflightFailed):
             node = event.node
@@ -65,7 +70,7 @@ def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pu
                          Fault.NODE_UNFIT, rank=_int(event.rank), node=node, short=f"{node} failed preflight",
                          nodes=(node,))
     if lost:
-        step = max(steps.values(), default=None)
+        step = max(heard.values(), default=logged)
         at = f" at step {step}" if step is not None else " during start-up"
         return Cause(Outcome.LOST, f"node {', '.join(lost)} lost{at}: Slurm could not reach it", Fault.NODE_LOST,
                      node=lost[0], step=step, short=f"{lost[0]} lost", nodes=tuple(lost))
@@ -81,41 +86,42 @@ def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pu
         first = min(own, key=lambda e: e.time)
         rank = _int(first.rank)
         error = first.error or "unknown error"
-        return Cause(Outcome.FAILED, _where(rank, first.node, first.step) + error, first.fault or Fault.CODE, rank=rank,
-                     node=first.node, step=first.step, short=first.short or error.split(":")[0], error=error,
-                     exception=first.exception)
+        fault = first.fault or Fault.CODE
+        short = first.short or ("disk full" if fault is Fault.DISK_FULL else error.split(":")[0])
+        return Cause(Outcome.FAILED, _where(rank, first.node, first.step) + error, fault, rank=rank, node=first.node,
+                     step=first.step, short=short, error=error, exception=first.exception)
     watchdogs = [r for end in task_ends if end.how == f"Exited with exit code {EXIT_STALLED}" for r in end.ranks]
     if watchdogs and pulses:
         hung = min(pulses, key=lambda p: p.alive)  # its heartbeat stopped first: the others waited for it
         fired = ", ".join(map(str, sorted(watchdogs)))
-        return Cause(Outcome.STALLED, f"stalled: rank {hung.rank} on {hung.node} stopped first, at step {hung.step} "
-                     f"(the watchdog of rank {fired} ended the attempt)", Fault.HUNG, rank=hung.rank, node=hung.node,
-                     step=hung.step, short=f"rank {hung.rank} hung", nodes=(hung.node,))
-    return _from_srun(failures, task_ends, watchdogs, {p.rank: p.step for p in pulses}, exit_code)
+        return Cause(Outcome.STALLED, f"stalled: rank {hung.rank} on {hung.node} stopped first, at step "
+                     f"{steps(hung.rank)} (the watchdog of rank {fired} ended the attempt)", Fault.HUNG, rank=hung.rank,
+                     node=hung.node, step=steps(hung.rank), short=f"rank {hung.rank} hung", nodes=(hung.node,))
+    return _from_srun(failures, task_ends, watchdogs, steps, exit_code)
 
 
-def _from_srun(failures: List[Failed], task_ends: List[TaskEnd], watchdogs: List[int], steps: dict,
-               exit_code: Optional[int]) -> Cause:
+def _from_srun(failures: List[Failed], task_ends: List[TaskEnd], watchdogs: List[int],
+               steps: Callable[[Optional[int]], Optional[int]], exit_code: Optional[int]) -> Cause:
     """The cause when no rank's own error, stall or lost node explains the end: srun's report of the ranks
     that died without an error of their own, else a lost peer, else srun's exit status (5 and 6 above)."""
     reported = {_int(e.rank) for e in failures}
     silent = [(rank, end) for end in task_ends for rank in end.ranks
               if rank not in reported and rank not in watchdogs]
-    killed = [(rank, end.node) for rank, end in silent if end.how == "Killed"]
+    killed = [(rank, end.node) for rank, end in silent if end.how == "Killed" and not end.after_end]
     if killed:  # killed from outside (the kernel's OOM killer, an administrator): each one is named
         rank, node = killed[0]
         if len(killed) == 1:
-            return Cause(Outcome.FAILED, _where(rank, node, steps.get(rank)) + "killed by a signal (SIGKILL)",
-                         Fault.KILLED, rank=rank, node=node, step=steps.get(rank), short=f"rank {rank} killed")
-        where = "; ".join(f"rank {r} on {n}" + (f" at step {steps[r]}" if r in steps else "") for r, n in killed)
+            return Cause(Outcome.FAILED, _where(rank, node, steps(rank)) + "killed by a signal (SIGKILL)",
+                         Fault.KILLED, rank=rank, node=node, step=steps(rank), short=f"rank {rank} killed")
+        where = "; ".join(f"rank {r} on {n}" + ("" if steps(r) is None else f" at step {steps(r)}") for r, n in killed)
         return Cause(Outcome.FAILED, f"{len(killed)} ranks killed by a signal (SIGKILL): {where}", Fault.KILLED,
-                     rank=rank, node=node, step=steps.get(rank),
+                     rank=rank, node=node, step=steps(rank),
                      short=f"ranks {','.join(str(r) for r, _ in killed)} killed",
                      nodes=tuple(dict.fromkeys(n for _, n in killed)))
     if silent:
         rank, end = silent[0]
-        return Cause(Outcome.FAILED, _where(rank, end.node, steps.get(rank)) + end.how.lower(), Fault.DIED, rank=rank,
-                     node=end.node, step=steps.get(rank), short=f"rank {rank} died")
+        return Cause(Outcome.FAILED, _where(rank, end.node, steps(rank)) + end.how.lower(), Fault.DIED, rank=rank,
+                     node=end.node, step=steps(rank), short=f"rank {rank} died")
     if failures:
         first = min(failures, key=lambda e: e.time)
         rank = _int(first.rank)

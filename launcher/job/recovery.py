@@ -23,6 +23,7 @@ The design is in docs/recovery.md.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -33,7 +34,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from launcher.core.heartbeats import Pulse, read_pulses, sweep_local
 from launcher.core.events import (EXIT_NOT_OURS, Attempt, AttemptEnded, Cancelled, DuplicateJob, Event, Failed, Fault,
-                                   Finished, Outcome, Requeued, Resumed, Retrying, Stalled)
+                                   Finished, Outcome, Requeued, Resubmitted, Resumed, Retrying, Stalled)
 from launcher.core.rundir import EVENTS, append_event, last_metrics, read_events, read_metrics
 from launcher.core.run_index import mend_record
 from launcher.errors import LaunchError
@@ -51,7 +52,7 @@ POLICY: Dict[Fault, Tuple[bool, str]] = {
     Fault.CODE: (False, "an error of the code's own, not retried"),
     Fault.DATA: (False, "the data is damaged: every node and try would read it alike, not retried"),
     Fault.NO_TORCH: (False, "the tasks' Python has no torch: the same on every node and every try, not retried"),
-    Fault.DISK_FULL: (True, "a full disk: the retry's saves prune older checkpoints first"),
+    Fault.DISK_FULL: (True, "a full disk: retried once, when the run root has room for a checkpoint again"),
     Fault.INFRASTRUCTURE: (True, "an I/O, network, device or collective error may pass on another try or node"),
     Fault.PEER_LOST: (True, "a rank lost its peers and no other cause was found"),
     Fault.KILLED: (True, "a rank killed by a signal (often out of memory) may pass on another try"),
@@ -207,12 +208,44 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     began = trained(since, evidence.pulses)
     during_start = not began and cause.outcome not in (Outcome.LOST, Outcome.PREFLIGHT)
     text = f"failed during start-up: {cause.text}" if during_start else cause.text
+    room = Room.of(Path(run_dir)) if cause.fault is Fault.DISK_FULL else None
+    if cause.fault is Fault.DISK_FULL:
+        text = f"disk full: {text}" + (f"; at the attempt's end {room.words}" if room else "")
     append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=cause.outcome, cause=text,
                                        short=cause.short, fault=cause.fault, exception=cause.exception,
                                        rank=cause.rank, node=cause.node, step=cause.step,
                                        exit_code=exit_code, trained=began,
                                        nodes=list(cause.nodes) if cause.nodes else None))
-    return respond(Path(run_dir), events, attempt, cause, text, began, job_id, claim.this_job())
+    return respond(Path(run_dir), events, attempt, cause, text, began, job_id, claim.this_job(), room)
+
+
+@dataclass(frozen=True)
+class Room:
+    """The free space of a run's directory beside what one checkpoint of the run needs (launcher/core/checkpoints.py,
+    the rule preflight and ``launcher plan`` use): whether a retry after a full disk could save."""
+
+    free: int
+    need: int
+    words: str  # "RUN_DIR had 1.2 MB free; a checkpoint needs about 10.5 MB"
+
+    @property
+    def enough(self) -> bool:
+        return self.free >= self.need
+
+    @classmethod
+    def of(cls, run_dir: Path) -> Optional["Room"]:
+        """The run directory's room now; None where it cannot be measured."""
+        from launcher.core.checkpoints import checkpoint_bytes, human  # lazy: keeps omegaconf out of start-up
+        from launcher.core.config import load_run_config  # lazy: keeps omegaconf out of start-up
+        from launcher.core.plan import read_plan  # lazy: keeps omegaconf out of start-up
+
+        try:
+            cfg, plan = load_run_config(run_dir / "config.yaml"), read_plan(run_dir)
+            free = shutil.disk_usage(run_dir).free
+        except (OSError, ValueError):
+            return None
+        need = checkpoint_bytes(cfg.model, plan.params, plan.world_size)
+        return cls(free, need, f"{run_dir} had {human(free)} free; a checkpoint needs about {human(need)}")
 
 
 def without_failure(run_dir: Path, since: List[Event], number: Optional[int], job_id: str, exit_code: int,
@@ -251,10 +284,11 @@ def without_failure(run_dir: Path, since: List[Event], number: Optional[int], jo
 
 
 def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], cause: Cause, text: str,
-            began: bool, job_id: str, holder: Optional[str]) -> Decision:
+            began: bool, job_id: str, holder: Optional[str], room: Optional[Room] = None) -> Decision:
     """Retry the failed attempt as a new job without the nodes to blame, or give the run's verdict (a ``failed``
     event that is ``final``); ``text`` is the cause as recorded, ``began`` whether the attempt trained a step,
-    ``job_id`` its job's, ``holder`` that job as the run's claim names it (an array's element: ``123_4``)."""
+    ``job_id`` its job's, ``holder`` that job as the run's claim names it (an array's element: ``123_4``), ``room``
+    the run directory's free space after a full disk."""
     from launcher.core.config import load_run_config  # lazy: keeps omegaconf out of start-up
     from launcher.core.plan import read_plan  # lazy: keeps omegaconf out of start-up
     from launcher.job.submission import watch  # lazy: keeps omegaconf out of start-up
@@ -263,7 +297,8 @@ def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], caus
     cfg = load_run_config(run_dir / "config.yaml")
     held = held_down(attempt.nodes if attempt else None)
     progressed = began or (last_metrics(run_dir) or {}).get("step", 0) > 0
-    decision = decide(events, cause, cfg.cluster.max_retries, held, progressed=progressed, trained=began)
+    decision = decide(events, cause, cfg.cluster.max_retries, held, progressed=progressed, trained=began,
+                      room=room.enough if room else None)
     if not decision.retry:
         append_event(run_dir, Failed(final=True, job_id=job_id, error=text, short=cause.short, fault=cause.fault,
                                      exception=cause.exception, rank=cause.rank, node=cause.node, step=cause.step,
@@ -500,7 +535,7 @@ def schedulable(decision: Decision, events: List[Event], held: Sequence[str], pa
 
 
 def decide(events: List[Event], cause: Cause, max_retries: int, held: Sequence[str] = (),
-           progressed: bool = True, trained: bool = True) -> Decision:
+           progressed: bool = True, trained: bool = True, room: Optional[bool] = None) -> Decision:
     """Retry or not, and which nodes the next attempt must avoid (``events`` hold every attempt so far,
     the ending one's ``attempt_ended`` not yet among them).
 
@@ -511,7 +546,9 @@ def decide(events: List[Event], cause: Cause, max_retries: int, held: Sequence[s
     retry the first time that node is blamed. Not retried: tasks whose Python has no torch, an error of the
     code's own (any other exception), a failure before the first step of the first attempt, the same error at
     the same step in two attempts that each trained (``trained``: this one did), or a run whose
-    ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or heartbeats)."""
+    ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or heartbeats). A full
+    disk is the file system's fault, never a node's: retried once (since the user last resumed the run), and only
+    when the run directory has room for a checkpoint again (``room``; None: it could not be measured)."""
     excluded = {node for e in events if isinstance(e, (Retrying, AttemptEnded)) for node in e.exclude or []}
     blamed = set(cause.nodes or ([cause.node] if cause.node else [])) \
         if cause.outcome in (Outcome.STALLED, Outcome.LOST, Outcome.PREFLIGHT) else set()
@@ -525,7 +562,11 @@ def decide(events: List[Event], cause: Cause, max_retries: int, held: Sequence[s
     if not retried and cause.fault != Fault.CODE:  # the same on every node and try, whenever it happens
         return Decision(False, why)
     first = not any(isinstance(e, AttemptEnded) for e in events)
-    if first and not progressed and cause.outcome not in (Outcome.LOST, Outcome.PREFLIGHT):
+    if cause.fault is Fault.DISK_FULL:
+        full = disk_full_refusal(events, room)
+        if full:
+            return Decision(False, full)
+    elif first and not progressed and cause.outcome not in (Outcome.LOST, Outcome.PREFLIGHT):
         return Decision(False, "it failed before its first step: a problem of the code, config or data, not retried")
     if not retried:
         return Decision(False, why)
@@ -538,6 +579,18 @@ def decide(events: List[Event], cause: Cause, max_retries: int, held: Sequence[s
         return Decision(False, f"all cluster.max_retries={max_retries} retries spent")
     return Decision(True, f"retry {retries + 1} of {max_retries} from the newest good checkpoint",
                     sorted(excluded | blamed | set(held)))
+
+
+def disk_full_refusal(events: List[Event], room: Optional[bool]) -> Optional[str]:
+    """Why an attempt that found the disk full is not retried (None: it is): the disk was full in an attempt before
+    it since the user last resumed the run (its one retry spent), or it has no room for a checkpoint now."""
+    since = events[max((i for i, e in enumerate(events) if isinstance(e, Resubmitted)), default=-1) + 1:]
+    again = "; free space there, then launcher resume the run"
+    if any(isinstance(e, AttemptEnded) and e.fault is Fault.DISK_FULL for e in since):
+        return f"the disk was full again after its retry: not retried again{again}"
+    if room is False:
+        return f"the disk is still full: not retried{again}"
+    return None
 
 
 def not_ours(run_dir: Path, refused: claim.ClaimHeld) -> int:

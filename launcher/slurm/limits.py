@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from launcher.core.rundir import write_atomic
+from launcher.core.safepath import HOME, UnsafePath, check_tree
 from launcher.slurm.output import JobRow, minutes
 
 CACHE_TTL_S = 300
@@ -190,8 +191,13 @@ def enforce_words(config: str) -> Tuple[str, ...]:
 
 def cached(path: Path, ask, now: Optional[float] = None) -> SiteRules:
     """The rules in ``path`` if written within :data:`CACHE_TTL_S`, else ``ask()``'s, written there (0600) for the
-    next command. A cache that cannot be read or written is only asked around."""
+    next command. A cache that cannot be read or written, or in a folder another user could change (which would
+    let them say what the site allows: launcher/core/safepath.py), is only asked around."""
     now = time.time() if now is None else now
+    try:
+        check_tree(path.parent, "cache folder", HOME)
+    except UnsafePath:
+        return ask()
     try:
         if now - path.stat().st_mtime < CACHE_TTL_S:
             return SiteRules.from_json(path.read_text())

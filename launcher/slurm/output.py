@@ -247,6 +247,9 @@ def unusable(state: str) -> bool:
 # srun's line for a task that ended badly: "srun: error: node2: task 2: Killed",
 # "srun: error: node1: tasks 0-1: Exited with exit code 1".
 SRUN_TASK = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,-]+): (?P<how>.+)$")
+# srun's lines as it ends the step itself: "srun: launch/slurm: _step_signal: Terminating StepId=17.0", "srun: Job
+# step aborted: Waiting up to 32 seconds for job step to finish."
+SRUN_ENDS_STEP = re.compile(r"_step_signal: Terminating StepId|Job step aborted")
 # srun's lines for a node it lost: "srun: error: Task launch for StepId=6.0 failed on node n2: Communication
 # connection failure", "srun: error: Node failure on n2".
 SRUN_NODE_LOST = re.compile(r"Task launch for StepId=\S+ failed on node (?P<launch>[^\s:]+)|"
@@ -255,11 +258,14 @@ SRUN_NODE_LOST = re.compile(r"Task launch for StepId=\S+ failed on node (?P<laun
 
 @dataclass(frozen=True)
 class TaskEnd:
-    """One srun report of tasks that ended badly."""
+    """One srun report of tasks that ended badly; ``after_end``: reported once srun had begun ending the step itself
+    (``--kill-on-bad-exit`` after another task's end), so srun's doing, not the tasks' own (a task that ignored its
+    SIGTERM, still importing, is then SIGKILLed and reported "Killed")."""
 
     node: str
     ranks: List[int]
     how: str  # "Killed", "Exited with exit code 1", "Segmentation fault", ...
+    after_end: bool = False
 
 
 def expand_ranks(text: str) -> List[int]:
@@ -272,12 +278,14 @@ def expand_ranks(text: str) -> List[int]:
 
 
 def srun_task_ends(stderr: str) -> List[TaskEnd]:
-    """srun's reports of tasks that ended badly, in the order srun printed them (first failure first)."""
-    ends = []
+    """srun's reports of tasks that ended badly, in the order srun printed them (first failure first), each marked
+    when srun had already begun ending the step."""
+    ends, ending = [], False
     for line in stderr.splitlines():
         match = SRUN_TASK.search(line.strip())
         if match:
-            ends.append(TaskEnd(match["node"], expand_ranks(match["tasks"]), match["how"].strip()))
+            ends.append(TaskEnd(match["node"], expand_ranks(match["tasks"]), match["how"].strip(), ending))
+        ending = ending or bool(SRUN_ENDS_STEP.search(line))
     return ends
 
 

@@ -32,7 +32,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from launcher.core.events import Fault
-from launcher.core.failures import third_party
+from launcher.core.failures import classify, third_party
 from launcher.core.checkpoints import DAMAGED, META, checkpoint_root, complete_checkpoints, step_dir, step_of
 from launcher.train import manifest
 from launcher.train.dist import DistEnv
@@ -90,15 +90,23 @@ FULL_DISK_BYTES = 1 << 20  # less free than this on a failed save: the disk is f
 
 class CheckpointSaveError(RuntimeError):
     """A save failed (disk full, I/O error): earlier checkpoints are intact and no partial files are left.
-    The run must not train on without checkpoints, so this ends the attempt with the cause, which is retried
-    (a full disk too: the failed save left no partial files, and the retry's saves prune older ones)."""
+    The run must not train on without checkpoints, so this ends the attempt with the cause, raised alike on every
+    rank: its kind (a full disk is the file system's, judged by launcher/job/recovery.py, never a node's; another
+    I/O error may pass on another try) and ``rank``, the rank whose part failed, where one is known."""
 
     fault = Fault.INFRASTRUCTURE
 
+    def __init__(self, message: str, rank: int | None = None, disk_full: bool = False) -> None:
+        super().__init__(message)
+        self.rank = rank
+        if disk_full:
+            self.fault = Fault.DISK_FULL
+
 
 class SaveLostPeer(CheckpointSaveError):
-    """A save cut short because another rank went away during its collectives (killed, its node lost): a lost
-    peer, so the attempt's cause is the rank that went (launcher/job/attempts.py), not this rank's save."""
+    """A save cut short because another rank went away during its collectives (killed, its node lost), or whose
+    own part failed: a lost peer, so the attempt's cause is that rank (launcher/job/attempts.py), not this rank's
+    save."""
 
     fault = Fault.PEER_LOST
 
@@ -122,17 +130,22 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
         try:
             tmp.mkdir(parents=True, exist_ok=True)
         except OSError as err:  # a read-only or full filesystem, a directory not ours: the others lose this rank
-            raise CheckpointSaveError(f"saving the checkpoint of step {step} failed: {_full_disk(tmp)}"
-                                      f"{_first_line(err)}") from err
+            full = _full_disk(tmp)
+            raise CheckpointSaveError(f"saving the checkpoint of step {step} failed: {full}{_first_line(err)}",
+                                      env.rank, bool(full) or classify(err) is Fault.DISK_FULL) from err
     dist.barrier()
     try:
         _write_all(tmp, step, model, optimizer, scheduler, env, reference)
     except BaseException as err:  # DCP's CheckpointException is a BaseException
-        cause = _full_disk(tmp) + _cause(err)  # measured before the partial files go
+        rank, inner = _cause(err, env.rank)
+        full = _full_disk(tmp)  # measured before the partial files go
+        cause = full + (f"rank {rank}: " if rank is not None and inner is not err else "") + _first_line(inner)
         if env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        kind = SaveLostPeer if third_party(cause) is Fault.PEER_LOST else CheckpointSaveError
-        raise kind(f"saving the checkpoint of step {step} failed: {cause}") from err
+        if isinstance(err, OtherRank) or third_party(cause) is Fault.PEER_LOST:
+            raise SaveLostPeer(f"saving the checkpoint of step {step} failed: {cause}", rank) from err
+        raise CheckpointSaveError(f"saving the checkpoint of step {step} failed: {cause}", rank,
+                                  bool(full) or classify(inner) is Fault.DISK_FULL) from err
     if env.is_main:
         if final.exists():  # an earlier attempt's save of this step that never completed
             shutil.rmtree(final)
@@ -143,6 +156,10 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
     if env.is_main:  # one line a save, not one per rank (at 1,024 ranks, 1,024 files written each save)
         log.info("saved checkpoint %s", final)
     return final
+
+
+class OtherRank(OSError):
+    """This rank's part of a save went well, another rank's did not (that rank's own error names it)."""
 
 
 def _write_all(tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -167,7 +184,8 @@ def _write_all(tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Op
     if error is not None:
         raise error
     if failed:
-        raise OSError("another rank's part of the save failed (see its log)")
+        raise OtherRank("another rank's part of the save failed (see its log)")
+
 
 
 def _full_disk(directory: Path) -> str:
@@ -188,13 +206,14 @@ def _anyone(flag: bool, env: DistEnv) -> bool:
     return bool(value.item())
 
 
-def _cause(err: BaseException) -> str:
-    """The first line of the underlying error: a rank's OSError inside DCP's CheckpointException."""
+def _cause(err: BaseException, own: int) -> tuple[int | None, BaseException]:
+    """The rank whose part failed and its error: the first rank's OSError inside DCP's CheckpointException; else
+    this rank's (``own``) own error, or none for "another rank's part failed"."""
     failures = getattr(err, "failures", None)
     if isinstance(failures, dict) and failures:
         rank, (inner, _trace) = sorted(failures.items(), key=lambda item: item[0])[0]
-        return f"rank {rank}: {_first_line(inner)}"
-    return _first_line(err)
+        return rank, inner
+    return (None if isinstance(err, OtherRank) else own), err
 
 
 def _first_line(err: BaseException) -> str:

@@ -30,8 +30,8 @@ from typing import Callable, Iterable, List
 import numpy as np
 
 from launcher.core.config import DataConfig
-from launcher.core.dataset import (BYTE_TOKENIZER, TOKEN_DTYPES, DatasetError, data_path, file_label, samples,
-                                   shard_files, shard_name, shard_record, val_tokens, write_metadata)
+from launcher.core.dataset import (BYTE_TOKENIZER, TOKEN_DTYPES, DatasetError, check_cache, data_path, file_label,
+                                   samples, shard_files, shard_name, shard_record, val_tokens, write_metadata)
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -43,6 +43,7 @@ def token_file(cfg: DataConfig) -> Path:
         raise ValueError(f"data.dtype must be one of {', '.join(TOKEN_DTYPES)}, not {cfg.dtype!r}")
     path = data_path(cfg)
     if cfg.path is None:
+        check_cache(cfg)
         _build_once(path, lambda tmp: build_corpus(tmp, cfg.dtype))
     return path
 
@@ -102,7 +103,8 @@ def _build_once(path: Path, build: Callable[[Path], object]) -> None:
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC  # never truncated, nor opened through a link
+    with os.fdopen(os.open(path.with_name(path.name + ".lock"), flags, 0o600), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.exists():
             return

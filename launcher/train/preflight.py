@@ -5,7 +5,9 @@ seconds and left out of the next attempt instead of failing or slowing the run l
 - the network carries: an all-reduce whose time gives each rank's bus bandwidth; a rank far slower than
   the median is flagged (recorded, not failed: a slow link still trains);
 - the run directory takes a checkpoint: writable, with room for the next one (its size by
-  launcher/core/checkpoints.py, the rule ``launcher plan`` warns with).
+  launcher/core/checkpoints.py, the rule ``launcher plan`` warns with). A run directory that is full (no room, or
+  ENOSPC/EDQUOT) is the file system's fault, not the node's: every rank raises :class:`DiskFull`, which
+  launcher/job/recovery.py retries at most once, when there is room again, and never by leaving a node out.
 
 Rank 0 records one ``preflight`` event summarising the bandwidths (the median, the slowest ranks and the flagged
 ones, with their nodes: a record that stays small at 16,384 ranks, since every status command reads it) and
@@ -34,6 +36,7 @@ import torch.distributed as dist
 from launcher.core.checkpoints import checkpoint_bytes, human
 from launcher.core.config import ModelConfig, RunConfig
 from launcher.core.dataset import DatasetError, verify
+from launcher.core.failures import DISK_FULL_ERRNOS
 from launcher.core.plan import Plan
 from launcher.core import events
 from launcher.core.rundir import append_event, write_json_atomic
@@ -53,6 +56,18 @@ class NodeUnfit(RuntimeError):
     """A node failed its preflight check; the attempt ends so that the run goes on without it."""
 
     fault = events.Fault.NODE_UNFIT
+
+
+class DiskFull(RuntimeError):
+    """The run directory has no room for a checkpoint: every rank raises it, naming the rank that found it."""
+
+    fault = events.Fault.DISK_FULL
+    whole_cause = True  # the message is the cause in the user's words
+    short = "disk full"
+
+    def __init__(self, problem: str, rank: int) -> None:
+        super().__init__(problem)
+        self.rank = rank
 
 
 def device_problem(env: DistEnv, virtual_gpus: bool = True) -> Optional[str]:
@@ -79,8 +94,9 @@ def device_problem(env: DistEnv, virtual_gpus: bool = True) -> Optional[str]:
     return None
 
 
-def disk_problem(run_dir: Path, plan: Plan, model: ModelConfig) -> Optional[str]:
-    """Whether the run directory can take the next checkpoint."""
+def disk_problem(run_dir: Path, plan: Plan, model: ModelConfig) -> tuple[Optional[str], bool]:
+    """Whether the run directory can take the next checkpoint: what is wrong (None: nothing), and whether that is a
+    full disk (no room for a checkpoint, or a write refused for space or quota) rather than the node's."""
     probe = run_dir / f".preflight-{os.getpid()}"
     try:
         with open(probe, "wb") as f:
@@ -89,12 +105,14 @@ def disk_problem(run_dir: Path, plan: Plan, model: ModelConfig) -> Optional[str]
             os.fsync(f.fileno())
         probe.unlink()
     except OSError as err:
-        return f"the run directory {run_dir} cannot be written: {err.strerror or err}"
+        probe.unlink(missing_ok=True)
+        return f"the run directory {run_dir} cannot be written: {err.strerror or err}", \
+            err.errno in DISK_FULL_ERRNOS
     need = checkpoint_bytes(model, plan.params, plan.world_size)
     free = shutil.disk_usage(run_dir).free
     if free < need:
-        return f"the run directory has {human(free)} free; a checkpoint needs about {human(need)}"
-    return None
+        return f"the run directory {run_dir} has {human(free)} free; a checkpoint needs about {human(need)}", True
+    return None, False
 
 
 def bandwidth(env: DistEnv) -> float:
@@ -123,16 +141,22 @@ def preflight(env: DistEnv, run_dir: Path, plan: Plan, model: ModelConfig, virtu
     store.set(f"{JOINED}{env.rank}", env.node)
     if faults.failing_node("stuck") == env.node:
         time.sleep(10 * 24 * 3600)  # a drill's hung device check: the others name this node (check_in)
-    problem = device_problem(env, virtual_gpus) or (disk_problem(run_dir, plan, model) if env.local_rank == 0 else None)
+    problem, full = device_problem(env, virtual_gpus), False
+    if problem is None and env.local_rank == 0:
+        problem, full = disk_problem(run_dir, plan, model)
     if problem:
         log.error("preflight failed on %s: %s", env.node, problem)
+    if problem and not full:
         append_event(run_dir, events.PreflightFailed(rank=env.rank, node=env.node, problem=problem,
-                                              job_id=os.environ.get("SLURM_JOB_ID")))
+                                                     job_id=os.environ.get("SLURM_JOB_ID")))
     check_in(store, env, run_dir, timeout_s)
-    failed = torch.tensor([int(problem is not None)], device=env.device)
-    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-    if failed.item():
+    found: list = [None] * env.world_size
+    dist.all_gather_object(found, (problem, full))
+    if any(problem and not full for problem, full in found):
         raise NodeUnfit(problem or "another node failed its preflight check")
+    rank = next((rank for rank, (_, full) in enumerate(found) if full), None)
+    if rank is not None:
+        raise DiskFull(found[rank][0], rank)
     mine = bandwidth(env)
     everyone: list = [None] * env.world_size
     dist.all_gather_object(everyone, (env.node, mine))

@@ -20,13 +20,13 @@ from typing import Any, Sequence
 
 import torch.distributed as dist
 
-from launcher.core import failures
+from launcher.core import failures, nodelocal
 from launcher.core.config import load_run_config
 from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.plan import read_plan
-from launcher.core.events import Finished, Stalled, Started
+from launcher.core.events import Finished, PathRefused, Stalled, Started
 from launcher.core.rundir import SOURCE_ROOT, append_event
-from launcher.train.dist import check_allreduce, global_rank_from_environ, init_distributed
+from launcher.train.dist import DistEnv, check_allreduce, global_rank_from_environ, init_distributed
 from launcher.train.interrupt import Interrupt, Interrupted
 from launcher.train.hf_export import Exports
 from launcher.train.loop import train
@@ -59,9 +59,12 @@ def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> dict[str, Any]:
                                           nodes=env.nodes, code=str(SOURCE_ROOT),  # the run's frozen copy
                                           bring_up=clock.seconds))
         first = env.rank - env.local_rank  # Slurm's block distribution: a node's ranks are consecutive
+        local = node_local(env, run_dir)
+        if cfg.parallel.compile:
+            private_compile_cache(local)
         watchdog = Watchdog(run_dir, env.rank, env.node, cfg.train.stall_timeout_s,
                             on_stall=functools.partial(_record_stall, run_dir),
-                            neighbours=range(first, first + env.world_size // env.nodes)).start(0)
+                            neighbours=range(first, first + env.world_size // env.nodes), local=local).start(0)
         exports = Exports(run_dir) if env.is_main else None
         try:
             final = train(cfg, plan, run_dir, env, watchdog, Interrupt(env, run_dir, cfg.cluster.signal_delay_s),
@@ -114,6 +117,38 @@ def process_start() -> float:
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return time.time()
+
+
+def node_local(env: DistEnv, run_dir: Path) -> nodelocal.Folder:
+    """This user's node-local folder (launcher/core/nodelocal.py), the same for every rank of the node: the node's
+    first rank opens it, or makes a fresh one where another user's file, folder or symlink has its name (recorded
+    once, ``path_refused``), and tells the node's other ranks which through the rendezvous store."""
+    key = f"launcher/node_local/{env.node}"
+    store = dist.distributed_c10d._get_default_store()  # the rendezvous's, kept by rank 0's node
+    if env.local_rank != 0:
+        return nodelocal.Folder.open(Path(store.get(key).decode()), create=False)
+    try:
+        folder = nodelocal.base()
+    except nodelocal.Taken as taken:
+        folder = nodelocal.fresh()
+        log.warning("%s; node-local state goes to %s instead", taken, folder.path)
+        append_event(run_dir, PathRefused(job_id=os.environ.get("SLURM_JOB_ID"), node=env.node, rank=env.rank,
+                                          path=str(taken.path), found=taken.found, owner=taken.owner,
+                                          used=str(folder.path)))
+    store.set(key, str(folder.path))
+    return folder
+
+
+COMPILE_CACHE = "compile-cache"
+
+
+def private_compile_cache(local: nodelocal.Folder) -> None:
+    """torch.compile's cache (inductor's) in this user's node-local folder, unless the user chose one
+    (``TORCHINDUCTOR_CACHE_DIR``): its default, ``/tmp/torchinductor_<user>``, is found by name in a folder every
+    user may write and never checked, so another user's folder there would hand the ranks code of theirs to load."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        local.folder(COMPILE_CACHE).close()
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(local.path / COMPILE_CACHE)
 
 
 def _record_stall(run_dir: Path, cause: str, frozen: list[Pulse]) -> None:

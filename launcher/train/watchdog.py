@@ -6,7 +6,9 @@ the collective for as long as its timeout. So every rank runs a watchdog thread 
 - writes its pulse (rank, node, pid, the step it is on, when that step began (``step_since``) and when the
   watchdog last ran (``alive``)) to the node's memory, and the node's lowest live rank copies the node's
   pulses into the node's one heartbeat file in the run directory (launcher/core/heartbeats.py): the shared
-  file system sees a write per node per beat, whatever the ranks per node;
+  file system sees a write per node per beat, whatever the ranks per node. Where the node's memory takes no
+  pulse (full, unwritable), the node's first rank writes the node file from what is known (its own pulse, the
+  others' last) and records why once (``heartbeat_failed``), so the run is not taken for stalled;
 - checks its own progress: if its step has not advanced for ``stall_timeout_s``, the attempt is stalled.
 
 It also watches the processes of the other ranks of its node (through /proc, their pids from the node's memory):
@@ -21,6 +23,7 @@ GIL there.
 """
 from __future__ import annotations
 
+import errno
 import faulthandler
 import json
 import logging
@@ -32,12 +35,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Collection, Iterator, Optional, Sequence
+from typing import Callable, Collection, Iterator, Optional, Sequence, cast
 
+from launcher.core import nodelocal
 from launcher.core.heartbeats import (EXIT_STALLED, SLOW_PHASE_S, STALL_FLOOR_S, Pulse, derived_timeout,
-                                      encode_node, local_dir, node_path, read_local, read_pulses, sweep_local)
-from launcher.core.events import Stalled
-from launcher.core.rundir import read_events
+                                      encode_node, local_name, node_path, pulse_name, read_local, read_pulses,
+                                      sweep_local)
+from launcher.core.events import HeartbeatFailed, Stalled
+from launcher.core.rundir import append_event, read_events
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +99,17 @@ class Watchdog:
     def __init__(self, run_dir: Path, rank: int, node: str, stall_timeout_s: Optional[float],
                  on_stall: Callable[[str, list[Pulse]], None], interval_s: float = INTERVAL_S,
                  exit: Callable[[int], None] = os._exit, neighbours: Sequence[int] = (),
-                 job_id: Optional[str] = None) -> None:
+                 job_id: Optional[str] = None, local: Optional[nodelocal.Folder] = None) -> None:
         self.run_dir, self.rank, self.node = Path(run_dir), rank, node
-        self.local = local_dir(run_dir, job_id or os.environ.get("SLURM_JOB_ID", "nojob"), node)
+        self.job_id = job_id or os.environ.get("SLURM_JOB_ID", "nojob")
+        # This user's node-local folder (the same for the node's ranks: launcher/train/task.py node_local), and in it
+        # the folder of this job's pulses on this node, opened by start().
+        self._parent, self.local = local, cast(nodelocal.Folder, None)  # both set from start() on
+        self.first = min([rank, *neighbours])  # the node's first rank: it says what the node's memory refused
+        self._refused: Optional[OSError] = None  # why this rank's pulse last failed to reach the node's memory
+        self._said_refused = False  # the log (and, from the node's first rank, the record) says so: once
         self._node_fd: Optional[int] = None  # the node file, held open by this rank while it writes it
+        self._known: dict[int, Pulse] = {}  # the newest pulse of each rank of the node, as this rank last read them
         # The other ranks of this node: their processes are watched through /proc (their pids learnt once from their
         # heartbeats), so a stopped one is found in seconds without reading the shared run directory every beat.
         self.neighbours = {r: 0 for r in neighbours if r != rank}  # rank -> beats seen stopped
@@ -114,7 +126,8 @@ class Watchdog:
     def start(self, step: int) -> "Watchdog":
         """Beat from now on; the first step (data, model, compile) gets the allowance of a slow phase."""
         sweep_local()  # folders of this user's jobs whose ranks were killed on this node
-        self.local.mkdir(mode=0o700, exist_ok=True)
+        self._parent = self._parent or nodelocal.base()
+        self.local = self._parent.folder(local_name(self.run_dir, self.job_id, self.node))
         node_path(self.run_dir, self.node).parent.mkdir(parents=True, exist_ok=True)
         self.step(step)
         self._started = time.time()
@@ -152,11 +165,12 @@ class Watchdog:
         if self._node_fd is not None:
             os.close(self._node_fd)
             self._node_fd = None
-        try:
-            (self.local / f"rank_{self.rank:05d}.json").unlink()
-            self.local.rmdir()
-        except OSError:  # another rank is still there, or it was never written
-            pass
+        if self.local is not None and self._parent is not None:
+            self.local.remove(pulse_name(self.rank))
+            self._parent.remove_folder(self.local.path.name)  # kept while another rank's pulse is in it
+            self.local.close()
+            self._parent.close()
+            self._parent = None  # stopped: a second stop does nothing
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -184,22 +198,45 @@ class Watchdog:
 
     def _write(self, now: float) -> None:
         """This rank's pulse into the node's memory; then, if this is the node's lowest live rank, every pulse of
-        the node into the node file, rewritten in place (no create, rename or unlink on the shared file system)."""
+        the node into the node file, rewritten in place (no create, rename or unlink on the shared file system).
+        Where the node's memory refused this rank's pulse, the node's first rank writes the node file from what is
+        known: its own pulse and the others' last."""
         self.pulse.alive = now
-        path = self.local / f"rank_{self.rank:05d}.json"
-        tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(asdict(self.pulse)))
-            os.replace(tmp, path)  # in the node's memory: a rename costs the shared file system nothing
-            node = read_local(self.local)
-            if self.rank == min((p.rank for p in node if now - p.alive <= WRITER_BEATS * self.interval_s),
-                                default=self.rank):
-                if self._node_fd is None:
-                    self._node_fd = os.open(node_path(self.run_dir, self.node), os.O_WRONLY | os.O_CREAT, 0o666)
-                os.pwrite(self._node_fd, encode_node(self.node, node, now), 0)
-                os.fdatasync(self._node_fd)  # other nodes read it: on NFS, written back now, not at close
+            self.local.write(pulse_name(self.rank), json.dumps(asdict(self.pulse)).encode())
+            self._refused = None
+        except OSError as err:  # a full or unwritable node memory must not kill training, nor hide it
+            self._memory_refused(err)
+        node = self._known  # every rank of the node seen: one that ended keeps its last pulse in the node file
+        node.update({p.rank: p for p in read_local(self.local)})
+        node[self.rank] = self.pulse
+        live = [rank for rank, p in node.items() if now - p.alive <= WRITER_BEATS * self.interval_s]
+        if self.rank != (self.first if self._refused else min(live)):
+            return
+        try:
+            if self._node_fd is None:
+                self._node_fd = os.open(node_path(self.run_dir, self.node), os.O_WRONLY | os.O_CREAT, 0o666)
+            os.pwrite(self._node_fd, encode_node(self.node, sorted(node.values(), key=lambda p: p.rank), now), 0)
+            os.fdatasync(self._node_fd)  # other nodes read it: on NFS, written back now, not at close
         except OSError as err:  # a full or unreachable disk must not kill training by itself
             log.warning("heartbeat not written: %s", err)
+
+    def _memory_refused(self, err: OSError) -> None:
+        """Note that the node's memory refused this rank's pulse: in its log, and once in the run's record when this
+        is the node's first rank."""
+        self._refused = err
+        if self._said_refused:
+            return
+        self._said_refused = True
+        log.warning("heartbeat not written to the node's memory (%s): %s; the node's heartbeat file in the run "
+                    "directory is written from what is known", self.local.path, err)
+        if self.rank == self.first:
+            try:
+                append_event(self.run_dir, HeartbeatFailed(
+                    job_id=self.job_id, node=self.node, rank=self.rank, path=str(self.local.path),
+                    error=str(err), errno=errno.errorcode.get(err.errno or 0)))
+            except OSError as unrecorded:
+                log.warning("heartbeat_failed not recorded: %s", unrecorded)
 
     def pulses(self) -> list[Pulse]:
         """Every rank's newest pulse: this node's from its memory, the others' from their node files."""

@@ -36,8 +36,8 @@ def pulse(rank, step, alive=100.0, node="local-node1"):
 
 def test_srun_reports_are_parsed_in_order():
     assert srun_task_ends(SRUN_KILLED) == [TaskEnd("local-node2", [2], "Killed"),
-                                           TaskEnd("local-node1", [0, 1], "Exited with exit code 1"),
-                                           TaskEnd("local-node2", [3], "Exited with exit code 1")]
+                                           TaskEnd("local-node1", [0, 1], "Exited with exit code 1", after_end=True),
+                                           TaskEnd("local-node2", [3], "Exited with exit code 1", after_end=True)]
     assert expand_ranks("0-2,5") == [0, 1, 2, 5]
 
 
@@ -49,11 +49,21 @@ def test_a_killed_rank_is_blamed_not_the_peers_that_lost_it():
                           node="local-node2", step=37, short="rank 2 killed")
 
 
+def test_a_killed_rank_is_named_at_the_newest_of_its_heartbeat_and_the_logged_step():
+    """Rank 2 was killed at step 120, which rank 0 had logged; its heartbeat, a few beats behind, said 91. A rank that
+    left no heartbeat in this attempt is named at the logged step too."""
+    killed = [TaskEnd("local-node2", [2], "Killed")]
+    cause = attribute([failed(0, PEER)], killed, [pulse(2, 91, node="local-node2")], logged=120)
+    assert (cause.step, cause.text) == (120, "rank 2 on local-node2 at step 120: killed by a signal (SIGKILL)")
+    assert attribute([], killed, [], logged=120).step == 120
+    assert attribute([], killed, [pulse(2, 125, node="local-node2")], logged=120).step == 125
+
+
 def test_a_rank_own_exception_wins_over_srun_and_peers():
     events = [failed(1, PEER, time=2.0), failed(3, "OSError: [Errno 28] No space left on device", "local-node2",
                                                  step=50, time=3.0)]
     cause = attribute(events, srun_task_ends(SRUN_KILLED), [])
-    assert (cause.rank, cause.node, cause.step, cause.short) == (3, "local-node2", 50, "OSError")
+    assert (cause.rank, cause.node, cause.step, cause.short) == (3, "local-node2", 50, "disk full")
     assert cause.text == "rank 3 on local-node2 at step 50: OSError: [Errno 28] No space left on device"
 
 
@@ -254,6 +264,22 @@ def test_a_lost_node_is_the_cause_whatever_its_ranks_and_peers_reported():
     assert attribute([], [], [], lost=["n2", "n3"]).text == "node n2, n3 lost during start-up: Slurm could not reach it"
 
 
+# A retry's rank 1 SIGKILLed while rank 0 still imported torch: srun ended the step, rank 0's SIGTERM was passed over
+# (submitit's handler, before the task's), and srun SIGKILLed it after KillWait.
+SRUN_ONE_KILLED_EARLY = """\
+srun: error: local-node1: task 1: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=17.0
+slurmstepd-local-node1: error: *** STEP 17.0 ON local-node1 CANCELLED AT 2026-12-05T06:23:34 ***
+srun: error: local-node1: task 0: Killed
+srun: Force Terminated StepId=17.0
+"""
+
+
+def test_a_rank_srun_killed_while_ending_the_step_is_not_blamed_with_the_one_killed_first():
+    cause = attribute([], srun_task_ends(SRUN_ONE_KILLED_EARLY), [])
+    assert (cause.text, cause.rank) == ("rank 1 on local-node1: killed by a signal (SIGKILL)", 1)
+
+
 def test_every_rank_killed_together_is_named():
     ends = [TaskEnd("n1", [1], "Killed"), TaskEnd("n2", [3], "Killed"), TaskEnd("n1", [0], "Terminated")]
     cause = attribute([], ends, [pulse(1, 20), pulse(3, 21, node="n2")])
@@ -301,6 +327,25 @@ def test_a_fault_during_start_up_is_retried_and_the_same_failure_twice_needs_two
         "the same failure at step 91 twice, not retried again"
     untrained = [ended("FAILED", "rank 0 killed", 91, trained=False, fault="killed", rank=0), retrying(exclude=[])]
     assert decide(untrained, killed, max_retries=3).retry
+
+
+def test_a_full_disk_is_retried_once_and_only_when_there_is_room_again():
+    """A full disk is the file system's fault: no node is left out for it, the first one is retried only when the
+    run directory has room for a checkpoint again, and a second (since the user last resumed) ends the run."""
+    full = Cause("FAILED", "rank 0 at step 120: CheckpointSaveError: ... No space left on device", Fault.DISK_FULL,
+                 rank=0, step=120, short="disk full")
+    history = [ended("FAILED", "rank 1 killed", 10, nodes=("n2",)), retrying(exclude=["n2"])]
+    retried = decide(history, full, max_retries=3, held=["n3"], room=True)
+    assert (retried.retry, retried.exclude, retried.free) == (True, ["n2", "n3"], False)  # earlier exclusions only
+    assert decide(history, full, max_retries=3, room=False) == Decision(
+        False, "the disk is still full: not retried; free space there, then launcher resume the run")
+    before_first_step = decide([], full, max_retries=3, progressed=False, trained=False, room=True)
+    assert before_first_step.retry  # launched into a full disk, then freed: not the code's fault
+    again = [*history, ended("FAILED", "disk full", 120, fault="disk full"), retrying(exclude=["n2"])]
+    assert decide(again, full, max_retries=3, room=True).reason == (
+        "the disk was full again after its retry: not retried again; free space there, then launcher resume the run")
+    resumed = [*again, ended("FAILED", "disk full", 120, fault="disk full"), decode({"event": "resubmitted"})]
+    assert decide(resumed, full, max_retries=5, room=True).retry  # the user freed space and resumed: one more
 
 
 def test_an_attempt_trained_only_when_a_rank_got_past_the_step_it_started_from():

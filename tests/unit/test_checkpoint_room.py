@@ -67,7 +67,7 @@ def test_preflight_refuses_a_run_directory_without_room_for_one_checkpoint(tmpfs
     model = ModelConfig(name="gpt_tiny", d_model=64, n_heads=2, n_layers=2, seq_len=64, vocab_size=256)
     plan = single_node_plan(RunConfig(model=model), 2)
     small, big = tmpfs("1m"), tmpfs("2m")
-    assert disk_problem(big, plan, model) is None
+    assert disk_problem(big, plan, model) == (None, False)
     assert disk_problem(small, plan, model) == (
-        f"the run directory has {free_space(small)[1] / 1e6:.1f} MB free; a checkpoint needs about "
-        f"{TINY_2 / 1e6:.1f} MB")
+        f"the run directory {small} has {free_space(small)[1] / 1e6:.1f} MB free; a checkpoint needs about "
+        f"{TINY_2 / 1e6:.1f} MB", True)  # a full disk, not the node's fault

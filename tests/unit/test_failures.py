@@ -3,6 +3,7 @@ a table keyed by that kind: no retry depends on the words of one of our own or P
 from __future__ import annotations
 
 import errno
+import json
 
 import pytest
 import torch.distributed as dist
@@ -73,6 +74,24 @@ def test_a_failure_event_carries_the_kind_the_type_and_the_step(monkeypatch, tmp
     assert event.error == "OSError: [Errno 28] No space left on device: ***"
     whole = failure_event(NoTorch("/usr/bin/python3"), None, tmp_path)
     assert whole.error.startswith("the tasks' Python /usr/bin/python3 has no torch") and whole.short == "no torch"
+
+
+def test_a_failure_before_training_names_no_step_and_one_from_another_rank_names_that_rank(monkeypatch, tmp_path):
+    """A rank that fails before its watchdog began has no step of this attempt: an earlier attempt's heartbeat in
+    the run directory says nothing of it. A save that failed on rank 0 is rank 0's on every rank, without a node
+    (the recording rank's would be wrong)."""
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    (tmp_path / "heartbeats").mkdir()
+    (tmp_path / "heartbeats" / "node_n2.json").write_text(json.dumps({"node": "n2", "written": 1.0, "pulses": [
+        {"rank": 1, "node": "n2", "pid": 1, "step": 91, "step_since": 1.0, "alive": 1.0}]}))
+    assert failure_event(OSError(errno.EIO, "Input/output error"), None, tmp_path).step is None
+    full = CheckpointSaveError("saving the checkpoint of step 120 failed: rank 0: [Errno 28] No space left on "
+                               "device", rank=0, disk_full=True)
+    event = failure_event(full, 120, tmp_path)
+    assert (event.rank, event.node, event.step, event.fault) == ("0", None, 120, Fault.DISK_FULL)
+    own = failure_event(CheckpointSaveError("saving ... failed: [Errno 5] Input/output error", rank=1), 120, tmp_path)
+    assert (own.rank, own.node, own.fault) == ("1", "n2", Fault.INFRASTRUCTURE)
 
 
 def test_a_controller_that_did_not_answer_is_told_from_one_that_refused():

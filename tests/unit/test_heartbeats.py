@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from launcher.core.heartbeats import read_local, read_pulses
+from launcher.core.nodelocal import Folder
 from launcher.train.watchdog import Watchdog
 from support.helpers import wait_for
 
@@ -39,8 +41,9 @@ def test_the_run_directory_holds_one_heartbeat_file_per_node_rewritten_in_place(
     wait_for(lambda: all(p.alive > before[p.rank] for p in read_pulses(tmp_path)), 10, "later beats")
     assert {p.name: p.stat().st_ino for p in folder.iterdir()} == inodes  # rewritten, never replaced
     assert sorted(p.rank for p in read_local(ranks[0].local)) == [0, 1]  # the node's own, in its memory
-    assert str(ranks[0].local).startswith("/dev/shm/") and ranks[0].local != ranks[2].local
-    assert oct(ranks[0].local.stat().st_mode & 0o777) == "0o700"
+    local = ranks[0].local.path
+    assert local.parent == Path(f"/dev/shm/launcher-{os.geteuid()}") and local != ranks[2].local.path
+    assert [oct(path.stat().st_mode & 0o777) for path in (local, local.parent)] == ["0o700", "0o700"]
 
 
 def test_a_frozen_writer_is_replaced_by_the_next_rank_and_stays_named_as_frozen(tmp_path, ranks):
@@ -59,9 +62,10 @@ def test_a_frozen_writer_is_replaced_by_the_next_rank_and_stays_named_as_frozen(
 
 def test_the_node_folder_goes_with_its_last_rank_and_a_killed_jobs_folder_is_swept(tmp_path, ranks):
     wait_for(lambda: len(read_pulses(tmp_path)) == 4, 10, "every rank's pulse")
-    local = ranks[0].local
+    local = ranks[0].local.path
     ranks[0].stop()
-    assert local.is_dir() and [p.rank for p in read_local(local)] == [1]
+    with Folder.open(local, create=False) as folder:
+        assert [p.rank for p in read_local(folder)] == [1]
     ranks[1].stop()
     assert not local.exists()
     assert len(read_pulses(tmp_path)) == 4  # the node files keep the last pulses for the launcher
@@ -74,17 +78,10 @@ def test_the_node_folder_goes_with_its_last_rank_and_a_killed_jobs_folder_is_swe
     assert not orphan.exists()
 
 
-def test_a_folder_swept_by_another_rank_while_it_is_listed_reads_as_empty(tmp_path, monkeypatch):
-    """Every rank sweeps the node's dead folders as it starts: one rank may list a folder that another has just
-    checked and removes before the listing opens it. The folder is removed at that very moment here."""
-    folder = tmp_path / "launcher-0-dead"
-    folder.mkdir()
-    scandir = os.scandir
-
-    def swept_first(path="."):
-        if os.fspath(path) == str(folder):
-            folder.rmdir()
-        return scandir(path)
-
-    monkeypatch.setattr(os, "scandir", swept_first)
-    assert read_local(folder) == []
+def test_a_folder_swept_by_another_rank_while_it_is_read_reads_as_empty(tmp_path):
+    """Every rank sweeps the node's dead folders as it starts: one rank may read a folder that another has just
+    removed. It is read through a descriptor, which then lists nothing."""
+    folder = Folder.open(tmp_path / "launcher-0-dead")
+    (tmp_path / "launcher-0-dead").rmdir()
+    with folder:
+        assert read_local(folder) == [] and folder.names() == []

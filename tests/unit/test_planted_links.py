@@ -21,6 +21,8 @@ from support.helpers import REPO, run_launcher
 from support.planter import PLANTER, as_planter, directory, planted, victim_file
 
 from launcher import cli
+from launcher.console.serve import write_token
+from launcher.slurm.limits import SiteRules, cached
 from launcher.core.events import Submitted
 from launcher.core.rundir import append_event
 from launcher.core.safepath import UnsafePath, check_run_root
@@ -234,3 +236,32 @@ def test_an_ssh_socket_directory_another_user_planted_is_refused(base, monkeypat
         options(Remote("site", "login.site.edu"))
     assert err.value.message == (f"SSH socket directory {sticky / 'ssh'} is a directory of user {PLANTER}, not "
                                  f"yours: remove it, or {HOME}")
+
+
+def test_caches_and_the_console_token_where_another_user_made_the_folder_first_are_refused(base, monkeypatch, capsys):
+    """Beside the run root and the launcher home, the folders the launcher keeps things in: the default corpus'
+    ``data.cache_dir`` (built there, then trained on), the composed config views (``$XDG_CACHE_HOME/launcher``) and
+    the console's token. Another user's folder at one of their names in a sticky place is refused, not used."""
+    sticky = directory(base / "scratch", 0o1777)
+    for name in ("cache", "launcher", "home", "rules"):
+        planted("mkdir", "-m", "0755", str(sticky / name))
+    planted("sh", "-c", f"echo '{{\"user\": \"root\"}}' > {sticky / 'rules' / 'site-rules.json'}")
+    theirs = "is a directory of user lplanter, who can rename what is in it or plant symlinks"
+    assert cli.main(["plan", *TINY, f"data.cache_dir={sticky / 'cache'}"]) == 2
+    assert capsys.readouterr().err == (f"error: data.cache_dir {sticky / 'cache'} is refused: {sticky / 'cache'} "
+                                       f"{theirs}; set data.cache_dir to a folder of your own\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(sticky))
+    monkeypatch.setenv("LAUNCHER_SITE_CONFIG", str(REPO / "slurm" / "site"))  # a layer: launches compose from a view
+    assert cli.main(["plan", *TINY, "cluster=local2"]) == 2
+    assert capsys.readouterr().err == (f"error: cache folder {sticky / 'launcher'} is refused: {sticky / 'launcher'} "
+                                       f"{theirs}; set XDG_CACHE_HOME to a folder of your own\n")
+    monkeypatch.setenv("LAUNCHER_HOME", str(sticky / "home"))
+    with pytest.raises(UnsafePath) as err:
+        write_token("token")
+    assert str(err.value) == f"launcher home {sticky / 'home'} is refused: {sticky / 'home'} {theirs}; {HOME}"
+    assert os.listdir(sticky / "home") == []
+    # Slurm's site rules, kept a few minutes: not read from, nor written into, a folder of another user's.
+    asked = SiteRules("root", (), "", (), {}, {})
+    assert cached(sticky / "rules" / "site-rules.json", lambda: asked) is asked
+    assert os.listdir(sticky / "rules") == ["site-rules.json"]
+    assert (sticky / "rules" / "site-rules.json").read_text() == '{"user": "root"}\n'  # theirs, untouched

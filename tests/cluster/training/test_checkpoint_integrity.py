@@ -84,6 +84,9 @@ def small_disk(tmpfs):
 
 
 def test_full_disk_fails_the_save_clearly_and_keeps_the_earlier_checkpoint(reference_config, small_disk):
+    """A save that finds the disk full fails on every rank as a full disk; the next attempt's preflight finds no
+    room for a checkpoint: the disk's fault, said by every rank in the words of the rank that found it, never a
+    node's (no ``preflight_failed``)."""
     run_dir = make_run_dir(small_disk / "run", reference_config, world_size=2, micro_batch=2)
     with pytest.raises(Exception, match="saving the checkpoint of step 6 failed: .*No space left on device"):
         launch_forked(train_workers.train_run, (run_dir,), world_size=2)
@@ -91,6 +94,12 @@ def test_full_disk_fails_the_save_clearly_and_keeps_the_earlier_checkpoint(refer
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000003"]  # nothing partial left behind
     assert manifest.damage(ckpts / "step_00000003", 2) == []
     assert "No space left on device" in (run_dir / "logs" / "rank_0.log").read_text()
+    assert {e["fault"] for e in events(run_dir) if e["event"] == "failed"} == {"disk full"}
+    with pytest.raises(Exception, match=f"the run directory {run_dir} has 0.\\d MB free; a checkpoint needs about"):
+        launch_forked(train_workers.train_run, (run_dir,), world_size=2)
+    again = [e for e in events(run_dir) if e["event"] in ("failed", "preflight_failed")][2:]
+    assert [(e["event"], e["rank"], e["fault"], e["short"]) for e in again] == [("failed", "0", "disk full",
+                                                                                 "disk full")] * 2, again
 
 
 def test_a_save_cut_by_a_lost_rank_is_a_lost_peer_not_the_saves_own_failure(reference_config, tmp_path):
