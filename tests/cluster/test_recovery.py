@@ -36,6 +36,9 @@ def test_a_killed_rank_is_named_and_the_run_recovers_exactly(slurm, steady, tmp_
     detected = ended["time"] - killed_at  # printed below; the wait above bounds it
     assert (ended["outcome"], ended["rank"], ended["short"]) == ("FAILED", 1, "rank 1 killed"), ended
     assert ended["node"] in slurm.nodes and "killed by a signal (SIGKILL)" in ended["cause"]
+    logged = max(row["step"] for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+                 if row["time"] < ended["time"])
+    assert ended["step"] >= logged and f"at step {ended['step']}:" in ended["cause"]  # never a lagging heartbeat's
     retry = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "retrying"], 30, "retry")[0]
     assert retry["previous_job_id"] == job and retry["job_id"] != job
     assert retry["exclude"] == []  # a killed rank (the OOM killer, say) does not make its node suspect

@@ -2,7 +2,7 @@
 a second Unix user, ``lplanter`` (support/planter.py), plants a folder, a file or a symlink at the name of this
 user's folder in a shared sticky place, as in ``/dev/shm``, and at the names the sweep of dead jobs' folders reads.
 Nothing is used, written through, changed or removed but this user's own. Needs root, as the planter does; the run
-on the cluster with planted names is tests/cluster/test_node_local.py."""
+on the cluster with planted names is tests/cluster/test_planted_links.py."""
 from __future__ import annotations
 
 import json
