@@ -311,8 +311,11 @@ def _in_threads(fn: Callable[[Any], None], items: List[Any]) -> None:
 
 
 def _ask_slurm(slurm: Slurm, job_ids: List[str], queued_ids: List[str] = ()) -> tuple[Dict[str, JobState], List[str]]:
-    """Ask sacct about ``job_ids`` and squeue about them and ``queued_ids`` at the same time; sacct wins where
-    both know a job, squeue covers a job accounting has not seen yet or a cluster without accounting."""
+    """Ask sacct about ``job_ids`` and squeue about them and ``queued_ids`` at the same time. Where both know a job,
+    sacct wins once it has the job ended (the queue keeps a job COMPLETING while its processes are killed) and the
+    queue while accounting still has it alive (accounting learns of a start, or of a requeue, seconds after the
+    queue: a job just started still reads PENDING there); squeue covers a job accounting has not seen yet or a
+    cluster without accounting."""
     answers: Dict[str, List[JobRow]] = {}
     failures: List[str] = []
     sources = {"squeue": slurm.squeue, **({"sacct": lambda: slurm.sacct(job_ids)} if job_ids else {})}
@@ -327,8 +330,9 @@ def _ask_slurm(slurm: Slurm, job_ids: List[str], queued_ids: List[str] = ()) -> 
     if not wanted:
         return {}, []
     _in_threads(ask, list(sources))
-    rows = [row for name in ("squeue", "sacct") for row in answers.get(name, []) if row.job_id in wanted]
-    states = {row.job_id: job_state(row) for row in rows}
+    queued = {row.job_id: job_state(row) for row in answers.get("squeue", []) if row.job_id in wanted}
+    accounted = {row.job_id: job_state(row) for row in answers.get("sacct", []) if row.job_id in wanted}
+    states = {**queued, **{job: state for job, state in accounted.items() if not (state.active and job in queued)}}
     queue = Queue(answers.get("squeue", []), nodes=_once(slurm))
     for row in queue.rows:  # a waiting job's reason in words, from the queue's row (sacct's has no user or GPUs)
         if row.job_id in wanted and states[row.job_id].state == "PENDING":

@@ -261,3 +261,33 @@ def test_a_long_cause_is_cut_to_one_short_status_in_the_table_and_kept_whole_in_
     status = runs.table_row(row)[5]
     assert len(status) == runs.STATUS_WIDTH and status.startswith("UNKNOWN (cluster gone is not reachable")
     assert status.endswith("…)") and row.reason == cause
+
+
+class _Answers:
+    """The queue's and accounting's rows of a cluster, as Slurm's client returns them (launcher/slurm/client.py)."""
+
+    def __init__(self, queued, accounted):
+        self.queued, self.accounted = queued, accounted
+
+    def squeue(self):
+        return self.queued
+
+    def sacct(self, job_ids):
+        return [row for row in self.accounted if row.job_id in job_ids]
+
+
+def test_the_queue_tells_a_live_job_and_accounting_an_ended_one():
+    """Accounting learns of a start seconds after the queue: a job just started reads PENDING there while it runs
+    (``launcher stop`` cancelled such a run at once instead of asking it to save). It learns of an end first: the
+    queue keeps a failed job COMPLETING while its processes are killed."""
+    from launcher.slurm.output import JobRow
+    from launcher.status.job_state import _ask_slurm
+
+    queued = [JobRow("1", "RUNNING", "None", "n1", "2026-12-05T08:00:00", source="squeue"),
+              JobRow("2", "COMPLETING", "None", "n1", "2026-12-05T08:00:00", source="squeue")]
+    accounted = [JobRow("1", "PENDING", "None", "", "Unknown", source="sacct"),
+                 JobRow("2", "FAILED", "None", "n1", "2026-12-05T08:00:00", exit_code="1:0", source="sacct"),
+                 JobRow("3", "COMPLETED", "None", "n1", "2026-12-05T07:00:00", exit_code="0:0", source="sacct")]
+    states, failures = _ask_slurm(_Answers(queued, accounted), ["1", "2", "3"])
+    assert failures == [] and {job: (s.state, s.source) for job, s in states.items()} == {
+        "1": ("RUNNING", "squeue"), "2": ("FAILED", "sacct"), "3": ("COMPLETED", "sacct")}
