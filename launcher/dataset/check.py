@@ -54,9 +54,26 @@ def check_data(cfg: RunConfig, plan: Plan) -> DataSummary:
         found = verify(data, cfg.model.vocab_size)
     except DatasetError as err:
         raise LaunchError(str(err)) from None
+    epochs = _epochs(cfg, plan, found.tokens, source)
+    _val_split(cfg, found.tokens, source)
     return DataSummary(source=source, tokenizer=found.tokenizer.get("spec", found.tokenizer["kind"]),
-                       vocab_size=found.tokenizer["vocab_size"], tokens=found.tokens,
-                       epochs=_epochs(cfg, plan, found.tokens, source))
+                       vocab_size=found.tokenizer["vocab_size"], tokens=found.tokens, epochs=epochs)
+
+
+def _val_split(cfg: RunConfig, tokens: int, source: str) -> None:
+    """LaunchError when the run evaluates (``train.eval_every`` > 0) but the val split holds not one sample: every
+    attempt would fail at its start (launcher/train/data.py ``require``)."""
+    window, val = cfg.model.seq_len + 1, val_tokens(tokens, cfg.data.val_fraction)
+    if cfg.train.eval_every <= 0 or samples(val, cfg.model.seq_len) >= 1:
+        return
+    if window >= tokens:
+        fix = "use more data"
+    else:
+        least = next(f / 1000 for f in range(1, 1001) if val_tokens(tokens, f / 1000) >= window)
+        fix = f"set data.val_fraction={least:g} or more"
+    raise LaunchError(f"{source} has {tokens:,} tokens, and its val split (data.val_fraction="
+                      f"{cfg.data.val_fraction:g}) {val:,}, fewer than one sample of seq_len + 1 = {window}: {fix}, "
+                      "or train.eval_every=0 to train without evaluating")
 
 
 def _epochs(cfg: RunConfig, plan: Plan, tokens: int, source: str) -> float:

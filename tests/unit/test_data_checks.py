@@ -55,6 +55,7 @@ def datasets(tmp_path_factory) -> Path:
     (root / "empty.bin").write_bytes(b"")
     (root / "odd.bin").write_bytes(b"\x01\x00\x02")
     (root / "tiny.bin").write_bytes(b"\x01\x00" * 100)
+    (root / "short.bin").write_bytes(b"\x01\x00" * 2_483)  # a val split of 124 tokens (data.val_fraction 0.05)
     damage = {"halved": lambda f: f.truncate(SHARD // 2), "odd": lambda f: f.truncate(SHARD // 2 + 1),
               "grown": lambda f: (f.seek(0, 2), f.write(b"\x00\x00")), "lost": None, "garbled": None}
     for name, cut in damage.items():
@@ -90,6 +91,8 @@ BAD = [
     (["data.path={root}/lost", "model.vocab_size=300"], "shard {root}/lost/tokens_00000.bin is missing; prepare the dataset again"),
     (["data.path={root}/garbled", "model.vocab_size=300"], "metadata.json is damaged (JSONDecodeError"),
     (["data.dtype=int8"], "data.dtype must be one of uint16, uint32; got 'int8'"),
+    (["data.path={root}/short.bin", "model.seq_len=128"],
+     "{root}/short.bin has 2,483 tokens, and its val split (data.val_fraction=0.05) 124, fewer than one sample of seq_len + 1 = 129: set data.val_fraction=0.052 or more, or train.eval_every=0 to train without evaluating"),
 ]  # fmt: skip
 
 
@@ -105,6 +108,16 @@ def test_bad_data_is_refused_before_anything_is_recorded(args, message, datasets
     assert out == "" and err.startswith("error: ") and err.count("\n") == 1, err
     assert message.format(root=datasets) in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_val_split_shorter_than_a_sample_is_only_refused_where_the_run_evaluates(datasets, capsys):
+    """Every attempt of such a run would fail at its start; one that does not evaluate, or sets aside a val split
+    of one sample, trains."""
+    short = [f"data.path={datasets}/short.bin", "model.seq_len=128"]
+    assert cli.main(["plan", *short]) == 2 and "fewer than one sample of seq_len + 1 = 129" in capsys.readouterr().err
+    for fix in ("train.eval_every=0", "data.val_fraction=0.052"):
+        assert cli.main(["gpus=8", *short, fix, "dry_run=true"]) == 0, capsys.readouterr().err
+        capsys.readouterr()
 
 
 def test_each_shard_records_its_size_checksums_and_largest_id(datasets):
