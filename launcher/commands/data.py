@@ -42,9 +42,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    meta = prepare(Request(out=args.out, inputs=args.inputs, tokenizer=args.tokenizer, format=args.format,
+    made = prepare(Request(out=args.out, inputs=args.inputs, tokenizer=args.tokenizer, format=args.format,
                            field=args.field, glob=args.glob, dtype=args.dtype, shard_tokens=args.shard_tokens,
                            overwrite=args.overwrite))
+    meta = made.meta
+    for skipped in made.skipped:
+        print(skipped.line())
     out, tokenizer = args.out.expanduser().resolve(), meta["tokenizer"]
     shards = len(meta["shards"])
     print(f"wrote {meta['tokens']:,} {meta['dtype']} tokens in {shards} shard{'s' * (shards != 1)} from "

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO, Dict, Iterator, List, Optional
 from launcher.core.dataset import METADATA, TOKEN_DTYPES, shard_name, shard_record, smallest_dtype, write_metadata
 from launcher.dataset import tokenizer as tok
 from launcher.dataset.progress import Progress
-from launcher.dataset.sources import Source, documents, find_sources
+from launcher.dataset.sources import Skipped, Source, documents, find_sources
 from launcher.errors import LaunchError
 
 BATCH_CHARS = 1 << 20  # texts encoded together (the tokenizers package encodes a batch in parallel)
@@ -37,8 +37,16 @@ class Request:
     overwrite: bool
 
 
-def prepare(req: Request) -> Dict[str, Any]:
-    """Make the dataset ``req`` describes; returns its metadata. LaunchError (nothing written) on bad input."""
+@dataclass(frozen=True)
+class Prepared:
+    """A dataset made: its metadata (as metadata.json holds it) and the input files passed over for their names."""
+
+    meta: Dict[str, Any]
+    skipped: List[Skipped]
+
+
+def prepare(req: Request) -> Prepared:
+    """Make the dataset ``req`` describes. LaunchError (nothing written) on bad input."""
     if req.shard_tokens < 1:
         raise LaunchError(f"--shard-tokens must be a positive number of tokens, got {req.shard_tokens}")
     out = req.out.expanduser().resolve()
@@ -46,7 +54,7 @@ def prepare(req: Request) -> Dict[str, Any]:
         hint = "; add --overwrite to replace it" if out.is_dir() and (out / METADATA).is_file() else ""
         raise LaunchError(f"output {req.out} already exists{hint}")
     tok.bpe_size(req.tokenizer)  # a bad bpe:N is refused before any input is read
-    sources = find_sources(req.inputs, req.format, req.glob, req.field)
+    sources, skipped = find_sources(req.inputs, req.format, req.glob, req.field)
     codec = tok.from_spec(req.tokenizer, lambda: _texts(sources, req.field, f"training {req.tokenizer}"))
     dtype = req.dtype or smallest_dtype(codec.vocab_size)
     if codec.vocab_size > 1 << (8 * TOKEN_DTYPES[dtype]):
@@ -60,7 +68,7 @@ def prepare(req: Request) -> Dict[str, Any]:
         _install(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return meta
+    return Prepared(meta, skipped)
 
 
 def _texts(sources: List[Source], field: str, label: str) -> Iterator[str]:

@@ -32,15 +32,36 @@ class Source:
         return {"path": str(self.path), "format": self.format, "bytes": self.size}
 
 
-def find_sources(inputs: List[Path], fmt: str, pattern: Optional[str], field: str) -> List[Source]:
-    """Every input file, checked; LaunchError for a missing or empty input or one that cannot be read."""
+@dataclass(frozen=True)
+class Skipped:
+    """Files of an input directory that no format's ending names, passed over (``--glob`` takes them)."""
+
+    folder: Path
+    files: int
+    examples: Tuple[str, ...]  # the first few names
+
+    def line(self) -> str:
+        more = ", ..." if self.files > len(self.examples) else ""
+        return (f"skipped {self.files} file{'s' * (self.files != 1)} in {self.folder} that no format's ending names "
+                f"({', '.join(self.examples)}{more}); to read them too, give --glob '*' (read as text unless named "
+                "otherwise)")
+
+
+def find_sources(inputs: List[Path], fmt: str, pattern: Optional[str], field: str) -> Tuple[List[Source],
+                                                                                                List[Skipped]]:
+    """Every input file, checked, and the non-empty files of each input directory passed over for their names;
+    LaunchError for a missing or empty input or one that cannot be read."""
     found: List[Source] = []
+    skipped: List[Skipped] = []
     for given in inputs:
         path = given.expanduser()
         if path.is_dir():
             # Empty files inside a directory (a package's __init__.py, say) hold no text: skipped.
-            files = sorted(p for p in path.rglob("*") if p.is_file() and _wanted(p, fmt, pattern)
-                           and p.stat().st_size)
+            present = sorted(p for p in path.rglob("*") if p.is_file() and p.stat().st_size)
+            files = [p for p in present if _wanted(p, fmt, pattern)]
+            passed = [p.relative_to(path).as_posix() for p in present if not _wanted(p, fmt, pattern)]
+            if passed and files and pattern is None:
+                skipped.append(Skipped(given, len(passed), tuple(passed[:3])))
             if not files:
                 searched = pattern or " ".join(f"*{e}" for f in _formats(fmt) for e in FORMATS[f])
                 raise LaunchError(f"input {given} is a directory without non-empty input files (searched for "
@@ -50,7 +71,7 @@ def find_sources(inputs: List[Path], fmt: str, pattern: Optional[str], field: st
         else:
             raise LaunchError(f"input {given} does not exist")
         found.extend(_checked(file, fmt, field) for file in files)
-    return found
+    return found, skipped
 
 
 def _formats(fmt: str) -> List[str]:

@@ -62,6 +62,23 @@ def test_byte_level_text_directory(tmp_path, capsys):
                                  "end_of_text": None}
     assert [Path(s["path"]).name for s in meta["sources"]] == ["a.txt", "b.txt", "c.md"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "texts"]  # no temporary directory left
+    assert f"skipped 1 file in {texts} that no format's ending names (skip.py); to read them too, give --glob '*'" \
+        in out
+
+
+def test_files_a_directory_holds_without_a_known_ending_are_counted_and_named_not_dropped_silently(tmp_path, capsys):
+    """17 licence files beside one ``.txt``: the 17 were dropped without a word."""
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "story.txt").write_text("once")
+    for n in range(17):
+        (texts / f"LICENSE-{n:02d}").write_text("licence text")
+    code, out, _ = prepare(capsys, tmp_path / "ds", texts)
+    assert code == 0 and out.splitlines()[0] == (
+        f"skipped 17 files in {texts} that no format's ending names (LICENSE-00, LICENSE-01, LICENSE-02, ...); "
+        "to read them too, give --glob '*' (read as text unless named otherwise)")
+    code, out, _ = prepare(capsys, tmp_path / "all", texts, "--glob", "*")
+    assert code == 0 and "skipped" not in out and "from 18 files" in out
 
 
 def test_jsonl_and_parquet_field(tmp_path, capsys):
