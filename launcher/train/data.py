@@ -24,6 +24,7 @@ import fcntl
 import os
 import shutil
 import sysconfig
+import zlib
 from pathlib import Path
 from typing import Callable, Iterable, List
 
@@ -158,6 +159,13 @@ class TokenData:
                                "vocabulary, or prepare the data again if it was damaged")
         return rows[:, :-1], rows[:, 1:]
 
+    def crc(self, split: str, indices: Iterable[int]) -> int:
+        """The sum of the CRC-32s of the given samples' windows (``seq_len + 1`` tokens each, as stored): a
+        signature of what a step read that does not depend on how its samples were split among the ranks (each
+        rank's sum for its share, added over the ranks, is the global batch's)."""
+        data, t = self.splits[split], self.seq_len
+        return sum(zlib.crc32(data.read(int(i) * t, int(i) * t + t + 1).tobytes()) for i in indices)
+
 
 class Tokens:
     """Token arrays (the shards) seen as one sequence, and ranges of it, without copying them.
@@ -225,15 +233,19 @@ class StepSampler:
             self._epoch, self._perm = epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
         return self._perm[pos * self.global_batch: (pos + 1) * self.global_batch]
 
-    def micro_batches(self, step: int, rank: int, world_size: int, micro_batch: int) -> list[np.ndarray]:
-        """Rank ``rank``'s samples at ``step``, in micro-batches of ``micro_batch``."""
+    def share(self, step: int, rank: int, world_size: int) -> np.ndarray:
+        """Rank ``rank``'s samples at ``step``: the ``rank``-th contiguous share of the step's."""
         if self.global_batch % world_size:
             raise ValueError(f"global batch {self.global_batch} is not divisible by world size {world_size}")
         per_rank = self.global_batch // world_size
-        if per_rank % micro_batch:
-            raise ValueError(f"per-rank batch {per_rank} is not divisible by micro batch {micro_batch}")
-        mine = self.step_indices(step)[rank * per_rank: (rank + 1) * per_rank]
-        return [mine[i: i + micro_batch] for i in range(0, per_rank, micro_batch)]
+        return self.step_indices(step)[rank * per_rank: (rank + 1) * per_rank]
+
+    def micro_batches(self, step: int, rank: int, world_size: int, micro_batch: int) -> list[np.ndarray]:
+        """Rank ``rank``'s samples at ``step``, in micro-batches of ``micro_batch``."""
+        mine = self.share(step, rank, world_size)
+        if len(mine) % micro_batch:
+            raise ValueError(f"per-rank batch {len(mine)} is not divisible by micro batch {micro_batch}")
+        return [mine[i: i + micro_batch] for i in range(0, len(mine), micro_batch)]
 
 
 def eval_windows(count: int, num_samples: int) -> np.ndarray:

@@ -176,12 +176,14 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
 @dataclass
 class StepResult:
     """One optimizer step: which (``step`` optimizer steps were done before it), its learning rate, this rank's
-    loss and the gradient norm (the same on every rank)."""
+    loss and the gradient norm (the same on every rank), and the CRC sum of this rank's samples
+    (launcher/train/data.py ``TokenData.crc``)."""
 
     step: int
     lr: float
     loss: torch.Tensor
     grad_norm: torch.Tensor
+    crc: int
 
 
 @dataclass
@@ -232,7 +234,8 @@ class Steps:
             if step + 1 < self.tc.steps:  # read and copied while this step's work runs on the GPU
                 self.prepared = step + 1, batching.micro_batch, self.batches(step + 1, batching.micro_batch)
             grad_norm = optimizer_step(begun.model, begun.optimizer, begun.scheduler, self.tc.grad_clip)
-        return StepResult(step, lr, loss, grad_norm)
+        crc = self.data.crc("train", self.sampler.share(step, self.env.rank, self.env.world_size))
+        return StepResult(step, lr, loss, grad_norm, crc)
 
     def batches(self, step: int, micro_batch: int) -> list[Batch]:
         """This rank's micro-batches of ``step``, on its device: those prepared during the step before, if any."""
@@ -299,8 +302,9 @@ class Metrics:
         self.timer.steps += 1
         if eval_loss is not None or self.due(done, last):
             steps, seconds = self.timer.steps, self.timer.seconds()
-            self.row = {"step": done, "loss": global_mean(result.loss, self.env), "eval_loss": eval_loss,
-                        "lr": result.lr, "grad_norm": host_sync.read(result.grad_norm), "step_time": seconds / steps,
+            loss, crc = loss_and_batch(result, self.env)
+            self.row = {"step": done, "loss": loss, "eval_loss": eval_loss, "lr": result.lr,
+                        "grad_norm": host_sync.read(result.grad_norm), "batch_crc": crc, "step_time": seconds / steps,
                         **throughput(self.tokens_per_step * steps, seconds, self.env.world_size, self.fpt,
                                      self.peak),
                         "peak_mem_gb": peak_memory_gb(self.env.device)}
@@ -359,6 +363,18 @@ class Checkpointer:
                 (self.exports.start if why is None else self.exports.defer)(done)  # the attempt ends: the next
         if why is not None:
             raise Interrupted(done, why)
+
+
+def loss_and_batch(result: StepResult, env: DistEnv) -> tuple[float, int]:
+    """The step's loss, the mean over the ranks, and its global batch as one number whatever the world size (the
+    ranks' CRC sums of their samples, added, modulo 2**32: metrics.jsonl's ``batch_crc``, on which two runs that
+    read the same tokens at a step agree); one read of the device for both."""
+    loss = result.loss.detach().clone().reshape(1)
+    crc = torch.tensor([result.crc], dtype=torch.int64, device=env.device)
+    dist.all_reduce(loss)
+    dist.all_reduce(crc)
+    total, crcs = host_sync.read(torch.cat([loss.double(), crc.double()]))  # exact: both sums are below 2**53
+    return total / env.world_size, int(crcs) % 2**32
 
 
 def pruning_said(pruning: Pruning, step: int, row: dict[str, Any], env: DistEnv) -> bool:

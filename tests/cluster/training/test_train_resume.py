@@ -28,6 +28,7 @@ def test_uninterrupted_run_records_everything(reference_run):
     final = records[-1]
     assert final["final"] and final["step"] == STEPS and final["steps_run"] == STEPS
     assert final["loss"] < records[0]["loss"]
+    assert len({r["batch_crc"] for r in records[:-1]}) == STEPS  # each step's global batch its own
     assert [r["eval_loss"] is not None for r in records[:-1]] == [s % EVERY == 0 for s in range(1, STEPS + 1)]
     events = [e["event"] for e in read_events(reference_run)]
     assert events == ["preflight", "started", "ready", "finished"]
@@ -58,6 +59,28 @@ def test_crash_during_save_then_resume_matches_uninterrupted(tmp_path, reference
     eval_losses = lambda d: [r["eval_loss"] for r in metrics(d) if r.get("eval_loss") is not None and not r.get("final")]
     assert eval_losses(run_dir)[-1] == eval_losses(reference_run)[-1]
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000003", "step_00000006"]
+    assert batches(run_dir) == batches(reference_run)
+
+
+def test_a_resume_on_another_number_of_ranks_reads_the_same_global_batches(tmp_path, reference_config,
+                                                                            reference_run):
+    """Trained on 2 ranks to its checkpoint of step 3 (killed saving step 6), then resumed on 4 (the checkpoint
+    resharded): every step reads the global batch the 2-rank run read (``batch_crc``), and the losses agree to the
+    sharding tests' tolerance (a sum over other ranks rounds otherwise)."""
+    run_dir = make_run_dir(tmp_path / "run", reference_config, world_size=2, micro_batch=2)
+    with pytest.raises(mp.ProcessExitedException, match="exit code 9"):
+        launch_forked(train_workers.train_run_killed_in_save, (run_dir, STEPS), world_size=2)
+    make_run_dir(run_dir, reference_config, world_size=4, micro_batch=1)  # the plan resume gpus=4 writes
+    launch_forked(train_workers.train_run, (run_dir,), world_size=4)
+    assert "resumed at step 3" in (run_dir / "logs" / "rank_0.log").read_text()
+    assert batches(run_dir) == batches(reference_run)
+    for step, loss in losses(reference_run).items():
+        assert losses(run_dir)[step] == pytest.approx(loss, rel=1e-5), f"loss at step {step}"
+
+
+def batches(run_dir):
+    """Each logged step's global batch (``batch_crc``), the newest record of a step logged twice."""
+    return {r["step"]: r["batch_crc"] for r in metrics(run_dir) if not r.get("final")}
 
 
 def test_task_requeues_itself_for_the_same_run(tmp_path):
