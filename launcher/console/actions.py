@@ -45,7 +45,7 @@ def act(action: str, root: Optional[Path], name: str, remote: Optional[Remote] =
         return stopped(argparse.Namespace(root=root, names=[name] if action == "stop" else [],
                                           sweep=name if action == "stop-sweep" else None, wait=None, now=False))
     if action == "resume":
-        command, args = resume.main, argparse.Namespace(root=root, name=name)
+        command, args = resume.main, argparse.Namespace(root=root, name=name, layout=[])
     elif action == "delete":
         command, args = delete.main, argparse.Namespace(root=root, names=[name], sweep=None, yes=True)
     else:

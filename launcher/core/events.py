@@ -213,11 +213,13 @@ class Retrying(Event):
 
 @dataclass(kw_only=True)
 class Resubmitted(Event):
-    """``launcher resume`` submitted a new job for the run."""
+    """``launcher resume`` submitted a new job for the run (``layout``: on another number of GPUs, from what to
+    what)."""
     kind: ClassVar[str] = "resubmitted"
     job_id: Optional[str] = None
     previous_job_id: Optional[str] = None
     by: Optional[str] = None
+    layout: Optional[str] = None
 
 
 @dataclass(kw_only=True)

@@ -99,16 +99,29 @@ def site_kill_wait(slurm, tmp_path_factory):
     run_down(state)
 
 
+@dataclass(frozen=True)
+class Steady:
+    """The steady run: called, it waits for the run's end and gives its losses; ``run_dir`` has its records."""
+
+    slurm: SlurmCluster
+    root: Path
+
+    def __call__(self) -> dict[int, float]:
+        return self.slurm.wait((self.root / "job").read_text(), timeout=400) == "COMPLETED" and losses(self.run_dir)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "steady"
+
+
 @pytest.fixture(scope="session")
-def steady(slurm, tmp_path_factory):
+def steady(slurm, tmp_path_factory) -> Steady:
     """The steady run (``STEADY_RUN``), never interrupted: what every interrupted run of that config must reproduce
-    (the recovery and preemption tests). Launched once per session by the first worker that asks; returns a
-    function that waits for its end and gives its losses."""
+    (the recovery and preemption tests). Launched once per session by the first worker that asks."""
     def submit(root: Path) -> None:
         (root / "job").write_text(launch(slurm, root, "name=steady", defaults=STEADY_RUN))
 
-    root = shared_once(tmp_path_factory, "steady", submit)
-    return lambda: slurm.wait((root / "job").read_text(), timeout=400) == "COMPLETED" and losses(root / "steady")
+    return Steady(slurm, shared_once(tmp_path_factory, "steady", submit))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from support.helpers import (SITE_KILL_WAIT_S, STEADY_RUN, STEADY_STEPS, events, job_id_of, launch, losses, paced,
                              runs_json, wait_for)
 
@@ -70,3 +72,34 @@ def test_a_stop_and_a_requeue_from_outside_each_save_the_step_the_run_is_at(site
     assert sorted(rows(run_dir)) == list(range(1, STEADY_STEPS + 1))  # every step once: none lost or trained twice
     logged = losses(run_dir)
     assert {step: logged[step] for step in steady()} == steady()
+
+
+def test_a_stopped_run_resumed_on_another_number_of_gpus_reads_the_same_global_batches(slurm, steady, tmp_path):
+    """``launcher resume RUN gpus=1`` of a run stopped on 2: composed again with its global batch kept and checked
+    as a launch is; its checkpoint, saved by 2 ranks, is resharded onto 1, and every step after it reads the global
+    batch the steady run read (``batch_crc``), with the steady run's losses up to the rounding of another sum."""
+    launch(slurm, tmp_path, "name=moved", defaults=STEADY_RUN, env=paced(0.05))
+    run_dir = tmp_path / "moved"
+    wait_for(lambda: rows(run_dir), 180, "training", patient=True)
+    stopped = slurm.launcher("stop", "moved", root=tmp_path)
+    assert stopped.returncode == 0 and " every rank saved it; " in stopped.stdout, stopped.stdout + stopped.stderr
+    stop_at = max(map(step_of, complete_checkpoints(run_dir)))
+    resumed = slurm.launcher("resume", "moved", "gpus=1", root=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert re.match(rf"Resumed moved as Slurm job (\d+) on 2 GPUs \(1 x 2\) to 1 GPU \(1 x 1\), from its checkpoint "
+                    rf"of step {stop_at}; it was CANCELLED\.$", resumed.stdout), resumed.stdout
+    slurm.completes(job_id_of(resumed.stdout), run_dir, timeout=300)
+    (event,) = [e for e in events(run_dir) if e["event"] == "resubmitted"]
+    assert event["layout"] == "2 GPUs (1 x 2) to 1 GPU (1 x 1)"
+    assert [r["gpus"] for r in runs_json(slurm, tmp_path).values()] == [1]
+    expected = steady()
+    after = {step: crc for step, crc in batches(run_dir).items() if step > stop_at}
+    assert after and after == {step: crc for step, crc in batches(steady.run_dir).items() if step in after}
+    for step in after:
+        assert losses(run_dir)[step] == pytest.approx(expected[step], rel=1e-3), f"loss at step {step}"
+
+
+def batches(run_dir) -> dict[int, int]:
+    """Each logged step's global batch (``batch_crc``), the newest record of a step logged twice."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {row["step"]: row["batch_crc"] for row in map(json.loads, lines) if not row.get("final")}
