@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["support.planter"]
+pytest_plugins = ["support.planter", "support.s3"]
 
 # pyarrow's bundled jemalloc runs a background purging thread in every process that imports it (a worker, once a
 # test imports launcher.dataset). In the suite's long-lived workers that thread was measured at 3 to 9 % of a core

@@ -12,14 +12,16 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 from launcher.views.trained_model import with_checkpoint
 from launcher.core.checkpoints import step_of
 from launcher.core.startup import long_lived_imports
-from launcher.core.config import RunConfig
-from launcher.core.dataset import DatasetError, read_metadata
+from launcher.core.config import DataConfig, RunConfig
+from launcher.core.dataset import DatasetError, described
+from launcher.core.store import StoreError, is_remote
 from launcher.core.events import Evaluated
 from launcher.core.rundir import append_event
 from launcher.errors import LaunchError
@@ -29,7 +31,8 @@ DEFAULT_TOKENS = 1 << 20
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
-    parser.add_argument("--data", required=True, metavar="PATH", help="a prepared dataset directory or a token file")
+    parser.add_argument("--data", required=True, metavar="PATH",
+                        help="a prepared dataset directory, a token file or s3://BUCKET/PREFIX")
     parser.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest good one)")
     parser.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
                         help=f"predict at most this many tokens (default {DEFAULT_TOKENS:,}; 0: all)")
@@ -42,27 +45,32 @@ def main(args: argparse.Namespace) -> int:
     if args.tokens < 0:
         raise LaunchError(f"--tokens must be 0 (all) or more, got {args.tokens}")
     rec, cfg, checkpoint = with_checkpoint(args, "eval")
-    path = Path(args.data).expanduser().absolute()
-    if not path.exists():
-        raise LaunchError(f"--data {path} does not exist; give a prepared dataset directory or a token file")
-    same_tokenizer(rec.name, cfg, path)
-    own = cfg.data.path is not None and Path(cfg.data.path).expanduser().absolute() == path
+    remote = is_remote(args.data)
+    path = args.data if remote else Path(args.data).expanduser().absolute()
+    if not remote and not path.exists():
+        raise LaunchError(f"--data {path} does not exist; give a prepared dataset directory, a token file or "
+                          "s3://BUCKET/PREFIX")
+    given = replace(cfg.data, path=str(path))
+    same_tokenizer(rec.name, cfg, given)
+    own = cfg.data.path is not None and str(path) == (cfg.data.path if is_remote(cfg.data.path) else
+                                                      str(Path(cfg.data.path).expanduser().absolute()))
     split = "val" if own else "train"  # TokenData's "train" split of other data, val_fraction 0, is all of it
 
     with long_lived_imports():
         import torch  # lazy: keeps torch, numpy out of start-up
 
-        from launcher.train.data import TokenData  # lazy: keeps numpy out of start-up
+        from launcher.train.data import TokenData, open_stream  # lazy: keeps numpy out of start-up
         from launcher.train.held_out import held_out_loss  # lazy: keeps torch, numpy out of start-up
 
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")
     try:
-        data = TokenData(path, data_dtype(path, cfg), cfg.model.seq_len, cfg.data.val_fraction if own else 0.0,
-                         cfg.model.vocab_size)
+        dtype = data_dtype(given)
+        data = TokenData(path, dtype, cfg.model.seq_len, cfg.data.val_fraction if own else 0.0, cfg.model.vocab_size,
+                         open_stream(replace(given, dtype=dtype), 1))
         started = time.monotonic()
         found = held_out_loss(cfg.model, checkpoint, data, split, args.tokens, device, progress=progress_bar())
-    except (DatasetError, ValueError) as err:
+    except (DatasetError, StoreError, ValueError) as err:
         raise LaunchError(f"--data {path}: {err}") from None
     result: Dict[str, Any] = {"step": step_of(checkpoint), "data": str(path), "split": "val" if own else "all",
                               "tokens": found.tokens, "loss": round(found.loss, 6),
@@ -84,17 +92,19 @@ def tokenizer_key(record: Optional[Dict[str, Any]]) -> str:
     return str(record.get("sha256"))
 
 
-def tokenizer_record(path: Path) -> Optional[Dict[str, Any]]:
-    """The tokenizer a dataset directory records (None: a token file, which records none)."""
-    return read_metadata(path)["tokenizer"] if path.is_dir() else None
+def tokenizer_record(data: DataConfig) -> Optional[Dict[str, Any]]:
+    """The tokenizer a dataset records (None: a token file, which records none)."""
+    found = described(data) if data.path else None
+    return found[0]["tokenizer"] if found else None
 
 
-def same_tokenizer(name: str, cfg: RunConfig, path: Path) -> None:
-    """LaunchError in one line unless the data at ``path`` was made with the run's tokenizer."""
+def same_tokenizer(name: str, cfg: RunConfig, given: DataConfig) -> None:
+    """LaunchError in one line unless the data ``given`` was made with the run's tokenizer."""
+    path = given.path
     try:
-        theirs = tokenizer_record(path)
-        mine = tokenizer_record(Path(cfg.data.path).expanduser()) if cfg.data.path else None
-    except DatasetError as err:
+        theirs = tokenizer_record(given)
+        mine = tokenizer_record(cfg.data)
+    except (DatasetError, StoreError) as err:
         raise LaunchError(str(err)) from None
     if tokenizer_key(theirs) != tokenizer_key(mine):
         said = lambda record: (record or {}).get("spec") or (record or {}).get("kind") or "byte"  # noqa: E731
@@ -102,9 +112,10 @@ def same_tokenizer(name: str, cfg: RunConfig, path: Path) -> None:
                           f"{said(mine)}: evaluate on data prepared with the run's tokenizer")
 
 
-def data_dtype(path: Path, cfg: RunConfig) -> str:
+def data_dtype(given: DataConfig) -> str:
     """The token type of the data: a dataset's own, a token file's as the run reads its data."""
-    return read_metadata(path)["dtype"] if path.is_dir() else cfg.data.dtype
+    found = described(given)
+    return found[0]["dtype"] if found else given.dtype
 
 
 def progress_bar():

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, List
 from launcher.compose.catalog import GROUPS, options
 from launcher.core.run_index import base_name
 from launcher.errors import LaunchError
+from launcher.job.secret_store import secrets_dir, store_secrets
 from launcher.remote.clusters import launch_remote, remote_of, same_remote
 from launcher.remote.ship import call
 from launcher.views.lookup import invocation
@@ -82,6 +83,7 @@ def main(args: argparse.Namespace) -> int:
     from launcher.search.space import asked  # lazy: keeps omegaconf out of start-up
 
     overrides = overrides_of(args)
+    store_secrets(secrets_dir())  # a bucket's data is checked with the credentials its tasks will have
     if asked(overrides):  # search=optuna: launcher/search/
         return search(overrides, args.multirun)
     from launcher.submit.prefetch import prefetch  # lazy: keeps omegaconf out of start-up

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, List
 from launcher.core.gpus import DEFAULT_GPU, GPUS
 from launcher.core.config import CHECKPOINTING, LOCAL_CLUSTER
 from launcher.forecast.estimate import Estimate, estimate, set_scaling
+from launcher.job.secret_store import secrets_dir, store_secrets
 from launcher.forecast.host import host_memory, machine_memory, to_fit
 from launcher.forecast.target import GIB, Assumptions, hardware_for, precision_of
 from launcher.forecast.memory import activation_components, activation_terms, shard_group
@@ -74,6 +75,7 @@ def main(args: argparse.Namespace) -> int:
     from launcher.compose.composer import compose_runs  # lazy: keeps hydra out of start-up
     from launcher.submit.checks import judge  # lazy: keeps hydra, submitit out of start-up
 
+    store_secrets(secrets_dir())  # a bucket's data is checked with the credentials its tasks will have
     runs = compose_runs(overrides_of(args), multirun=args.multirun)
     estimates = [estimate(run.config, run.plan,
                           hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True), opts,

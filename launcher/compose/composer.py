@@ -11,7 +11,7 @@ submitted, so one bad combination fails the whole command up front.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Sequence
 
 from hydra import compose, initialize_config_dir
@@ -27,8 +27,9 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher.compose import overrides as ov
 from launcher.compose.catalog import GROUPS, beside, default_choices, option_path
 from launcher.compose.layers import conf_dir
-from launcher.core.config import RunConfig
+from launcher.core.config import RunConfig, StoreConfig
 from launcher.core.rundir import DEFAULT_ROOT
+from launcher.core.store import ADDRESSING, StoreError, resolve, is_remote as is_remote_path
 from launcher.dataset.check import DataSummary, check_data
 from launcher.errors import LaunchError
 from launcher.core.plan import Plan
@@ -91,11 +92,15 @@ def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> Comp
         chose_root = user_set("run_root", hydra_overrides) or (not remote and os.environ.get("LAUNCHER_RUN_ROOT"))
         if (cfg.cluster.run_root or remote) and not chose_root:
             cfg.run_root = cfg.cluster.run_root or DEFAULT_ROOT  # the cluster's scratch, unless the user named a root
-        if not remote and cfg.data.path and not os.path.isabs(os.path.expanduser(cfg.data.path)):
+        if not remote and cfg.data.path and not is_remote_path(cfg.data.path) \
+                and not os.path.isabs(os.path.expanduser(cfg.data.path)):
             # Relative to where the command runs, typed or in a run file; recorded absolute (config.yaml,
             # run.yaml), so the run and `launcher -f RUN/run.yaml` find it from anywhere.
             cfg.data.path = os.path.abspath(os.path.expanduser(cfg.data.path))
         config: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+        if is_remote_path(config.data.path) and not remote:
+            config.data.store = resolved_store(config)
+            cfg.data.store = OmegaConf.structured(config.data.store)
         validate(config)
         plan = plan_of(config)
         data = remote_data(config) if remote else check_data(config, plan)
@@ -106,6 +111,21 @@ def _compose_one(parser: OverridesParser, typed: List[str], label: bool) -> Comp
     resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     return ComposedRun(overrides=list(typed), config=config, resolved=resolved, plan=plan,
                        run_file=run_file_of(parsed, resolved, plan), data=data)
+
+
+def resolved_store(cfg: RunConfig) -> StoreConfig:
+    """The object store of a bucket's data as its tasks will reach it: the run's ``data.store`` over the cluster
+    file's ``cluster.store``, over what botocore resolves here (launcher/core/store.py ``resolve``)."""
+    run, site = cfg.data.store, cfg.cluster.store
+    merged = StoreConfig(**{f.name: getattr(run, f.name) if getattr(run, f.name) != getattr(StoreConfig(), f.name)
+                            else getattr(site, f.name) for f in fields(StoreConfig)})
+    if merged.addressing_style not in (None, *ADDRESSING):
+        raise LaunchError(f"data.store.addressing_style must be one of {', '.join(ADDRESSING)}, "
+                          f"not {merged.addressing_style!r}")
+    try:
+        return resolve(merged)
+    except StoreError as err:
+        raise LaunchError(str(err)) from None
 
 
 def remote_data(cfg: RunConfig) -> DataSummary:

@@ -137,14 +137,39 @@ class TrainConfig:
 
 
 @dataclass
+class StoreConfig:
+    """An S3-compatible object store (launcher/core/store.py): null values are botocore's own resolution on the
+    login node at launch (``AWS_ENDPOINT_URL``, ``AWS_REGION``, the profile), which the launch writes here.
+    ``retry_s``: how long a request is tried again before the attempt fails; ``stall_s``: a transfer that
+    brings less than 1 MiB in this long is cut and tried again."""
+
+    endpoint_url: Optional[str] = None
+    region: Optional[str] = None
+    addressing_style: Optional[str] = None  # auto, path or virtual
+    retry_s: float = 300.0
+    stall_s: float = 30.0
+
+
+@dataclass
 class DataConfig:
     """Token data. With ``path`` null, a byte-level corpus built from the Python
-    standard library's sources is made on first use and cached in ``cache_dir``."""
+    standard library's sources is made on first use and cached in ``cache_dir``.
+
+    ``path`` may be ``s3://BUCKET/PREFIX`` (docs/data.md): its shards are streamed into a cache on each node
+    (``stream_cache_dir``, default a private folder in the node's temporary directory; at most
+    ``stream_cache_gb``), read ``read_ahead`` steps ahead, in an order that visits ``stream_window`` shards at a
+    time."""
 
     path: Optional[str] = None
     dtype: str = "uint16"
     val_fraction: float = 0.05
     cache_dir: str = "~/.cache/slurm-gpt-launcher"
+    store: StoreConfig = field(default_factory=StoreConfig)
+    stream_cache_dir: Optional[str] = None
+    stream_cache_gb: float = 20.0
+    stream_window: int = 4
+    read_ahead: int = 4
+    stream_connections: int = 8  # downloads at once per node
 
 
 @dataclass
@@ -244,6 +269,8 @@ class ClusterConfig:
     # no container; null: the one that submits.
     python: Optional[str] = None
     container: ContainerConfig = field(default_factory=ContainerConfig)
+    # The site's own object store, for data.path=s3://... (a run's data.store wins over it).
+    store: StoreConfig = field(default_factory=StoreConfig)
     container_image: Optional[str] = None  # replaced by container.image; refused when set (compose/validate.py)
     slurm_conf: Optional[str] = None
     # Where this cluster's runs live (its shared scratch); a run_root= override and $LAUNCHER_RUN_ROOT win.

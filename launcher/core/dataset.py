@@ -25,6 +25,7 @@ calls and those reads.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -37,6 +38,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from launcher.core.events import Fault
 from launcher.core.config import DataConfig
 from launcher.core.safepath import check_tree
+from launcher.core.store import Location, Store, StoreError, is_remote
 
 # Token ids are stored as unsigned integers of this many bytes.
 TOKEN_DTYPES = {"uint16": 2, "uint32": 4}
@@ -105,15 +107,71 @@ def read_metadata(directory: Path) -> Dict[str, Any]:
         raise DatasetError(f"{directory} is a directory without {METADATA} (make a dataset with "
                            "'launcher data prepare OUT INPUT...', or point data.path at a token file)")
     try:
-        meta = json.loads(path.read_text())
+        text = path.read_text()
+    except OSError as err:
+        raise DatasetError(f"{path} cannot be read ({err.strerror}); prepare the dataset again") from None
+    return parse_metadata(text, str(path))
+
+
+def remote_metadata(store: Store, location: Location) -> Dict[str, Any]:
+    """A bucket's dataset's metadata (``s3://BUCKET/PREFIX/metadata.json``), checked as :func:`read_metadata`
+    checks a directory's; StoreError when the store does not serve it."""
+    try:
+        text = store.read(location, METADATA).decode("utf-8", errors="replace")
+    except StoreError as err:
+        if err.missing == "bucket":
+            raise DatasetError(f"data.path={location.url()}: there is no bucket {location.bucket} at "
+                               f"{store.endpoint} (or your credentials may not see it)") from None
+        if err.missing:
+            raise DatasetError(f"data.path={location.url()} has no {METADATA} at {store.endpoint} (make a dataset "
+                               f"there with 'launcher data prepare {location.url()} INPUT...')") from None
+        raise
+    return parse_metadata(text, location.url(METADATA))
+
+
+def described(data: DataConfig) -> Optional[Tuple[Dict[str, Any], Path]]:
+    """A dataset's metadata and the local folder its tokenizer file is in (what sample, eval and export read), or
+    None for data with no metadata (a single token file, the default corpus not built yet). A bucket's tokenizer
+    is fetched once into ``data.cache_dir`` (``tokenizers/<sha256>/``), checked against the metadata's hash."""
+    if is_remote(data.path):
+        store, location = Store(data.store), Location.parse(str(data.path))
+        meta = remote_metadata(store, location)
+        record = meta["tokenizer"]
+        folder = Path(data.cache_dir).expanduser() / "tokenizers" / str(record.get("sha256"))
+        if record.get("file") and not (folder / record["file"]).is_file():
+            check_cache(data)
+            body = store.read(location, record["file"])
+            if hashlib.sha256(body).hexdigest() != record.get("sha256"):
+                raise DatasetError(f"{location.url(record['file'])} is not the tokenizer the data was made with (its "
+                                   f"sha256 differs from {METADATA}'s); prepare or upload the dataset again")
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / f".{record['file']}.{os.getpid()}"
+            tmp.write_bytes(body)
+            os.replace(tmp, folder / record["file"])
+        return meta, folder
+    path = data_path(data)
+    return (read_metadata(path), path) if path.is_dir() else None
+
+
+def dataset_fingerprint(meta: Dict[str, Any]) -> int:
+    """A 32-bit number that changes with any shard of the dataset (from the checksums its metadata records): a
+    streamed dataset's cache folder and sample order are keyed by it."""
+    return zlib.crc32(json.dumps([meta["dtype"], [[s["file"], s["bytes"], s["crc32"]] for s in meta["shards"]]])
+                      .encode())
+
+
+def parse_metadata(text: str, where: str) -> Dict[str, Any]:
+    """metadata.json's text (read from ``where``), checked for the fields readers rely on."""
+    try:
+        meta = json.loads(text)
         dtype, shards, tokenizer = meta["dtype"], meta["shards"], meta["tokenizer"]
         if dtype not in TOKEN_DTYPES or not isinstance(tokenizer["vocab_size"], int) or not all(
                 isinstance(s["file"], str) and "/" not in s["file"] and isinstance(s["tokens"], int)
                 and _checked_fields(s) for s in shards):
             raise ValueError("a field has a wrong value")
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise DatasetError(f"{path} is damaged ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-                           "prepare the dataset again") from None
+    except (ValueError, KeyError, TypeError) as err:
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise DatasetError(f"{where} is damaged ({type(err).__name__}: {first}); prepare the dataset again") from None
     return meta
 
 
@@ -207,6 +265,7 @@ class Checked:
 
     tokens: int
     tokenizer: Dict[str, Any]
+    shard_bytes: Tuple[int, ...] = ()
 
 
 def data_path(data: DataConfig) -> Path:
@@ -214,12 +273,17 @@ def data_path(data: DataConfig) -> Path:
     return Path(data.path).expanduser() if data.path is not None else default_corpus(data.cache_dir, data.dtype)
 
 
-def verify(data: DataConfig, vocab_size: int, share: int = 0, shares: int = 1) -> Checked:
+def verify(data: DataConfig, vocab_size: int, share: int = 0, shares: int = 1,
+           store: Optional[Store] = None) -> Checked:
     """The run's data as training will read it, or DatasetError naming the first thing wrong.
 
     Every checker checks the layout, the dtype, the vocabulary and every shard's size (a ``stat`` each); the
     checksums are split among ``shares`` checkers (the ranks of an attempt), this one taking every
-    ``shares``-th shard from ``share`` on, read whole when they hold at most FULL_CHECK_BYTES, else sampled."""
+    ``shares``-th shard from ``share`` on, read whole when they hold at most FULL_CHECK_BYTES, else sampled. A
+    dataset in a bucket is checked through ``store`` (default: one of ``data.store``): its metadata by every
+    checker, its shards' sizes and ETags by the first."""
+    if is_remote(data.path):
+        return _verify_remote(data, vocab_size, store or Store(data.store), listed=share == 0)
     path = data_path(data)
     if not path.exists():
         raise DatasetError(f"data.path={path} does not exist; {PREPARE_HINT}")
@@ -237,6 +301,10 @@ def verify(data: DataConfig, vocab_size: int, share: int = 0, shares: int = 1) -
     return Checked(size // itemsize, dict(BYTE_TOKENIZER))
 
 
+def _size(file: Path) -> Optional[Tuple[int, str]]:
+    return (file.stat().st_size, "") if file.is_file() else None
+
+
 def check_vocab(tokenizer: Dict[str, Any], vocab_size: int) -> None:
     """The model must have an embedding for every token of the data's tokenizer."""
     if vocab_size < tokenizer["vocab_size"]:
@@ -244,30 +312,61 @@ def check_vocab(tokenizer: Dict[str, Any], vocab_size: int) -> None:
                            f"({tokenizer['vocab_size']}); set model.vocab_size={tokenizer['vocab_size']} or more")
 
 
-def _verify_dataset(directory: Path, data: DataConfig, vocab_size: int, share: int, shares: int) -> Checked:
-    meta = read_metadata(directory)
+def _check_meta(meta: Dict[str, Any], source: str, data: DataConfig, vocab_size: int,
+                sizes: Dict[str, Optional[Tuple[int, str]]], again: str) -> int:
+    """A dataset's tokens, or DatasetError for the first thing its metadata and its shards' ``sizes`` (each
+    shard's size and ETag, None where it is missing) say is wrong."""
     if meta["dtype"] != data.dtype:
-        raise DatasetError(f"data.dtype={data.dtype} does not match data.path={directory}, whose tokens are "
-                           f"{meta['dtype']} (its {directory.name}/{METADATA}); set data.dtype={meta['dtype']}")
+        raise DatasetError(f"data.dtype={data.dtype} does not match data.path={source}, whose tokens are "
+                           f"{meta['dtype']} (its {METADATA}); set data.dtype={meta['dtype']}")
     check_vocab(meta["tokenizer"], vocab_size)
-    # The default corpus is the launcher's to rebuild; a dataset, the user's to prepare again.
-    again = f"delete {directory} to have it built again" if data.path is None else "prepare the dataset again"
-    shards = meta["shards"]
-    for shard in shards:
-        file = directory / shard["file"]
-        where = file_label(directory, file)
-        if not file.is_file():
+    for shard in meta["shards"]:
+        where, found = sizes_label(source, shard["file"]), sizes[shard["file"]]
+        if found is None:
             raise DatasetError(f"{where} is missing; {again}")
-        size, expected = file.stat().st_size, shard["bytes"]
-        if size != expected:
-            raise DatasetError(f"{where} has {size:,} bytes, not the {expected:,} ({shard['tokens']:,} tokens) "
+        expected, etag = shard["bytes"], shard.get("etag")
+        if found[0] != expected:
+            raise DatasetError(f"{where} has {found[0]:,} bytes, not the {expected:,} ({shard['tokens']:,} tokens) "
                                f"that {METADATA} records: cut short, grown or replaced; {again}")
+        if etag and found[1] and found[1] != etag:
+            raise DatasetError(f"{where} has changed since it was prepared (its ETag is {found[1]}, not the {etag} "
+                               f"that {METADATA} records); {again}")
         if shard["max_id"] >= vocab_size:
             raise DatasetError(f"{where} holds token ids up to {shard['max_id']:,}, not below "
                                f"model.vocab_size={vocab_size:,}; set model.vocab_size={shard['max_id'] + 1} or more")
-    tokens = sum(s["tokens"] for s in shards)
+    tokens = sum(s["tokens"] for s in meta["shards"])
     if tokens == 0:
-        raise DatasetError(f"data.path={directory} holds no tokens; prepare it again from non-empty inputs")
+        raise DatasetError(f"data.path={source} holds no tokens; prepare it again from non-empty inputs")
+    return tokens
+
+
+def sizes_label(source: str, name: str) -> str:
+    """How messages name a shard of the dataset at ``source`` (a directory, or an ``s3://`` URL)."""
+    return f"shard {source.rstrip('/')}/{name}"
+
+
+def _verify_remote(data: DataConfig, vocab_size: int, store: Store, listed: bool) -> Checked:
+    """A bucket's dataset: its metadata, and (``listed``) every shard's size and ETag from a listing (one request
+    per 1,000 objects). The shards' checksums are checked as each node downloads them
+    (launcher/train/shard_cache.py)."""
+    try:
+        location = Location.parse(str(data.path))
+    except ValueError as err:
+        raise DatasetError(f"data.path: {err}") from None
+    meta = remote_metadata(store, location)
+    listing = store.listing(location) if listed else {}
+    sizes = {s["file"]: listing.get(s["file"]) if listed else (s["bytes"], "") for s in meta["shards"]}
+    tokens = _check_meta(meta, location.url(), data, vocab_size, sizes, "prepare or upload the dataset again")
+    return Checked(tokens, meta["tokenizer"], tuple(s["bytes"] for s in meta["shards"]))
+
+
+def _verify_dataset(directory: Path, data: DataConfig, vocab_size: int, share: int, shares: int) -> Checked:
+    meta = read_metadata(directory)
+    # The default corpus is the launcher's to rebuild; a dataset, the user's to prepare again.
+    again = f"delete {directory} to have it built again" if data.path is None else "prepare the dataset again"
+    shards = meta["shards"]
+    sizes = {s["file"]: _size(directory / s["file"]) for s in shards}
+    tokens = _check_meta(meta, str(directory), data, vocab_size, sizes, again)
     mine = [s for index, s in enumerate(shards) if index % shares == share]
     whole = sum(s["bytes"] for s in mine) <= FULL_CHECK_BYTES
     for shard in mine:

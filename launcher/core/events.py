@@ -40,6 +40,7 @@ class Fault(str, Enum):
     DATA = "data"  # the dataset is damaged: every node and try reads it alike
     NO_TORCH = "no torch"  # the tasks' Python cannot import torch
     DISK_FULL = "disk full"  # no space left (a later try may find room: old checkpoints pruned, quota freed)
+    STORE = "store"  # the object store of data.path=s3://... did not serve it within data.store.retry_s
     INFRASTRUCTURE = "infrastructure"  # I/O, network, device, a collective, Slurm: may pass on another try or node
     PEER_LOST = "peer lost"  # a rank lost a peer: another rank's failure, not its own
     KILLED = "killed"  # a rank killed by a signal (often the kernel's out-of-memory killer)

@@ -5,12 +5,13 @@ same every attempt makes at its start. Also the data's size in the plan's terms 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, Optional
 
 from launcher.core.config import RunConfig
-from launcher.core.dataset import (BYTE_TOKENIZER, TOKEN_DTYPES, DatasetError, check_cache, check_vocab, data_path,
-                                   samples, val_tokens, verify)
+from launcher.core.dataset import (BYTE_TOKENIZER, TOKEN_DTYPES, Checked, DatasetError, check_cache, check_vocab,
+                                   data_path, samples, val_tokens, verify)
+from launcher.core.store import Store, StoreError, is_remote
 from launcher.core.safepath import UnsafePath
 from launcher.core.plan import Plan
 from launcher.errors import LaunchError
@@ -40,6 +41,8 @@ def check_data(cfg: RunConfig, plan: Plan) -> DataSummary:
     data = cfg.data
     if data.dtype not in TOKEN_DTYPES:
         raise LaunchError(f"data.dtype must be one of {', '.join(TOKEN_DTYPES)}; got '{data.dtype}'")
+    if is_remote(data.path):
+        return _check_bucket(cfg, plan)
     source = str(data_path(data)) if data.path is not None else "the standard-library corpus"
     if data.path is None:  # the corpus is built into a cache of the user's, which no other user may plant
         try:
@@ -54,10 +57,43 @@ def check_data(cfg: RunConfig, plan: Plan) -> DataSummary:
         found = verify(data, cfg.model.vocab_size)
     except DatasetError as err:
         raise LaunchError(str(err)) from None
+    return _summary(cfg, plan, found, source)
+
+
+def _summary(cfg: RunConfig, plan: Plan, found: Checked, source: str) -> DataSummary:
     epochs = _epochs(cfg, plan, found.tokens, source)
     _val_split(cfg, found.tokens, source)
     return DataSummary(source=source, tokenizer=found.tokenizer.get("spec", found.tokenizer["kind"]),
                        vocab_size=found.tokenizer["vocab_size"], tokens=found.tokens, epochs=epochs)
+
+
+LAUNCH_RETRY_S = 10.0  # a launch waits this long at most for a store that does not answer
+
+
+def _check_bucket(cfg: RunConfig, plan: Plan) -> DataSummary:
+    """A bucket's dataset, checked from here with the credentials its tasks will have: its metadata is read and
+    every shard listed (size, ETag). Each problem is one line: no credentials, a missing bucket or key, an
+    endpoint that does not answer."""
+    data = cfg.data
+    store = Store(replace(data.store, retry_s=min(data.store.retry_s, LAUNCH_RETRY_S),
+                          stall_s=min(data.store.stall_s, LAUNCH_RETRY_S)))
+    try:
+        found = verify(data, cfg.model.vocab_size, store=store)
+        _check_cache_size(cfg, found)
+    except (DatasetError, StoreError) as err:
+        raise LaunchError(str(err)) from None
+    return _summary(cfg, plan, found, f"{data.path} at {store.endpoint}")
+
+
+def _check_cache_size(cfg: RunConfig, found: Checked) -> None:
+    """The node cache must hold the shards a window of the sample order and the steps read ahead span."""
+    largest = max(found.shard_bytes, default=0)
+    least = (2 * cfg.data.stream_window + 2) * largest
+    if cfg.data.stream_cache_gb * 2**30 < least:
+        raise LaunchError(f"data.stream_cache_gb={cfg.data.stream_cache_gb:g} cannot hold the "
+                          f"{2 * cfg.data.stream_window + 2} shards of {largest / 2**30:.3g} GB a node reads at "
+                          f"once with data.stream_window={cfg.data.stream_window}: set data.stream_cache_gb="
+                          f"{least / 2**30:.3g} or more, or a smaller data.stream_window")
 
 
 def _val_split(cfg: RunConfig, tokens: int, source: str) -> None:

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, Iterator, List, Optional
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional
 
-from launcher.core.dataset import METADATA, TOKEN_DTYPES, shard_name, shard_record, smallest_dtype, write_metadata
+from launcher.core.config import StoreConfig
+from launcher.core.dataset import (METADATA, TOKEN_DTYPES, TOKENIZER_FILE, shard_name, shard_record, smallest_dtype,
+                                   write_metadata)
+from launcher.core.store import Location, Store, StoreError, is_remote, resolve
 from launcher.dataset import tokenizer as tok
 from launcher.dataset.progress import Progress
 from launcher.dataset.sources import Skipped, Source, documents, find_sources
@@ -26,7 +30,7 @@ BATCH_CHARS = 1 << 20  # texts encoded together (the tokenizers package encodes 
 class Request:
     """What the user asked for (``launcher data prepare --help`` explains each)."""
 
-    out: Path
+    out: Path | str  # a directory, or s3://BUCKET/PREFIX
     inputs: List[Path]
     tokenizer: str
     format: str
@@ -35,6 +39,7 @@ class Request:
     dtype: Optional[str]
     shard_tokens: int
     overwrite: bool
+    store: StoreConfig = field(default_factory=StoreConfig)  # where out is s3://...
 
 
 @dataclass(frozen=True)
@@ -49,16 +54,16 @@ def prepare(req: Request) -> Prepared:
     """Make the dataset ``req`` describes. LaunchError (nothing written) on bad input."""
     if req.shard_tokens < 1:
         raise LaunchError(f"--shard-tokens must be a positive number of tokens, got {req.shard_tokens}")
-    out = req.out.expanduser().resolve()
+    if is_remote(str(req.out)):
+        return _prepare_remote(req)
+    out = Path(req.out).expanduser().resolve()
     if out.exists() and not (req.overwrite and out.is_dir() and (out / METADATA).is_file()):
         hint = "; add --overwrite to replace it" if out.is_dir() and (out / METADATA).is_file() else ""
         raise LaunchError(f"output {req.out} already exists{hint}")
     tok.bpe_size(req.tokenizer)  # a bad bpe:N is refused before any input is read
     sources, skipped = find_sources(req.inputs, req.format, req.glob, req.field)
     codec = tok.from_spec(req.tokenizer, lambda: _texts(sources, req.field, f"training {req.tokenizer}"))
-    dtype = req.dtype or smallest_dtype(codec.vocab_size)
-    if codec.vocab_size > 1 << (8 * TOKEN_DTYPES[dtype]):
-        raise LaunchError(f"--dtype {dtype} cannot hold a vocabulary of {codec.vocab_size:,}; use uint32")
+    dtype = _dtype(req, codec)
     tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
     tmp.mkdir(parents=True)
     try:
@@ -71,6 +76,51 @@ def prepare(req: Request) -> Prepared:
     return Prepared(meta, skipped)
 
 
+def _prepare_remote(req: Request) -> Prepared:
+    """The dataset made in a local temporary folder a shard at a time, each shard uploaded as soon as it is
+    closed and then removed (memory and local disk bounded by one shard), the tokenizer next and metadata.json
+    last, with each shard's ETag: the dataset exists in the bucket once its metadata does. An existing dataset
+    there is refused unless ``overwrite``, which first removes its metadata (so no run reads it half-replaced)."""
+    try:
+        location = Location.parse(str(req.out))
+        store = Store(resolve(req.store))
+        exists = METADATA in store.listing(location)
+    except (ValueError, StoreError) as err:
+        raise LaunchError(str(err)) from None
+    if exists and not req.overwrite:
+        raise LaunchError(f"output {location.url()} already holds a dataset at {store.endpoint}; add --overwrite to "
+                          "replace it")
+    tok.bpe_size(req.tokenizer)
+    sources, skipped = find_sources(req.inputs, req.format, req.glob, req.field)
+    codec = tok.from_spec(req.tokenizer, lambda: _texts(sources, req.field, f"training {req.tokenizer}"))
+    dtype = _dtype(req, codec)
+    with tempfile.TemporaryDirectory(prefix="launcher-prepare-") as tmp:
+        try:
+            if exists:
+                store.delete(location, METADATA)
+
+            def upload(record: Dict[str, Any]) -> None:
+                file = Path(tmp) / record["file"]
+                record["etag"] = store.upload(location, record["file"], str(file))
+                file.unlink()
+            meta = _write(Path(tmp), sources, codec, req, dtype, upload)
+            if meta["tokens"] == 0:
+                raise LaunchError(f"the inputs hold no text ({', '.join(map(str, req.inputs))})")
+            if meta["tokenizer"]["file"]:
+                store.upload(location, TOKENIZER_FILE, str(Path(tmp) / TOKENIZER_FILE))
+            store.upload(location, METADATA, str(Path(tmp) / METADATA))
+        except StoreError as err:
+            raise LaunchError(f"{err}; no dataset was made at {location.url()}") from None
+    return Prepared(meta, skipped)
+
+
+def _dtype(req: Request, codec: tok.Codec) -> str:
+    dtype = req.dtype or smallest_dtype(codec.vocab_size)
+    if codec.vocab_size > 1 << (8 * TOKEN_DTYPES[dtype]):
+        raise LaunchError(f"--dtype {dtype} cannot hold a vocabulary of {codec.vocab_size:,}; use uint32")
+    return dtype
+
+
 def _texts(sources: List[Source], field: str, label: str) -> Iterator[str]:
     progress = Progress(label, sum(s.size for s in sources))
     for source in sources:
@@ -79,8 +129,9 @@ def _texts(sources: List[Source], field: str, label: str) -> Iterator[str]:
     progress.done()
 
 
-def _write(tmp: Path, sources: List[Source], codec: tok.Codec, req: Request, dtype: str) -> Dict[str, Any]:
-    shards = Shards(tmp, dtype, req.shard_tokens)
+def _write(tmp: Path, sources: List[Source], codec: tok.Codec, req: Request, dtype: str,
+           closed: Callable[[Dict[str, Any]], None] = lambda record: None) -> Dict[str, Any]:
+    shards = Shards(tmp, dtype, req.shard_tokens, closed)
     progress = Progress(f"tokenizing with {codec.spec}", sum(s.size for s in sources))
     batch: List[str] = []
     ends: List[bool] = []
@@ -102,8 +153,8 @@ class Shards:
     """Token files of at most ``limit`` tokens each, filled in order, each recorded with its checksums and
     largest id once closed (launcher/core/dataset.py's ``shard_record``)."""
 
-    def __init__(self, directory: Path, dtype: str, limit: int):
-        self.directory, self.dtype, self.limit = directory, dtype, limit
+    def __init__(self, directory: Path, dtype: str, limit: int, closed: Callable[[Dict[str, Any]], None]):
+        self.directory, self.dtype, self.limit, self.closed = directory, dtype, limit, closed
         self.done: List[Dict[str, Any]] = []
         self.file: Optional[BinaryIO] = None
         self.in_file = self.max_id = 0
@@ -132,6 +183,7 @@ class Shards:
         os.fsync(self.file.fileno())
         self.file.close()
         self.done.append(shard_record(Path(self.file.name), self.in_file, self.max_id))
+        self.closed(self.done[-1])
         self.file, self.in_file, self.max_id = None, 0, 0
 
     def close(self) -> List[Dict[str, Any]]:

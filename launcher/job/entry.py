@@ -17,7 +17,8 @@ from launcher.core import failures, preemption
 from launcher.core.events import Fault, Requeued
 from launcher.core.rundir import append_event
 from launcher.core.startup import long_lived_imports
-from launcher.job.secret_store import inject, secrets_dir
+from launcher.core.store import CREDENTIALS_FILE
+from launcher.job.secret_store import inject, run_credentials, secrets_dir
 
 
 class NoTorch(RuntimeError):
@@ -68,6 +69,9 @@ class TrainTask(submitit.helpers.Checkpointable):
         try:
             try:
                 names = inject(Path(self.secrets_store))
+                captured = run_credentials(Path(self.secrets_store), Path(run_dir))
+                if captured.is_file():  # the object store's, as the launch found them (launcher/core/store.py)
+                    os.environ[CREDENTIALS_FILE] = str(captured)
                 if names:
                     print(f"launcher: injected secrets: {', '.join(names)}", flush=True)
                 run = training()

@@ -53,6 +53,7 @@ POLICY: Dict[Fault, Tuple[bool, str]] = {
     Fault.DATA: (False, "the data is damaged: every node and try would read it alike, not retried"),
     Fault.NO_TORCH: (False, "the tasks' Python has no torch: the same on every node and every try, not retried"),
     Fault.DISK_FULL: (True, "a full disk: retried once, when the run root has room for a checkpoint again"),
+    Fault.STORE: (True, "the object store did not answer: retried, no node blamed"),
     Fault.INFRASTRUCTURE: (True, "an I/O, network, device or collective error may pass on another try or node"),
     Fault.PEER_LOST: (True, "a rank lost its peers and no other cause was found"),
     Fault.KILLED: (True, "a rank killed by a signal (often out of memory) may pass on another try"),
@@ -544,7 +545,8 @@ def decide(events: List[Event], cause: Cause, max_retries: int, held: Sequence[s
     node Slurm holds down or drained (``held``); a rank killed by a signal (often the kernel's out-of-memory
     killer) does not make its node suspect. A node's own fault (lost, or failed its preflight) costs the run no
     retry the first time that node is blamed. Not retried: tasks whose Python has no torch, an error of the
-    code's own (any other exception), a failure before the first step of the first attempt, the same error at
+    code's own (any other exception), a failure before the first step of the first attempt (but the object store's:
+    it may answer later), the same error at
     the same step in two attempts that each trained (``trained``: this one did), or a run whose
     ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or heartbeats). A full
     disk is the file system's fault, never a node's: retried once (since the user last resumed the run), and only
@@ -566,7 +568,8 @@ def decide(events: List[Event], cause: Cause, max_retries: int, held: Sequence[s
         full = disk_full_refusal(events, room)
         if full:
             return Decision(False, full)
-    elif first and not progressed and cause.outcome not in (Outcome.LOST, Outcome.PREFLIGHT):
+    elif first and not progressed and cause.outcome not in (Outcome.LOST, Outcome.PREFLIGHT) \
+            and cause.fault is not Fault.STORE:  # a store that did not answer is no sign of a bad run
         return Decision(False, "it failed before its first step: a problem of the code, config or data, not retried")
     if not retried:
         return Decision(False, why)

@@ -251,3 +251,37 @@ def _write_private(path: Path, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+# ----------------------------------------------------------------------------------------------
+# An object store's credentials (data.path=s3://..., launcher/core/store.py)
+
+RUN_CREDENTIALS = "runs"  # a folder of the store: the credentials a launch captured, one 0600 file per run
+
+
+def store_secrets(directory: Path, environ: Optional[MutableMapping[str, str]] = None) -> List[str]:
+    """Put the store's AWS variables (``AWS_ACCESS_KEY_ID``, ``AWS_SHARED_CREDENTIALS_FILE``, ...) that
+    ``environ`` (default ``os.environ``) does not set into it, so that the launch checks a bucket with the
+    credentials its tasks will have; returns the variables set."""
+    environ = os.environ if environ is None else environ
+    found: dict = {}
+    inject(directory, found)
+    added = [name for name in found if name.startswith("AWS_") and name not in environ]
+    for name in added:
+        environ[name] = found[name]
+    return added
+
+
+def keep_run_credentials(directory: Path, run_dir: Path, credentials: bytes) -> Path:
+    """Keep the object store's credentials the launch found in its shell for the run's tasks, in a 0600 file of
+    the store (``runs/<run>.json``): what launcher/job/entry.py points the tasks at."""
+    _ensure_dir(directory)
+    folder = directory / RUN_CREDENTIALS
+    private_dir(folder, "secrets store", HOME)
+    path = run_credentials(directory, run_dir)
+    _write_private(path, credentials)
+    return path
+
+
+def run_credentials(directory: Path, run_dir: Path) -> Path:
+    return directory / RUN_CREDENTIALS / f"{Path(run_dir).name}.json"

@@ -26,6 +26,7 @@ from launcher.core.plan import Plan
 from launcher.core.preemption import KILL_WAIT
 from launcher.core.privacy import umask_line
 from launcher.core.rundir import CODE, code_dir
+from launcher.core.store import is_remote
 
 # Characters a Slurm option value needs (constraints use & | [ ] *, images : / #).
 _TOKEN = re.compile(r"[A-Za-z0-9._,:=@%/+#&|*\[\]-]+")
@@ -111,8 +112,10 @@ def container_args(cfg: RunConfig, run_dir: Path | None, mounts: Sequence[str] =
     if box.name is not None:
         args.append(f"--container-name={_token('cluster.container.name', box.name)}")
     root = Path(run_dir).absolute().parent if run_dir is not None else Path(os.path.expanduser(cfg.run_root))
-    data = cfg.data.path or cfg.data.cache_dir
-    host = [str(Path(os.path.expanduser(path)).absolute()) for path in (root, data, *mounts)]
+    # A bucket's dataset is read over the network into the node's cache: only a cache folder set by the user is
+    # mounted.
+    data = [cfg.data.stream_cache_dir] if is_remote(cfg.data.path) else [cfg.data.path or cfg.data.cache_dir]
+    host = [str(Path(os.path.expanduser(path)).absolute()) for path in (root, *data, *mounts) if path]
     listed = [*dict.fromkeys(f"{path}:{path}" for path in host), *box.mounts]
     args.append(f"--container-mounts={_token('cluster.container.mounts', ','.join(listed))}")
     workdir = box.workdir or (str(Path(run_dir).absolute()) if run_dir is not None else None)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from launcher.core.rundir import SOURCE_ROOT, launcher_home
+from launcher.core.store import CREDENTIAL_VARIABLES
 from launcher.slurm.limits import (ASSOC_FIELDS, QOS_FIELDS, SiteRules, cached, enforce_words, parse_associations,
                                    parse_partition_rules, parse_qos)
 from launcher.slurm.output import (NODE_FIELDS, SACCT_FIELDS, SQUEUE_FIELDS, JobRow, Node, NoPartition, Partition,
@@ -74,7 +75,10 @@ class Slurm:
         # A row of pending array elements (``123_[5-11%2]``) in full, not cut at 64 characters. An array element's
         # own variables stay out: sbatch would hand them to the job it submits (a retry of the element is a plain
         # job), whose steps would then take it for the element.
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_ARRAY_")}, "SLURM_BITSTR_LEN": "0"}
+        # Nor do the object store's credentials (launcher/core/store.py): sbatch would keep them in the job's
+        # environment, which the controller stores and sacct shows; the tasks get them from the secrets store.
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_ARRAY_")
+                  and k not in CREDENTIAL_VARIABLES}, "SLURM_BITSTR_LEN": "0"}
         if self.conf:
             env["SLURM_CONF"] = self.conf
         return env

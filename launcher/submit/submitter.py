@@ -28,7 +28,8 @@ from launcher.core.safepath import check_home
 from launcher.core.run_index import (RunRecord, base_name, create_run_dir, ensure_root, remember_root,
                                    ensure_sweep_dir, save_record)
 from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
-from launcher.job.secret_store import secrets_dir
+from launcher.core.store import STORE_CREDENTIALS, is_remote, login_credentials
+from launcher.job.secret_store import keep_run_credentials, load_all, secrets_dir
 from launcher.slurm.fit import explain_rejection, refusal
 from launcher.job.submission import submit_job, watch, watch_array
 from launcher.submit.array import submit_array
@@ -238,6 +239,19 @@ def prepare(run: ComposedRun, run_dir: Path) -> None:
     protect_dir(run_dir, run.config.share_group)
     write_run_files(run, run_dir)
     freeze(run_dir)  # what the job and its requeues import, whatever happens to the checkout meanwhile
+    if is_remote(run.config.data.path):
+        keep_store_credentials(run_dir)
+
+
+def keep_store_credentials(run_dir: Path) -> None:
+    """The object store's credentials for the tasks, when the secrets store has none (launcher/core/store.py): those
+    this shell has (its environment, its profile), kept in a 0600 file of the secrets store, never in the run
+    directory or Slurm's job."""
+    if any(secret.env in STORE_CREDENTIALS for secret in load_all(secrets_dir())):
+        return
+    found = login_credentials()
+    if found is not None:
+        keep_run_credentials(secrets_dir(), run_dir, found.to_json().encode())
 
 
 def refused(err: Exception, run: ComposedRun, part: Optional[Partition], what: str) -> LaunchError:

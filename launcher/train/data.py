@@ -25,23 +25,29 @@ import os
 import shutil
 import sysconfig
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, List
+from typing import Any, Callable, Iterable, List
 
 import numpy as np
 
 from launcher.core.config import DataConfig
-from launcher.core.dataset import (BYTE_TOKENIZER, TOKEN_DTYPES, DatasetError, check_cache, data_path, file_label,
-                                   samples, shard_files, shard_name, shard_record, val_tokens, write_metadata)
+from launcher.core.dataset import (BYTE_TOKENIZER, TOKEN_DTYPES, DatasetError, check_cache, data_path,
+                                   dataset_fingerprint, file_label, remote_metadata, samples, shard_files, shard_name,
+                                   shard_record, val_tokens, write_metadata)
+from launcher.core.store import Location, Store, is_remote
+from launcher.train.shard_cache import ShardCache, cache_folder
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
-def token_file(cfg: DataConfig) -> Path:
-    """The data to train on: ``cfg.path`` (a token file or a dataset directory), or the standard-library corpus,
-    built on first use."""
+def token_file(cfg: DataConfig) -> Path | str:
+    """The data to train on: ``cfg.path`` (a token file, a dataset directory or a bucket's ``s3://`` URL), or the
+    standard-library corpus, built on first use."""
     if cfg.dtype not in TOKEN_DTYPES:
         raise ValueError(f"data.dtype must be one of {', '.join(TOKEN_DTYPES)}, not {cfg.dtype!r}")
+    if is_remote(cfg.path):
+        return str(cfg.path)  # read through open_stream
     path = data_path(cfg)
     if cfg.path is None:
         check_cache(cfg)
@@ -128,13 +134,21 @@ class TokenData:
     a larger id.
     """
 
-    def __init__(self, path: Path, dtype: str, seq_len: int, val_fraction: float, vocab_size: int):
-        self.files = shard_files(Path(path))
-        tokens = Tokens([np.memmap(f, dtype=dtype, mode="r") for f in self.files])
+    def __init__(self, path: Path | str, dtype: str, seq_len: int, val_fraction: float, vocab_size: int,
+                 stream: "Stream | None" = None):
+        if stream is None:
+            files = shard_files(Path(path))
+            self.labels = [file_label(Path(path), f) for f in files]
+            shards: List[Any] = [np.memmap(f, dtype=dtype, mode="r") for f in files]
+        else:
+            self.labels = [f"shard {stream.location.url(s['file'])}" for s in stream.cache.shards]
+            shards = [RemoteShard(stream.cache, index, s["tokens"], dtype)
+                      for index, s in enumerate(stream.cache.shards)]
+        tokens = Tokens(shards)
         n_val = val_tokens(len(tokens), val_fraction)
         self.seq_len, self.vocab_size = seq_len, vocab_size
         self.splits = {"train": tokens[: len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}
-        self.path = path
+        self.path, self.stream = path, stream
         self.require("train")
 
     def require(self, split: str) -> None:
@@ -153,7 +167,7 @@ class TokenData:
         if rows.size and rows.max() >= self.vocab_size:
             row, column = np.argwhere(rows >= self.vocab_size)[0]
             shard, offset = data.locate(int(indices[row]) * t + int(column))
-            where = file_label(Path(self.path), self.files[shard])
+            where = self.labels[shard]
             raise DatasetError(f"{where} holds token id {rows[row, column]:,} at token {offset:,}, not below "
                                f"model.vocab_size={self.vocab_size:,}: set model.vocab_size to its tokenizer's "
                                "vocabulary, or prepare the data again if it was damaged")
@@ -165,6 +179,26 @@ class TokenData:
         rank's sum for its share, added over the ranks, is the global batch's)."""
         data, t = self.splits[split], self.seq_len
         return sum(zlib.crc32(data.read(int(i) * t, int(i) * t + t + 1).tobytes()) for i in indices)
+
+    def sampler(self, global_batch: int, seed: int) -> "StepSampler":
+        """The order of the train samples: a permutation of them all per epoch, or for a streamed dataset one that
+        visits ``data.stream_window`` shards at a time (:class:`WindowSampler`)."""
+        if self.stream is None:
+            return StepSampler(self.num_samples("train"), global_batch, seed)
+        return WindowSampler(self.num_samples("train"), global_batch, seed, self.splits["train"], self.seq_len,
+                             self.stream.window, self.stream.fingerprint)
+
+    def ahead(self, sampler: "StepSampler", step: int, rank: int, world_size: int) -> None:
+        """Before ``step``: the shards this rank reads at it and the next ``data.read_ahead`` steps are fetched
+        in the background (a streamed dataset's; nothing for one on disk)."""
+        if self.stream is None:
+            return
+        train, t = self.splits["train"], self.seq_len
+        needed: set[int] = set()
+        for ahead in range(step, step + 1 + self.stream.read_ahead):
+            for i in sampler.share(ahead, rank, world_size):
+                needed.update(train.spanned(int(i) * t, int(i) * t + t + 1))
+        self.stream.cache.keep(needed)
 
 
 class Tokens:
@@ -188,6 +222,10 @@ class Tokens:
             return Tokens(self.shards, self.start + begin, self.start + max(begin, end))
         return self.read(key, key + 1)[0]
 
+    def spanned(self, begin: int, end: int) -> range:
+        """The shards the tokens ``[begin, end)`` of this range lie in."""
+        return range(self.locate(begin)[0], self.locate(max(begin, end - 1))[0] + 1)
+
     def locate(self, position: int) -> tuple[int, int]:
         """The shard that holds the ``position``-th token of this range, and the token's offset in it."""
         absolute = self.start + position
@@ -204,6 +242,45 @@ class Tokens:
             pieces.append(self.shards[index][begin - first: take - first])
             begin, index = take, index + 1
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else self.shards[0][:0]
+
+
+class RemoteShard:
+    """A streamed shard as :class:`Tokens` sees a shard: its length known from the metadata, its tokens read from
+    the node's cache (fetched first if they are not there)."""
+
+    def __init__(self, cache: ShardCache, index: int, tokens: int, dtype: str):
+        self.cache, self.index, self.tokens, self.dtype = cache, index, tokens, dtype
+
+    def __len__(self) -> int:
+        return self.tokens
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        return self.cache.array(self.index, self.dtype)[key]
+
+
+@dataclass
+class Stream:
+    """A dataset in a bucket as a run reads it (``data.path=s3://...``; launcher/train/shard_cache.py)."""
+
+    location: Location
+    cache: ShardCache
+    window: int
+    read_ahead: int
+    fingerprint: int
+
+
+def open_stream(cfg: DataConfig, local_ranks: int) -> Stream | None:
+    """The stream of ``cfg.path`` when it names a bucket (its metadata read, its node cache opened), else None."""
+    if not is_remote(cfg.path):
+        return None
+    location = Location.parse(str(cfg.path))
+    store = Store(cfg.store, connections=cfg.stream_connections)
+    meta = remote_metadata(store, location)
+    fingerprint = dataset_fingerprint(meta)
+    folder = cache_folder(cfg, f"{fingerprint:08x}")
+    threads = max(1, cfg.stream_connections // max(1, local_ranks))
+    cache = ShardCache(store, location, meta["shards"], folder, int(cfg.stream_cache_gb * 2**30), threads)
+    return Stream(location, cache, cfg.stream_window, cfg.read_ahead, fingerprint)
 
 
 class StepSampler:
@@ -230,8 +307,12 @@ class StepSampler:
         """The ``global_batch`` distinct samples of a step."""
         epoch, pos = divmod(step, self.steps_per_epoch)
         if epoch != self._epoch:
-            self._epoch, self._perm = epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            self._epoch, self._perm = epoch, self.permutation(epoch)
         return self._perm[pos * self.global_batch: (pos + 1) * self.global_batch]
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The order of the train samples in ``epoch``."""
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
 
     def share(self, step: int, rank: int, world_size: int) -> np.ndarray:
         """Rank ``rank``'s samples at ``step``: the ``rank``-th contiguous share of the step's."""
@@ -246,6 +327,29 @@ class StepSampler:
         if len(mine) % micro_batch:
             raise ValueError(f"per-rank batch {len(mine)} is not divisible by micro batch {micro_batch}")
         return [mine[i: i + micro_batch] for i in range(0, len(mine), micro_batch)]
+
+
+class WindowSampler(StepSampler):
+    """The order of a streamed dataset's train samples: each epoch, its shards in a random order, taken
+    ``window`` at a time, and the samples that begin in a window's shards in a random order, before the next
+    window's. A node then reads about ``window`` shards at a time (and the next ones, for the samples that run
+    over a shard's end) however large the dataset, where a permutation of all samples would touch every shard at
+    every step. A pure function of (seed, epoch, the dataset's fingerprint), as :class:`StepSampler`'s order is of
+    (seed, epoch): a run resumed at any step, on any number of ranks, reads what it would have read."""
+
+    def __init__(self, num_samples: int, global_batch: int, seed: int, train: Tokens, seq_len: int, window: int,
+                 fingerprint: int):
+        super().__init__(num_samples, global_batch, seed)
+        starts = np.arange(num_samples, dtype=np.int64) * seq_len + train.start
+        self.shard_of = np.searchsorted(np.asarray(train.ends), starts, side="right")
+        self.window, self.fingerprint = max(1, window), fingerprint
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, epoch, self.fingerprint])
+        shards = np.unique(self.shard_of)
+        rank_of = np.empty(int(shards.max()) + 1, dtype=np.int64)
+        rank_of[shards] = np.argsort(rng.permutation(len(shards)))  # each shard's place in the epoch's order
+        return np.lexsort((rng.random(self.num_samples), rank_of[self.shard_of] // self.window))
 
 
 def eval_windows(count: int, num_samples: int) -> np.ndarray:

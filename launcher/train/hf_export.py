@@ -29,7 +29,7 @@ import torch.distributed.checkpoint as dcp
 
 from launcher.core.checkpoints import step_dir, step_of
 from launcher.core.config import DataConfig, ModelConfig, RunConfig, load_run_config
-from launcher.core.dataset import read_metadata
+from launcher.core.dataset import described
 from launcher.core.plan import read_plan
 from launcher.core import events
 from launcher.core.rundir import append_event, code_source, read_metrics, read_events
@@ -83,10 +83,10 @@ def export_run(run_dir: Path, checkpoint: Path, out: Path, dtype: str, max_shard
 def tokenizer_of(data: DataConfig) -> Tuple[Optional[Path], Optional[int], str]:
     """The run's tokenizer as its dataset's metadata records it: its file (None: byte-level, the default corpus or
     a single token file), its end-of-text id, and its name."""
-    if data.path is None or not Path(data.path).expanduser().is_dir():
+    found = described(data) if data.path is not None else None
+    if found is None:
         return None, None, "byte"
-    directory = Path(data.path).expanduser()
-    record = read_metadata(directory)["tokenizer"]
+    record, directory = found[0]["tokenizer"], found[1]
     source = directory / record["file"] if record.get("file") else None
     return source, record.get("end_of_text"), str(record.get("spec") or record.get("kind") or "byte")
 

@@ -32,7 +32,9 @@ from launcher.core.plan import Plan, flops_per_token, halved_micro_batch
 from launcher.train import faults, host_sync
 from launcher.train.checkpoint import save_checkpoint
 from launcher.train.hf_export import Exports
-from launcher.train.data import StepSampler, TokenData, eval_windows, rank_eval_batches, token_file
+from launcher.train.data import (StepSampler, Stream, TokenData, eval_windows, open_stream, rank_eval_batches,
+                                 token_file)
+from launcher.train.shard_cache import Counters
 from launcher.train.dist import DistEnv, global_mean
 from launcher.train.guard import Checks
 from launcher.train.metrics import MetricsLog, peak_flops, peak_memory_gb, throughput
@@ -133,8 +135,9 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
     (:func:`first_step`), so the loop never rewinds."""
     tc = cfg.train
     batching = Batching.from_plan(plan, tc, env.world_size)
+    stream = open_stream(cfg.data, env.world_size // env.nodes)
     data = TokenData(token_file(cfg.data), cfg.data.dtype, cfg.model.seq_len, cfg.data.val_fraction,
-                     cfg.model.vocab_size)
+                     cfg.model.vocab_size, stream)
     if tc.eval_every > 0:
         data.require("val")
     starter = Starter(run_dir, env, tc.seed, functools.partial(_build, cfg, env))
@@ -145,10 +148,9 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
         log.info("nothing to do: step %d of %d already reached", begun.step, tc.steps)
         return {"final": True, "step": begun.step, "steps_run": 0}
     guards = Guards(watchdog, env, Checks(env.device))
-    steps = Steps(begun, batching, data, StepSampler(data.num_samples("train"), batching.global_batch, tc.seed), tc,
-                  env, guards)
+    steps = Steps(begun, batching, data, data.sampler(batching.global_batch, tc.seed), tc, env, guards)
     metrics = Metrics(cfg, batching, env, watchdog, MetricsLog(Path(run_dir) / METRICS, open_tracker(
-        cfg, run_dir, begun.step)) if env.is_main else MetricsLog(None))
+        cfg, run_dir, begun.step)) if env.is_main else MetricsLog(None), stream)
     evaluator, pruning = Evaluator(tc, data, env, batching, metrics.timer), Pruning.of(run_dir, env.is_main)
     checkpointer = Checkpointer(run_dir, tc, env, interrupt, watchdog, exports, metrics.timer)
     try:
@@ -171,6 +173,8 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
         return metrics.final(steps.begun, batching)
     finally:
         metrics.close()
+        if stream is not None:
+            stream.cache.close()
 
 
 @dataclass
@@ -224,6 +228,7 @@ class Steps:
 
     def run(self, step: int) -> StepResult:
         self.guards.before(step)
+        self.data.ahead(self.sampler, step, self.env.rank, self.env.world_size)
         begun, batching = self.begun, self.batching
         lr = begun.scheduler.get_last_lr()[0]
         if batching.auto and step < begun.step + AUTO_PROBE_STEPS:
@@ -284,8 +289,9 @@ class Metrics:
     """The run's timing and its metrics records: one every ``train.log_every`` steps, at each evaluation and
     after the last step, and the final summary."""
 
-    def __init__(self, cfg: RunConfig, batching: Batching, env: DistEnv, watchdog: Watchdog, writer: MetricsLog):
-        self.tc, self.env, self.watchdog, self.writer = cfg.train, env, watchdog, writer
+    def __init__(self, cfg: RunConfig, batching: Batching, env: DistEnv, watchdog: Watchdog, writer: MetricsLog,
+                 stream: Stream | None = None):
+        self.tc, self.env, self.watchdog, self.writer, self.stream = cfg.train, env, watchdog, writer, stream
         self.fpt = flops_per_token(cfg.model)
         self.peak = peak_flops(env.device, compute_precision(cfg.parallel.precision, env.device.type == "cuda"))
         self.tokens_per_step = batching.global_batch * cfg.model.seq_len
@@ -308,6 +314,8 @@ class Metrics:
                         **throughput(self.tokens_per_step * steps, seconds, self.env.world_size, self.fpt,
                                      self.peak),
                         "peak_mem_gb": peak_memory_gb(self.env.device)}
+            if self.stream is not None:
+                self.row.update(stream_row(self.stream.cache.counters, self.env))
             self.writer.write(self.row)
             self.watchdog.measured(self.row["step_time"])
             self.intervals.append({"steps": steps, "seconds": seconds})
@@ -375,6 +383,18 @@ def loss_and_batch(result: StepResult, env: DistEnv) -> tuple[float, int]:
     dist.all_reduce(crc)
     total, crcs = host_sync.read(torch.cat([loss.double(), crc.double()]))  # exact: both sums are below 2**53
     return total / env.world_size, int(crcs) % 2**32
+
+
+def stream_row(counters: Counters, env: DistEnv) -> dict[str, Any]:
+    """What reading a bucket's dataset has cost this attempt so far, over all ranks (metrics.jsonl's ``data_mb``
+    downloaded, ``shards_fetched``, ``cache_hits`` and ``data_wait_s``, the seconds a rank's steps waited for
+    shards, the mean over the ranks)."""
+    mine = torch.tensor([counters.downloaded, counters.fetched, counters.hits, counters.wait_s], dtype=torch.float64,
+                        device=env.device)
+    dist.all_reduce(mine)
+    downloaded, fetched, hits, waited = host_sync.read(mine)
+    return {"data_mb": round(downloaded / 2**20, 3), "shards_fetched": int(fetched), "cache_hits": int(hits),
+            "data_wait_s": round(waited / env.world_size, 3)}
 
 
 def pruning_said(pruning: Pruning, step: int, row: dict[str, Any], env: DistEnv) -> bool:

@@ -17,7 +17,8 @@ from launcher.train.manifest import checkpoint_problems
 from launcher.views.lookup import lookup, roots_of
 from launcher.core.checkpoints import complete_checkpoints, step_dir, step_of
 from launcher.core.config import DataConfig, RunConfig, load_run_config
-from launcher.core.dataset import DatasetError, read_metadata
+from launcher.core.dataset import DatasetError, described
+from launcher.core.store import StoreError
 from launcher.errors import LaunchError
 from launcher.core.run_index import RunRecord
 
@@ -75,10 +76,10 @@ def chosen_checkpoint(rec: RunRecord, cfg: RunConfig, step: Optional[int], comma
 def run_tokenizer(data: DataConfig):
     """The tokenizer of the run's data: its dataset's, or byte-level (the default corpus; a single token
     file, which records no tokenizer)."""
-    if data.path is None or not Path(data.path).expanduser().is_dir():
+    if data.path is None:
         return tokenizer.BYTE
-    directory = Path(data.path).expanduser()
     try:
-        return tokenizer.load(read_metadata(directory)["tokenizer"], directory)
-    except DatasetError as err:
+        found = described(data)
+        return tokenizer.load(found[0]["tokenizer"], found[1]) if found else tokenizer.BYTE
+    except (DatasetError, StoreError) as err:
         raise LaunchError(f"the run's data.path: {err}") from None

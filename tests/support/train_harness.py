@@ -103,9 +103,8 @@ def _forked_rank(rank: int, target, args: tuple, world_size: int, local_world_si
     target(*args)
 
 
-def launch_ranks(argv: list[str], world_size: int, local_world_size: int | None = None,
-           timeout: float = 600) -> list[subprocess.CompletedProcess]:
-    """Run ``python argv...`` as ``world_size`` ranks on this machine; returns each rank's result."""
+def start_ranks(argv: list[str], world_size: int, local_world_size: int | None = None) -> list[subprocess.Popen]:
+    """Start ``python argv...`` as ``world_size`` ranks on this machine (their output piped)."""
     local_world_size = local_world_size or world_size
     port = free_port()
     procs = []
@@ -116,6 +115,13 @@ def launch_ranks(argv: list[str], world_size: int, local_world_size: int | None 
             del env[var]
         procs.append(subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    return procs
+
+
+def launch_ranks(argv: list[str], world_size: int, local_world_size: int | None = None,
+           timeout: float = 600) -> list[subprocess.CompletedProcess]:
+    """Run ``python argv...`` as ``world_size`` ranks on this machine; returns each rank's result."""
+    procs = start_ranks(argv, world_size, local_world_size)
     results = []
     try:
         for rank, proc in enumerate(procs):
