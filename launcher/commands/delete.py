@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from launcher.job.secret_store import run_credentials, secrets_dir
 from launcher.job.submission import watcher_of
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.views.lookup import changeable, chosen_runs, roots_of
@@ -46,6 +47,8 @@ def main(args: argparse.Namespace) -> int:
     failed = [rec.name for rec in records if not remove(Path(rec.run_dir))]
     for rec in records:
         if rec.name not in failed:
+            # the object store's credentials its launch kept for it (launcher/core/store.py), if any
+            run_credentials(secrets_dir(), Path(rec.run_dir)).unlink(missing_ok=True)
             print(f"Deleted {rec.name}.")
     if failed:
         raise LaunchError(f"could not remove all of {', '.join(failed)}: a process still writes there")

@@ -28,6 +28,7 @@ from launcher.core.rundir import code_source
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.core.attempt_log import AttemptLog
 from launcher.status.goodput import goodput
+from launcher.status.reading import reading
 from launcher.status.job_state import JobState, job_states
 
 
@@ -55,7 +56,7 @@ def checkpoints(run_dir: Path) -> List[Dict[str, Any]]:
 
 def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
     run_dir = Path(rec.run_dir)
-    load_run_config(run_dir / CONFIG)  # a damaged config or plan is said at once, in one line
+    cfg = load_run_config(run_dir / CONFIG)  # a damaged config or plan is said at once, in one line
     plan, config = read_plan(run_dir).to_dict(), (run_dir / CONFIG).read_text()
     metrics = read_metrics(run_dir)
     final = next((m for m in reversed(metrics) if m.get("final")), None)
@@ -79,6 +80,7 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
                                                   "kept_s": measured.kept_s, "lost_s": measured.lost_s,
                                                   "line": measured.line()},
         "checkpoints": checkpoints(run_dir),
+        "data": reading(cfg.data, latest),
         "latest_metrics": latest,
         "final_metrics": final,
         "config": config,
@@ -174,6 +176,7 @@ def render(info: Dict[str, Any]) -> str:
         code_line(info["code"], info["paths"]["run_dir"]),
         "Curves: metrics.jsonl" + (f"; {info['curves']['tracker']} in {info['curves']['path']}: "
                                     f"{info['curves']['view']}" if info["curves"] else ""),
+        *([info["data"]["line"]] if info.get("data") else []),
         "",
         "Plan:",
         tabulate(info["plan"].items(), tablefmt="plain", disable_numparse=True),

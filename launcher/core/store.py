@@ -89,11 +89,14 @@ class StoreError(OSError):
     credential, a missing bucket or object: the same on every try, so a task's error is the code's or the
     data's, per ``fault``)."""
 
-    short = "store unreachable"
-
     def __init__(self, message: str, fault: Fault = Fault.STORE, missing: str = "") -> None:
         super().__init__(message)
         self.fault, self.missing = fault, missing  # missing: "key" or "bucket" when that is what is not there
+
+    @property
+    def short(self) -> str:
+        """What ``launcher runs`` shows beside FAILED."""
+        return {Fault.DATA: "bad data", Fault.STORE: "store unreachable"}.get(self.fault, "store refused")
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ class Store:
         config = botocore.config.Config(
             retries={"total_max_attempts": 1, "mode": "standard"},  # one retry loop: ours (retrying)
             connect_timeout=min(10.0, cfg.stall_s), read_timeout=cfg.stall_s, max_pool_connections=self.connections,
-            s3={"addressing_style": style}, user_agent_extra=f"slurm-gpt-launcher node/{socket.gethostname()}",
+            s3={"addressing_style": style}, user_agent_extra=f"slurm-gpt-launcher node/{_node()}",
             request_checksum_calculation="when_required", response_checksum_validation="when_required")
         creds = self.credentials or _launch_credentials()
         session = boto3.session.Session()
@@ -223,6 +226,17 @@ class Store:
         def get() -> bytes:
             body = self.client.get_object(Bucket=location.bucket, Key=key)["Body"]
             return b"".join(_chunks(body, self.settings.stall_s))
+        return self.retrying(location.url(name), get)
+
+    def rate(self, location: Location, name: str, size: int) -> float:
+        """Bytes a second this host reads the object ``name`` at: its first MiB (at most ``size``), timed."""
+        key, length = location.key(name), max(1, min(size, 1 << 20))
+
+        def get() -> float:
+            began = time.perf_counter()
+            body = self.client.get_object(Bucket=location.bucket, Key=key, Range=f"bytes=0-{length - 1}")["Body"]
+            got = sum(map(len, _chunks(body, self.settings.stall_s)))
+            return got / max(time.perf_counter() - began, 1e-6)
         return self.retrying(location.url(name), get)
 
     def listing(self, location: Location) -> Dict[str, Tuple[int, str]]:
@@ -318,6 +332,11 @@ def _chunks(body: Any, stall_s: float) -> Iterator[bytes]:
                 window_start, window_bytes = now, 0
     finally:
         body.close()
+
+
+def _node() -> str:
+    """The node this process runs on, as Slurm names it (its requests name it: a store's logs show each node's)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def _launch_credentials() -> Optional[Credentials]:

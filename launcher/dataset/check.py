@@ -10,8 +10,8 @@ from typing import Any, Dict, Optional
 
 from launcher.core.config import RunConfig
 from launcher.core.dataset import (BYTE_TOKENIZER, TOKEN_DTYPES, Checked, DatasetError, check_cache, check_vocab,
-                                   data_path, samples, val_tokens, verify)
-from launcher.core.store import Store, StoreError, is_remote
+                                   data_path, samples, shard_name, val_tokens, verify)
+from launcher.core.store import Location, Store, StoreError, is_remote
 from launcher.core.safepath import UnsafePath
 from launcher.core.plan import Plan
 from launcher.errors import LaunchError
@@ -26,6 +26,7 @@ class DataSummary:
     vocab_size: int
     tokens: Optional[int]  # None: the default corpus, not built yet
     epochs: Optional[float]
+    first_read: Optional[str] = None  # a bucket's: what the first step waits for, measured from here
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -33,7 +34,8 @@ class DataSummary:
     def line(self) -> str:
         size = "size known once built on first use" if self.tokens is None else (
             f"{self.tokens:,} tokens; {self.epochs:.3g} epochs")
-        return f"data: {self.source} ({self.tokenizer} tokenizer, vocabulary {self.vocab_size:,}); {size}"
+        first = f"; {self.first_read}" if self.first_read else ""
+        return f"data: {self.source} ({self.tokenizer} tokenizer, vocabulary {self.vocab_size:,}); {size}{first}"
 
 
 def check_data(cfg: RunConfig, plan: Plan) -> DataSummary:
@@ -80,9 +82,21 @@ def _check_bucket(cfg: RunConfig, plan: Plan) -> DataSummary:
     try:
         found = verify(data, cfg.model.vocab_size, store=store)
         _check_cache_size(cfg, found)
+        first = _first_read(cfg, found, store)
     except (DatasetError, StoreError) as err:
         raise LaunchError(str(err)) from None
-    return _summary(cfg, plan, found, f"{data.path} at {store.endpoint}")
+    return replace(_summary(cfg, plan, found, f"{data.path} at {store.endpoint}"), first_read=first)
+
+
+def _first_read(cfg: RunConfig, found: Checked, store: Store) -> str:
+    """What a node reads before its first step (the shards of a window of the sample order, and the next), timed
+    at the rate this host reads the first shard's first MiB: where a store is slow, that is the start's cost."""
+    location = Location.parse(str(cfg.data.path))
+    shards = min(len(found.shard_bytes), cfg.data.stream_window + 1)
+    size = sum(sorted(found.shard_bytes, reverse=True)[:shards])
+    rate = store.rate(location, shard_name(0), found.shard_bytes[0])
+    return (f"the first step waits for about {shards} shards, {size / 2**20:,.1f} MB: {size / rate:,.1f} s at the "
+            f"{rate / 2**20:,.0f} MB/s read from here")
 
 
 def _check_cache_size(cfg: RunConfig, found: Checked) -> None:

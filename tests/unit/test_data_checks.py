@@ -201,7 +201,7 @@ def test_plan_and_dry_runs_show_tokens_and_epochs(datasets, capsys):
     assert cli.main([*args, "dry_run=json"]) == 0
     data = json.loads(capsys.readouterr().out)["data"]
     assert data == {"source": str(datasets / "bpe"), "tokenizer": "bpe:300", "vocab_size": 300, "tokens": tokens,
-                    "epochs": pytest.approx(epochs)}
+                    "epochs": pytest.approx(epochs), "first_read": None}
     line = f"data: {datasets}/bpe (bpe:300 tokenizer, vocabulary 300); {tokens:,} tokens; {epochs:.3g} epochs"
     assert cli.main([*args, "dry_run=true"]) == 0
     assert line in capsys.readouterr().out.splitlines()

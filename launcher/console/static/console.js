@@ -158,7 +158,8 @@ function attemptsTable(info) {
   const keys = rows.length ? Object.keys(rows[0]) : [];
   return h("div", {}, line, h("table", {id: "attempts"}, h("thead", {}, h("tr", {}, keys.map(k => h("th", {}, k)))),
     h("tbody", {}, rows.map(a => h("tr", {}, keys.map(k => h("td", {}, cellText(k, a[k]))))))),
-    info.goodput ? h("p", {id: "goodput"}, info.goodput.line) : null);
+    info.goodput ? h("p", {id: "goodput"}, info.goodput.line) : null,
+    info.data ? h("p", {id: "data"}, info.data.line) : null);
 }
 
 async function act(what, name, action, question, cluster) {
