@@ -120,7 +120,8 @@ class TrainConfig:
     seed: int = 1234
     log_every: int = 10
     eval_every: int = 50
-    eval_batches: int = 2  # global batches of val windows spread over the val split (train/data.py eval_windows)
+    eval_batches: int = 2  # global batches of val windows spread over the val split (train/data.py eval_windows;
+    # the first ones of a streamed dataset's)
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
     # Every export_every steps (a multiple of checkpoint_every; 0: never), and at the end with export_final, the

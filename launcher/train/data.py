@@ -180,6 +180,10 @@ class TokenData:
         data, t = self.splits[split], self.seq_len
         return sum(zlib.crc32(data.read(int(i) * t, int(i) * t + t + 1).tobytes()) for i in indices)
 
+    def eval_windows(self, count: int, split: str = "val") -> np.ndarray:
+        """:func:`eval_windows` of ``split``: contiguous ones for a streamed dataset."""
+        return eval_windows(count, self.num_samples(split), contiguous=self.stream is not None)
+
     def sampler(self, global_batch: int, seed: int) -> "StepSampler":
         """The order of the train samples: a permutation of them all per epoch, or for a streamed dataset one that
         visits ``data.stream_window`` shards at a time (:class:`WindowSampler`)."""
@@ -352,14 +356,17 @@ class WindowSampler(StepSampler):
         return np.lexsort((rng.random(self.num_samples), rank_of[self.shard_of] // self.window))
 
 
-def eval_windows(count: int, num_samples: int) -> np.ndarray:
+def eval_windows(count: int, num_samples: int, contiguous: bool = False) -> np.ndarray:
     """The val windows an evaluation reads: ``count`` of them spread evenly over the whole split (each the middle
     of its ``num_samples / count`` stretch), or every window when the split has no more than ``count``. They depend
     on nothing else (not the world size, the step or the attempt), so every evaluation of a run, and every run with
     the same data and count, estimates the split's loss on the same windows (docs/configuration.md:
-    train.eval_batches)."""
+    train.eval_batches). ``contiguous`` (a streamed dataset's): the split's first ``count`` windows, which lie in
+    a shard or two, where windows spread over a large split would download a shard each."""
     if count >= num_samples:
         return np.arange(num_samples)
+    if contiguous:
+        return np.arange(count)
     return (2 * np.arange(count) + 1) * num_samples // (2 * count)
 
 

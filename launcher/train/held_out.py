@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from launcher.core.config import ModelConfig
-from launcher.train.data import TokenData, eval_windows
+from launcher.train.data import TokenData
 from launcher.train.generate import load_model
 
 
@@ -38,7 +38,7 @@ def held_out_loss(cfg: ModelConfig, checkpoint: Path, data: TokenData, split: st
     data.require(split)
     model = load_model(cfg, checkpoint, device)
     available = data.num_samples(split)
-    windows = eval_windows(max(1, max_tokens // cfg.seq_len) if max_tokens else available, available)
+    windows = data.eval_windows(max(1, max_tokens // cfg.seq_len) if max_tokens else available, split)
     total = len(windows)
     loss_sum = 0.0
     for start in range(0, total, batch_size):

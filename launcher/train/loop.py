@@ -32,8 +32,7 @@ from launcher.core.plan import Plan, flops_per_token, halved_micro_batch
 from launcher.train import faults, host_sync
 from launcher.train.checkpoint import save_checkpoint
 from launcher.train.hf_export import Exports
-from launcher.train.data import (StepSampler, Stream, TokenData, eval_windows, open_stream, rank_eval_batches,
-                                 token_file)
+from launcher.train.data import StepSampler, Stream, TokenData, open_stream, rank_eval_batches, token_file
 from launcher.train.shard_cache import Counters
 from launcher.train.dist import DistEnv, global_mean
 from launcher.train.guard import Checks
@@ -105,7 +104,7 @@ def forward_backward(model: nn.Module, micro_batches: list[Batch]) -> torch.Tens
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: TokenData, env: DistEnv, micro_batch: int, windows: np.ndarray) -> float:
-    """The mean loss per token over the val ``windows`` (:func:`eval_windows`), which the ranks split; a rank
+    """The mean loss per token over the val ``windows`` (``TokenData.eval_windows``), which the ranks split; a rank
     whose share runs out first still takes part in every sharded forward pass, on a window it then weighs 0."""
     model.eval()
     total = torch.zeros(1, dtype=torch.float64, device=env.device)  # the windows' losses summed
@@ -270,7 +269,7 @@ class Evaluator:
 
     def __init__(self, tc: TrainConfig, data: TokenData, env: DistEnv, batching: Batching, timer: _IntervalTimer):
         self.tc, self.data, self.env, self.batching, self.timer = tc, data, env, batching, timer
-        self.windows = eval_windows(tc.eval_batches * batching.global_batch, data.num_samples("val")) \
+        self.windows = data.eval_windows(tc.eval_batches * batching.global_batch) \
             if tc.eval_every > 0 else np.empty(0, dtype=np.int64)
 
     def due(self, done: int, last: bool) -> bool:

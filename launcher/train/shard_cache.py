@@ -43,6 +43,10 @@ from launcher.core.store import Location, Store
 PART = ".part"
 
 
+class Closed(Exception):
+    """A download stopped because its cache was closed."""
+
+
 @dataclass
 class Counters:
     """What this rank's reading cost: bytes it downloaded, shards it found in the cache (``hits``) or fetched
@@ -82,6 +86,7 @@ class ShardCache:
     _maps: Dict[int, np.ndarray] = field(default_factory=dict)
     _pending: Dict[int, Future] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _closing: threading.Event = field(default_factory=threading.Event)
     _pool: Optional[ThreadPoolExecutor] = None
 
     def array(self, index: int, dtype: str) -> np.ndarray:
@@ -118,6 +123,9 @@ class ShardCache:
                 self._pending[index] = self._pool.submit(self._fetch, index)
 
     def close(self) -> None:
+        """Let go of every shard; downloads under way stop at their next chunk (a failing rank does not wait for
+        them, nor does its interpreter's exit)."""
+        self._closing.set()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._maps.clear()
@@ -156,6 +164,8 @@ class ShardCache:
             with os.fdopen(fd, "wb") as out:
                 def write(chunk: bytes) -> None:
                     nonlocal crc
+                    if self._closing.is_set():
+                        raise Closed(f"{self.location.url(name)}: the cache was closed")
                     out.write(chunk)
                     crc = zlib.crc32(chunk, crc)
                 done = self.store.download(self.location, name, record["bytes"], write)

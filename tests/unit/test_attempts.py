@@ -400,3 +400,13 @@ def test_a_lost_node_slurm_still_reads_idle_is_allowed_again_only_after_slurm_ca
 ])
 def test_a_dead_batch_step_is_told_in_words_from_saccts_state_and_exit_code(state, exit_code, words, status):
     assert (batch_end(state, exit_code), exit_status(exit_code)) == (words, status)
+
+
+def test_a_store_that_did_not_answer_is_retried_even_before_the_first_step_and_blames_no_node():
+    """An object store's outage (launcher/core/store.py, StoreError: Fault.STORE) is no sign of a bad run or node;
+    a changed object (the data's fault) is never retried."""
+    store = Cause("FAILED", "store unreachable: rank 1 ...", Fault.STORE, rank=1, node="n2", short="store unreachable")
+    first = decide([], store, max_retries=3, progressed=False)
+    assert (first.retry, first.exclude, first.free) == (True, [], False)
+    changed = Cause("FAILED", "bad data: shard s3://b/ds/tokens_00003.bin has changed", Fault.DATA, rank=1, node="n2")
+    assert not decide([], changed, max_retries=3, progressed=True).retry

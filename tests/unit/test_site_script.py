@@ -2,6 +2,7 @@
 what a GPU cluster with accounts, wckeys and fabrics needs that the local cluster does not show."""
 from __future__ import annotations
 
+import dataclasses
 import pytest
 from submitit.slurm.slurm import _make_sbatch_string
 
@@ -152,3 +153,15 @@ def test_a_job_arrays_watcher_judges_each_element_once_the_array_ended_unfinishe
     assert "--dependency=afternotok:77" in flags and "--kill-on-invalid-dep=yes" in flags
     assert "--account=ml" in flags and "--job-name=sweep-1.watch" in flags
     assert f"--output={tmp_path}/watch_%j.log" in flags
+
+
+def test_a_bucket_is_not_mounted_into_a_container_but_a_chosen_cache_folder_is(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "home"))
+    (run,) = compose_runs(["cluster=slurm", "gpus=16", "model=gpt_1b", f"run_root={tmp_path / 'runs'}",
+                           "cluster.container.image=/images/pytorch.sqsh"])
+    streamed = dataclasses.replace(run.config.data, path="s3://datasets/books")
+    for cache, mounted in ((None, ""), (str(tmp_path / "scratch"), f",{tmp_path}/scratch:{tmp_path}/scratch")):
+        cfg = dataclasses.replace(run.config, data=dataclasses.replace(streamed, stream_cache_dir=cache))
+        text = render_sbatch(cfg, run.plan, "site", tmp_path / "runs" / "site" / "submitit")
+        assert f"--container-mounts={tmp_path}/runs:{tmp_path}/runs{mounted} " in srun_line(text)
+        assert "s3:" not in srun_line(text)

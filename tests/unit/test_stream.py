@@ -271,3 +271,22 @@ def test_slurm_never_gets_the_store_credentials(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://store:9000")
     env = Slurm(conf=None).env
     assert "AWS_SECRET_ACCESS_KEY" not in env and env["AWS_ENDPOINT_URL"] == "http://store:9000"
+
+
+def test_sample_eval_and_export_read_a_buckets_tokenizer_checked_against_its_hash(s3_store, tmp_path):
+    from launcher.views.trained_model import run_tokenizer
+
+    text = tmp_path / "in.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog; " * 400)
+    out = f"s3://{s3_store.bucket}/bpe"
+    prepare(Request(out=out, inputs=[text], tokenizer="bpe:300", format="auto", field="text", glob=None, dtype=None,
+                    shard_tokens=100_000, overwrite=False, store=settings(s3_store)))
+    data = DataConfig(path=out, store=settings(s3_store), cache_dir=str(tmp_path / "cache"))
+    codec = run_tokenizer(data)
+    assert codec.kind == "bpe" and codec.decode(codec.encode_batch(["lazy dog"])[0]) == "lazy dog"
+    cached = list((tmp_path / "cache" / "tokenizers").glob("*/tokenizer.json"))
+    assert len(cached) == 1
+    cached[0].unlink()
+    put(s3_store, "bpe/tokenizer.json", b'{"not": "it"}')
+    with pytest.raises(LaunchError, match="is not the tokenizer the data was made with"):
+        run_tokenizer(data)
