@@ -48,9 +48,10 @@ def bucket_data(slurm, s3_store, tmp_path):
 
 def test_four_ranks_stream_a_bucket_through_a_small_cache_and_a_503_burst(slurm, s3_store, bucket_data, tmp_path):
     url, env = bucket_data
-    s3_store.proxy.fail(8, match=".bin")  # the first shards' GETs: throttled, then served
     res = slurm.launcher(*stream_run(url, "streamed"), root=tmp_path, env=env)
     assert res.returncode == 0, res.stderr
+    s3_store.proxy.clear()  # the launch's own requests
+    s3_store.proxy.fail(8, match=".bin")  # the tasks' first GETs of shards (they start seconds after sbatch)
     run_dir = tmp_path / "streamed"
     slurm.completes(job_id_of(res.stdout), run_dir, timeout=300)
     assert [e["event"] for e in events(run_dir)].count("attempt") == 1, record(run_dir)
