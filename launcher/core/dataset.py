@@ -113,9 +113,17 @@ def read_metadata(directory: Path) -> Dict[str, Any]:
     return parse_metadata(text, str(path))
 
 
+# A bucket's metadata as an attempt's first rank read it and handed it to the others (launcher/train/preflight.py),
+# by URL: the ranks of a task read it once, not once per rank per use. Only a task fills it (a long-lived process
+# that checks datasets, such as the console, reads the store each time).
+READ_METADATA: Dict[str, Dict[str, Any]] = {}
+
+
 def remote_metadata(store: Store, location: Location) -> Dict[str, Any]:
     """A bucket's dataset's metadata (``s3://BUCKET/PREFIX/metadata.json``), checked as :func:`read_metadata`
-    checks a directory's; StoreError when the store does not serve it."""
+    checks a directory's; StoreError when the store does not serve it; READ_METADATA's where a task has it."""
+    if location.url() in READ_METADATA:
+        return READ_METADATA[location.url()]
     try:
         text = store.read(location, METADATA).decode("utf-8", errors="replace")
     except StoreError as err:
@@ -266,6 +274,7 @@ class Checked:
     tokens: int
     tokenizer: Dict[str, Any]
     shard_bytes: Tuple[int, ...] = ()
+    meta: Optional[Dict[str, Any]] = None  # a bucket's metadata, as read
 
 
 def data_path(data: DataConfig) -> Path:
@@ -357,7 +366,7 @@ def _verify_remote(data: DataConfig, vocab_size: int, store: Store, listed: bool
     listing = store.listing(location) if listed else {}
     sizes = {s["file"]: listing.get(s["file"]) if listed else (s["bytes"], "") for s in meta["shards"]}
     tokens = _check_meta(meta, location.url(), data, vocab_size, sizes, "prepare or upload the dataset again")
-    return Checked(tokens, meta["tokenizer"], tuple(s["bytes"] for s in meta["shards"]))
+    return Checked(tokens, meta["tokenizer"], tuple(s["bytes"] for s in meta["shards"]), meta)
 
 
 def _verify_dataset(directory: Path, data: DataConfig, vocab_size: int, share: int, shares: int) -> Checked:

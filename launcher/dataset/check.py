@@ -81,7 +81,7 @@ def _check_bucket(cfg: RunConfig, plan: Plan) -> DataSummary:
                           stall_s=min(data.store.stall_s, LAUNCH_RETRY_S)))
     try:
         found = verify(data, cfg.model.vocab_size, store=store)
-        _check_cache_size(cfg, found)
+        _check_shards(cfg, plan, found)
         first = _first_read(cfg, found, store)
     except (DatasetError, StoreError) as err:
         raise LaunchError(str(err)) from None
@@ -99,8 +99,16 @@ def _first_read(cfg: RunConfig, found: Checked, store: Store) -> str:
             f"{rate / 2**20:,.0f} MB/s read from here")
 
 
-def _check_cache_size(cfg: RunConfig, found: Checked) -> None:
-    """The node cache must hold the shards a window of the sample order and the steps read ahead span."""
+def _check_shards(cfg: RunConfig, plan: Plan, found: Checked) -> None:
+    """The node cache must hold the shards of two windows of the sample order (the one read, the next fetched),
+    and the shards must hold a global batch of samples (a streamed order leaves out those that run over a shard's
+    end, launcher/train/data.py ``WindowSampler``)."""
+    itemsize, seq_len = TOKEN_DTYPES[cfg.data.dtype], cfg.model.seq_len
+    inside = sum(max(0, (size // itemsize - 1) // seq_len - 1) for size in found.shard_bytes)
+    if inside < plan.global_batch:
+        raise LaunchError(f"data.path={cfg.data.path}'s shards hold about {inside} samples of seq_len + 1 = "
+                          f"{seq_len + 1} tokens that do not run over a shard's end, fewer than one global batch: "
+                          "prepare it with larger shards (--shard-tokens)")
     largest = max(found.shard_bytes, default=0)
     least = (2 * cfg.data.stream_window + 2) * largest
     if cfg.data.stream_cache_gb * 2**30 < least:

@@ -189,20 +189,19 @@ class TokenData:
         visits ``data.stream_window`` shards at a time (:class:`WindowSampler`)."""
         if self.stream is None:
             return StepSampler(self.num_samples("train"), global_batch, seed)
-        return WindowSampler(self.num_samples("train"), global_batch, seed, self.splits["train"], self.seq_len,
-                             self.stream.window, self.stream.fingerprint)
+        return WindowSampler(global_batch, seed, self.splits["train"], self.seq_len, self.stream.window,
+                             self.stream.fingerprint)
 
-    def ahead(self, sampler: "StepSampler", step: int, rank: int, world_size: int) -> None:
-        """Before ``step``: the shards this rank reads at it and the next ``data.read_ahead`` steps are fetched
-        in the background (a streamed dataset's; nothing for one on disk)."""
-        if self.stream is None:
+    def ahead(self, sampler: "StepSampler", step: int, last: int) -> None:
+        """Before ``step``: the shards the node reads from it on are fetched in the background (a streamed
+        dataset's; nothing for one on disk): those of its window of the sample order and of the next one, and of
+        the steps up to ``data.read_ahead`` ahead (not past ``last``), the rest of this rank's held shards let go."""
+        if self.stream is None or not isinstance(sampler, WindowSampler):
             return
-        train, t = self.splits["train"], self.seq_len
-        needed: set[int] = set()
-        for ahead in range(step, step + 1 + self.stream.read_ahead):
-            for i in sampler.share(ahead, rank, world_size):
-                needed.update(train.spanned(int(i) * t, int(i) * t + t + 1))
-        self.stream.cache.keep(needed)
+        needed = dict.fromkeys(sampler.window_shards(step))  # in the order they are read
+        for ahead in range(step + 1, min(step + 1 + self.stream.read_ahead, last)):
+            needed.update(dict.fromkeys(sampler.window_shards(ahead)))
+        self.stream.cache.keep(list(needed))
 
 
 class Tokens:
@@ -225,10 +224,6 @@ class Tokens:
             begin, end, _ = key.indices(len(self))
             return Tokens(self.shards, self.start + begin, self.start + max(begin, end))
         return self.read(key, key + 1)[0]
-
-    def spanned(self, begin: int, end: int) -> range:
-        """The shards the tokens ``[begin, end)`` of this range lie in."""
-        return range(self.locate(begin)[0], self.locate(max(begin, end - 1))[0] + 1)
 
     def locate(self, position: int) -> tuple[int, int]:
         """The shard that holds the ``position``-th token of this range, and the token's offset in it."""
@@ -335,25 +330,72 @@ class StepSampler:
 
 class WindowSampler(StepSampler):
     """The order of a streamed dataset's train samples: each epoch, its shards in a random order, taken
-    ``window`` at a time, and the samples that begin in a window's shards in a random order, before the next
-    window's. A node then reads about ``window`` shards at a time (and the next ones, for the samples that run
-    over a shard's end) however large the dataset, where a permutation of all samples would touch every shard at
-    every step. A pure function of (seed, epoch, the dataset's fingerprint), as :class:`StepSampler`'s order is of
-    (seed, epoch): a run resumed at any step, on any number of ranks, reads what it would have read."""
+    ``window`` at a time, and the samples of a window's shards in a random order, before the next window's. A node
+    then reads ``window`` shards at a time (and fetches the next window's while it trains on these) however large
+    the dataset, where a permutation of all samples would touch every shard at every step. A sample that runs over
+    a shard's end is left out (one a shard): it would download a shard of another window for one sample. A pure
+    function of (seed, epoch, the dataset's fingerprint), as :class:`StepSampler`'s order is of (seed, epoch): a
+    run resumed at any step, on any number of ranks, reads what it would have read. Its cost is the shards', not
+    the samples': an epoch's order is its shard permutation, and a window's samples are permuted when a step
+    reaches them."""
 
-    def __init__(self, num_samples: int, global_batch: int, seed: int, train: Tokens, seq_len: int, window: int,
-                 fingerprint: int):
-        super().__init__(num_samples, global_batch, seed)
-        starts = np.arange(num_samples, dtype=np.int64) * seq_len + train.start
-        self.shard_of = np.searchsorted(np.asarray(train.ends), starts, side="right")
+    def __init__(self, global_batch: int, seed: int, train: Tokens, seq_len: int, window: int, fingerprint: int):
+        ends = np.minimum(np.asarray(train.ends, dtype=np.int64), train.start + len(train))
+        begins = np.concatenate([[0], ends[:-1]])
+        # The samples inside shard k: the i with begins[k] <= i * seq_len and i * seq_len + seq_len < ends[k].
+        self.first = -(-begins // seq_len)
+        self.counts = np.maximum(0, (ends - 1 - seq_len) // seq_len - self.first + 1)
+        super().__init__(int(self.counts.sum()), global_batch, seed)
         self.window, self.fingerprint = max(1, window), fingerprint
+        self._orders: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._windows: dict[tuple[int, int], np.ndarray] = {}
 
-    def permutation(self, epoch: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, epoch, self.fingerprint])
-        shards = np.unique(self.shard_of)
-        rank_of = np.empty(int(shards.max()) + 1, dtype=np.int64)
-        rank_of[shards] = np.argsort(rng.permutation(len(shards)))  # each shard's place in the epoch's order
-        return np.lexsort((rng.random(self.num_samples), rank_of[self.shard_of] // self.window))
+    def epoch_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's shards in their order, and where each window's samples end in the epoch's order."""
+        if epoch not in self._orders:
+            shards = np.random.default_rng([self.seed, epoch, self.fingerprint]).permutation(len(self.counts))
+            sizes = np.add.reduceat(self.counts[shards], np.arange(0, len(shards), self.window))
+            while len(self._orders) >= 2:  # this epoch's and the next's are asked for
+                self._orders.pop(next(iter(self._orders)))
+            self._orders[epoch] = (shards, np.cumsum(sizes))
+        return self._orders[epoch]
+
+    def window_samples(self, epoch: int, index: int) -> np.ndarray:
+        """The samples of the epoch's ``index``-th window, in their order."""
+        key = (epoch, index)
+        if key not in self._windows:
+            shards, _ = self.epoch_order(epoch)
+            mine = shards[index * self.window: (index + 1) * self.window]
+            ids = np.concatenate([np.arange(self.first[k], self.first[k] + self.counts[k]) for k in mine])
+            order = np.random.default_rng([self.seed, epoch, self.fingerprint, index]).permutation(len(ids))
+            while len(self._windows) >= 3:  # a step reads at most two windows: the older ones go
+                self._windows.pop(next(iter(self._windows)))
+            self._windows[key] = ids[order]
+        return self._windows[key]
+
+    def step_indices(self, step: int) -> np.ndarray:
+        epoch, pos = divmod(step, self.steps_per_epoch)
+        _, ends = self.epoch_order(epoch)
+        begin, end = pos * self.global_batch, (pos + 1) * self.global_batch
+        pieces, index = [], int(np.searchsorted(ends, begin, side="right"))
+        while begin < end:
+            start = ends[index - 1] if index else 0
+            taken = self.window_samples(epoch, index)[begin - start: end - start]
+            pieces.append(taken)
+            begin += len(taken)
+            index += 1
+        return np.concatenate(pieces)
+
+    def window_shards(self, step: int) -> list[int]:
+        """The shards of the window ``step`` begins in, then those of the next one (the next epoch's first, at the
+        epoch's end)."""
+        epoch, pos = divmod(step, self.steps_per_epoch)
+        shards, ends = self.epoch_order(epoch)
+        index = int(np.searchsorted(ends, pos * self.global_batch, side="right"))
+        found = shards[index * self.window: (index + 2) * self.window].tolist()
+        if (index + 2) * self.window > len(shards):
+            found += self.epoch_order(epoch + 1)[0][: (index + 2) * self.window - len(shards)].tolist()
+        return found
 
 
 def eval_windows(count: int, num_samples: int, contiguous: bool = False) -> np.ndarray:

@@ -227,7 +227,7 @@ class Steps:
 
     def run(self, step: int) -> StepResult:
         self.guards.before(step)
-        self.data.ahead(self.sampler, step, self.env.rank, self.env.world_size)
+        self.data.ahead(self.sampler, step, self.tc.steps)
         begun, batching = self.begun, self.batching
         lr = begun.scheduler.get_last_lr()[0]
         if batching.auto and step < begun.step + AUTO_PROBE_STEPS:

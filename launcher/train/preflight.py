@@ -35,11 +35,12 @@ import torch.distributed as dist
 
 from launcher.core.checkpoints import checkpoint_bytes, human
 from launcher.core.config import ModelConfig, RunConfig
-from launcher.core.dataset import DatasetError, verify
+from launcher.core.dataset import READ_METADATA, DatasetError, verify
 from launcher.core.failures import DISK_FULL_ERRNOS
 from launcher.core.plan import Plan
 from launcher.core import events
 from launcher.core.rundir import append_event, write_json_atomic
+from launcher.core.store import Location, StoreError, is_remote
 from launcher.train import faults
 from launcher.train.data import token_file
 from launcher.train.dist import DistEnv
@@ -228,15 +229,23 @@ def verify_data(env: DistEnv, cfg: RunConfig) -> None:
     """Every rank calls this before training: rank ``r`` checks every shard's size and the checksums of every
     ``world_size``-th shard from ``r`` on; raises DatasetError on every rank, with the problem of the first
     rank that found one, so that the attempt ends at once with the file named. The default corpus is built
-    here (by one rank) if this is its first use."""
-    problem = None
+    here (by one rank) if this is its first use. A bucket's dataset is checked by rank 0 alone (its metadata read,
+    its shards listed), which hands the metadata to the others: one read of the store per attempt, not per rank;
+    the store's own failure (StoreError) is raised on every rank as such."""
+    remote = is_remote(cfg.data.path)
+    problem, found = None, None
     try:
         token_file(cfg.data)
-        verify(cfg.data, cfg.model.vocab_size, env.rank, env.world_size)
-    except DatasetError as err:
-        problem = str(err)
-    found: list = [None] * env.world_size
-    dist.all_gather_object(found, problem)
-    first = next((p for p in found if p), None)
+        if not remote or env.rank == 0:
+            found = verify(cfg.data, cfg.model.vocab_size, env.rank, env.world_size)
+    except (DatasetError, StoreError) as err:
+        problem = (str(err), getattr(err, "fault", None), isinstance(err, StoreError))
+    problems: list = [None] * env.world_size
+    dist.all_gather_object(problems, problem)
+    first = next((p for p in problems if p), None)
     if first:
-        raise DatasetError(first)
+        raise StoreError(first[0], first[1]) if first[2] else DatasetError(first[0])
+    if remote:
+        shared = [found.meta if found else None]
+        dist.broadcast_object_list(shared, src=0)
+        READ_METADATA[Location.parse(str(cfg.data.path)).url()] = shared[0]

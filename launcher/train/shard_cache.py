@@ -31,7 +31,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -110,17 +110,22 @@ class ShardCache:
         self._maps[index] = mapped
         return mapped
 
-    def keep(self, needed: Set[int]) -> None:
-        """The shards the next steps read: fetched in the background if missing; every other shard this rank held
-        is let go (unpinned, unmapped), so the cache may remove it."""
-        for index in [i for i in self._pins if i not in needed]:
+    def keep(self, needed: List[int]) -> None:
+        """The shards the next steps read, in the order they are read: fetched in the background if missing (a
+        shard another rank of the node is downloading is passed over, so that the node's ranks fetch different
+        shards at once); every other shard this rank held is let go (unpinned, unmapped), so the cache may remove
+        it."""
+        wanted = set(needed)
+        for index in [i for i in self._pins if i not in wanted]:
             self._maps.pop(index, None)
             os.close(self._pins.pop(index))
+        for index in [i for i in self._pending if i not in wanted and self._pending[i].done()]:
+            del self._pending[index]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shards")
-        for index in sorted(needed):
+        for index in needed:
             if index not in self._pins and index not in self._pending:
-                self._pending[index] = self._pool.submit(self._fetch, index)
+                self._pending[index] = self._pool.submit(self._fetch, index, False)
 
     def close(self) -> None:
         """Let go of every shard; downloads under way stop at their next chunk (a failing rank does not wait for
@@ -136,15 +141,18 @@ class ShardCache:
 
     # ------------------------------------------------------------------------------------------
 
-    def _fetch(self, index: int) -> None:
-        """Shard ``index`` is in the cache when this returns (downloaded by this rank or another of the node)."""
+    def _fetch(self, index: int, wait: bool = True) -> None:
+        """Shard ``index`` is in the cache when this returns (downloaded by this rank or another of the node);
+        without ``wait``, it may also be on its way, by another rank, which holds its lock."""
         name = self.shards[index]["file"]
         if self._present(name):
             self._touch(name)
             with self._lock:
                 self.counters.hits += 1
             return
-        with self._held(f"{name}.lock"):
+        with self._held(f"{name}.lock", wait) as held:
+            if not held:
+                return
             if self._present(name):  # another rank of the node fetched it while this one waited
                 with self._lock:
                     self.counters.hits += 1
@@ -206,11 +214,17 @@ class ShardCache:
         return fd
 
     @contextlib.contextmanager
-    def _held(self, name: str):
+    def _held(self, name: str, wait: bool):
+        """The lock file ``name`` held exclusively (yields True); without ``wait``, False at once when another
+        process holds it."""
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.folder.fd)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
         finally:
             os.close(fd)
 

@@ -58,18 +58,25 @@ def dataset(s3_store, tmp_path):
 
 
 def test_the_window_order_is_a_pure_permutation_that_reads_a_few_shards_at_a_time():
-    shards = [np.zeros(1000, dtype=np.uint16) for _ in range(40)]
-    train = Tokens(shards)
-    samples, window, batch = (len(train) - 1) // 10, 4, 16
-    order = WindowSampler(samples, batch, 7, train, 10, window, fingerprint=123)
-    first = order.permutation(0)
-    assert sorted(first.tolist()) == list(range(samples))  # every sample once an epoch
-    assert np.array_equal(first, WindowSampler(samples, batch, 7, train, 10, window, 123).permutation(0))
-    assert not np.array_equal(first, order.permutation(1))
-    assert not np.array_equal(first, WindowSampler(samples, batch, 7, train, 10, window, 124).permutation(0))
-    shard_of = order.shard_of
-    for step in range(order.steps_per_epoch):  # a step's samples begin in at most two windows' shards
-        assert len(set(shard_of[order.step_indices(step)].tolist())) <= 2 * window
+    shards = [np.zeros(1000 + 7 * i, dtype=np.uint16) for i in range(40)]
+    train, seq_len, window, batch = Tokens(shards)[:30_000], 10, 4, 16
+    order = WindowSampler(batch, 7, train, seq_len, window, fingerprint=123)
+    epoch = np.concatenate([order.step_indices(s) for s in range(order.steps_per_epoch)])
+    ends = np.asarray(train.ends)
+    begins, lasts = (np.searchsorted(ends, epoch * seq_len + k, side="right") for k in (0, seq_len))
+    assert len(set(epoch.tolist())) == len(epoch) == order.steps_per_epoch * batch  # no sample twice an epoch
+    assert np.array_equal(begins, lasts)  # no sample runs over a shard's end
+    assert (epoch * seq_len + seq_len < len(train)).all()  # nor past the train split's
+    assert order.num_samples > 0.98 * (len(train) - 1) // seq_len  # only those left out
+    for step in range(order.steps_per_epoch):  # a step reads the shards of its window and the next
+        assert set(begins[step * batch: (step + 1) * batch].tolist()) <= set(order.window_shards(step))
+        assert len(order.window_shards(step)) <= 2 * window
+    again = WindowSampler(batch, 7, train, seq_len, window, 123)
+    assert all(np.array_equal(again.step_indices(s), order.step_indices(s)) for s in (0, 5, 40, 41, 200))
+    other = WindowSampler(batch, 7, train, seq_len, window, 124)
+    assert not np.array_equal(other.step_indices(3), order.step_indices(3))
+    spe = order.steps_per_epoch
+    assert not np.array_equal(order.step_indices(3 + spe), order.step_indices(3))  # another epoch, another order
     # the ranks' shares of a step are the step's samples whatever the world size
     assert np.array_equal(np.concatenate([order.share(3, r, 4) for r in range(4)]), order.step_indices(3))
 
