@@ -41,8 +41,10 @@ def main(args: argparse.Namespace) -> int:
     layout = None
     if args.layout:
         from launcher.commands.launch import warn  # lazy: the launch's imports, only for a new layout
+        from launcher.job.secret_store import secrets_dir, store_secrets  # lazy: only a new layout checks data
         from launcher.submit.relayout import gpus_asked, relayout  # lazy: keeps hydra out of start-up
 
+        store_secrets(secrets_dir())  # a bucket's data is checked again, with the credentials its tasks will have
         layout, warnings = relayout(rec, gpus_asked(args.layout))
         warn(warnings)
     try:
