@@ -297,3 +297,30 @@ def test_sample_eval_and_export_read_a_buckets_tokenizer_checked_against_its_has
     put(s3_store, "bpe/tokenizer.json", b'{"not": "it"}')
     with pytest.raises(LaunchError, match="is not the tokenizer the data was made with"):
         run_tokenizer(data)
+
+
+def test_the_store_is_the_runs_over_the_cluster_files_over_what_the_aws_cli_would_use(tmp_path, monkeypatch):
+    from launcher.compose.composer import resolved_store
+    from launcher.core.config import ClusterConfig, RunConfig
+
+    config = tmp_path / "aws-config"
+    config.write_text("[profile site]\nregion = eu-west-3\nendpoint_url = http://profile:4\ns3 =\n"
+                      "  addressing_style = path\n")
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "site")
+
+    def resolved(run: StoreConfig, site: StoreConfig) -> tuple:
+        cfg = RunConfig(data=DataConfig(path="s3://b/p", store=run), cluster=ClusterConfig(store=site))
+        found = resolved_store(cfg)
+        return found.endpoint_url, found.region, found.addressing_style
+
+    assert resolved(StoreConfig(), StoreConfig()) == ("http://profile:4", "eu-west-3", "path")  # as `aws` would
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://env:1")
+    assert resolved(StoreConfig(), StoreConfig())[0] == "http://env:1"
+    site = StoreConfig(endpoint_url="http://site:2", addressing_style="virtual")
+    assert resolved(StoreConfig(), site) == ("http://site:2", "eu-west-3", "virtual")
+    assert resolved(StoreConfig(endpoint_url="http://run:3"), site)[0] == "http://run:3"
+    with pytest.raises(LaunchError, match="data.store.addressing_style must be one of auto, path, virtual"):
+        resolved(StoreConfig(addressing_style="sideways"), StoreConfig())
