@@ -133,3 +133,24 @@ def test_the_recipe_in_docs_data_md_works_as_written(slurm, s3_store, tmp_path):
         res = slurm.launcher(*args, root=tmp_path / "runs", env=env)
         assert res.returncode == 0, f"{line}\n{res.stderr}"
     assert "data: s3://datasets/books at " in res.stdout and "the first step waits for" in res.stdout, res.stdout
+
+
+def test_a_store_that_does_not_answer_fails_the_attempt_as_its_own_fault_and_the_retry_goes_on(slurm, s3_store,
+                                                                                               bucket_data, tmp_path):
+    url, env = bucket_data
+    res = slurm.launcher("gpus=2", f"data.path={url}", "name=outage", "train.steps=4", "train.eval_every=0",
+                         "data.store.retry_s=3", "data.store.stall_s=2", root=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr
+    s3_store.proxy.fail(100_000, match=".bin")  # every shard's GET, until calmed
+    run_dir = tmp_path / "outage"
+    ended = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 240, "the first end",
+                     patient=True)[0]
+    s3_store.proxy.calm()
+    assert (ended["outcome"], ended["fault"], ended["short"]) == ("FAILED", "store", "store unreachable"), ended
+    assert not ended["exclude"], ended  # no node blamed
+    assert f"the store at {s3_store.endpoint} did not serve s3://{s3_store.bucket}/json/tokens_" in ended["cause"]
+    assert "503 SlowDown" in ended["cause"], ended
+    slurm.completes(wait_for(lambda: [e["job_id"] for e in events(run_dir) if e["event"] == "attempt"][1:], 120,
+                             "the retry's job")[0], run_dir, timeout=300)
+    (retried,) = [e for e in events(run_dir) if e["event"] == "retrying"]
+    assert not retried["exclude"], retried

@@ -324,3 +324,21 @@ def test_the_store_is_the_runs_over_the_cluster_files_over_what_the_aws_cli_woul
     assert resolved(StoreConfig(endpoint_url="http://run:3"), site)[0] == "http://run:3"
     with pytest.raises(LaunchError, match="data.store.addressing_style must be one of auto, path, virtual"):
         resolved(StoreConfig(addressing_style="sideways"), StoreConfig())
+
+
+def test_a_dataset_uploaded_by_hand_from_a_prepared_directory_is_checked_by_size(s3_store, tmp_path):
+    from launcher.core.dataset import verify
+
+    text = tmp_path / "in.txt"
+    text.write_text("to be or not to be " * 1000)
+    local = tmp_path / "local"
+    prepare(Request(out=local, inputs=[text], tokenizer="byte", format="auto", field="text", glob=None, dtype=None,
+                    shard_tokens=5000, overwrite=False))
+    client = s3_store.client()
+    for file in sorted(local.iterdir()):  # as `aws s3 cp --recursive` would
+        client.upload_file(str(file), s3_store.bucket, f"hand/{file.name}")
+    data = DataConfig(path=f"s3://{s3_store.bucket}/hand", store=settings(s3_store))
+    assert verify(data, 256).tokens == 19_000
+    put(s3_store, "hand/tokens_00001.bin", b"\x00" * 10)
+    with pytest.raises(DatasetError, match="tokens_00001.bin has 10 bytes, not the 10,000"):
+        verify(data, 256)
