@@ -276,9 +276,9 @@ def open_stream(cfg: DataConfig, local_ranks: int) -> Stream | None:
     store = Store(cfg.store, connections=cfg.stream_connections)
     meta = remote_metadata(store, location)
     fingerprint = dataset_fingerprint(meta)
-    folder = cache_folder(cfg, f"{fingerprint:08x}")
+    folder, in_use = cache_folder(cfg, f"{fingerprint:08x}")
     threads = max(1, cfg.stream_connections // max(1, local_ranks))
-    cache = ShardCache(store, location, meta["shards"], folder, int(cfg.stream_cache_gb * 2**30), threads)
+    cache = ShardCache(store, location, meta["shards"], folder, int(cfg.stream_cache_gb * 2**30), threads, in_use)
     return Stream(location, cache, cfg.stream_window, cfg.read_ahead, fingerprint)
 
 

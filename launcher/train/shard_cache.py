@@ -31,7 +31,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -58,9 +58,15 @@ class Counters:
     wait_s: float = 0.0
 
 
-def cache_folder(data: DataConfig, fingerprint: str) -> nodelocal.Folder:
-    """This dataset's folder in the node's cache: ``data.stream_cache_dir`` (made private if missing), else
-    ``launcher-<uid>/shards`` in the node's temporary directory. Taken when another user has the name."""
+IN_USE = ".in-use"  # each dataset folder's: every cache open on it holds a shared flock
+
+
+def cache_folder(data: DataConfig, fingerprint: str) -> Tuple[nodelocal.Folder, int]:
+    """This dataset's folder in the node's cache (``data.stream_cache_dir``, made private if missing, else
+    ``launcher-<uid>/shards`` in the node's temporary directory), and a descriptor holding its shared ``in use``
+    lock. The folders of other datasets no process uses any more are removed first: the node keeps the shards of
+    the datasets its jobs read, each within ``data.stream_cache_gb``, and a later job of the same dataset finds
+    them. Taken when another user has the name."""
     if data.stream_cache_dir:
         top = nodelocal.Folder.open(Path(os.path.expanduser(data.stream_cache_dir)))
     else:
@@ -68,7 +74,38 @@ def cache_folder(data: DataConfig, fingerprint: str) -> nodelocal.Folder:
     with top:
         shards = top.folder("shards")
     with shards:
-        return shards.folder(fingerprint)
+        for name in shards.names():
+            if name != fingerprint and shards.kind(name) == "dir":
+                _remove_unused(shards, name)
+        folder = shards.folder(fingerprint)
+    fd = os.open(IN_USE, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder.fd)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return folder, fd
+
+
+def _remove_unused(shards: nodelocal.Folder, name: str) -> None:
+    """Remove another dataset's folder, unless a process holds its ``in use`` lock (then it stays whole)."""
+    try:
+        folder = shards.folder(name, create=False)
+    except (nodelocal.Taken, OSError):
+        return
+    with folder:
+        try:
+            fd = os.open(IN_USE, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder.fd)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return
+        try:
+            for entry in folder.names():
+                if folder.kind(entry) == "file":
+                    folder.remove(entry)
+        finally:
+            os.close(fd)
+    shards.remove_folder(name)
 
 
 @dataclass
@@ -81,6 +118,7 @@ class ShardCache:
     folder: nodelocal.Folder
     limit_bytes: int
     threads: int = 2
+    in_use: int = -1  # the descriptor of the folder's shared ``in use`` lock (cache_folder), closed with the cache
     counters: Counters = field(default_factory=Counters)
     _pins: Dict[int, int] = field(default_factory=dict)  # shard -> the descriptor holding its shared lock
     _maps: Dict[int, np.ndarray] = field(default_factory=dict)
@@ -137,6 +175,8 @@ class ShardCache:
         for fd in self._pins.values():
             os.close(fd)
         self._pins.clear()
+        if self.in_use >= 0:
+            os.close(self.in_use)
         self.folder.close()
 
     # ------------------------------------------------------------------------------------------

@@ -342,3 +342,21 @@ def test_a_dataset_uploaded_by_hand_from_a_prepared_directory_is_checked_by_size
     put(s3_store, "hand/tokens_00001.bin", b"\x00" * 10)
     with pytest.raises(DatasetError, match="tokens_00001.bin has 10 bytes, not the 10,000"):
         verify(data, 256)
+
+
+def test_a_node_keeps_the_shards_of_the_datasets_in_use_and_removes_the_others(tmp_path):
+    from launcher.train.shard_cache import cache_folder
+
+    data = DataConfig(stream_cache_dir=str(tmp_path / "cache"))
+    shards = tmp_path / "cache" / "shards"
+    first, held = cache_folder(data, "aaaaaaaa")
+    (shards / "aaaaaaaa" / "tokens_00000.bin").write_bytes(b"x")
+    second, second_held = cache_folder(data, "bbbbbbbb")  # another job's dataset, while the first is read
+    assert sorted(os.listdir(shards)) == ["aaaaaaaa", "bbbbbbbb"]
+    os.close(held)  # the first job ends
+    first.close()
+    third, third_held = cache_folder(data, "cccccccc")
+    assert sorted(os.listdir(shards)) == ["bbbbbbbb", "cccccccc"]
+    for folder, fd in ((second, second_held), (third, third_held)):
+        os.close(fd)
+        folder.close()
