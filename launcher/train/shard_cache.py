@@ -15,8 +15,12 @@ with the process that held it, so a job killed at any moment leaves nothing that
 - A rank pins the shards its next steps need with a shared ``flock`` on each file; the cache's size is held to
   ``data.stream_cache_gb`` by removing the least recently used shards that no rank pins (a pinned one answers
   ``LOCK_EX | LOCK_NB`` with EWOULDBLOCK).
-- Reading ahead: the shards of the next ``data.read_ahead`` steps are fetched by a few threads
-  (``data.stream_connections`` per node, shared among its ranks) while the current step trains.
+- Reading ahead: the shards of the window of the sample order being read and of the next one
+  (launcher/train/data.py ``WindowSampler``) are fetched by a few threads (``data.stream_connections`` per node,
+  shared among its ranks) while the current step trains; a thread passes over a shard another rank of the node is
+  downloading, so the node's ranks fetch different shards side by side.
+- A node keeps the folders of the datasets its jobs read; each job holds a shared lock on its dataset's, and one
+  that opens its cache removes the folders no job holds (:func:`cache_folder`).
 """
 from __future__ import annotations
 
