@@ -191,13 +191,14 @@ def test_logs_follow_survives_a_dropped_connection(laptop):
     env = {**laptop.cluster.env, **laptop.env, "LAUNCHER_RUN_ROOT": str(laptop.root)}
     follower = subprocess.Popen([sys.executable, "-m", "launcher", "logs", "followed", "--follow"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    time.sleep(3)
+    first = follower.stdout.readline()  # it follows over the master now: its first line came through it
     master = subprocess.run(["ssh", "-F", str(laptop.site.ssh_config), "-o",
                              f"ControlPath={laptop.env['LAUNCHER_HOME']}/ssh/%C", "-O", "check", laptop.site.alias],
                             capture_output=True, text=True)
     pid = int(master.stderr.split("pid=")[1].split(")")[0])
     os.kill(pid, 9)  # the master this test's launcher opened: every session over it drops
-    out, err = follower.communicate(timeout=300)
+    rest, err = follower.communicate(timeout=300)
+    out = first + rest
     assert follower.returncode == 0 and "reconnecting" in err, err
     whole = laptop.launcher("logs", "followed").stdout
     assert out == whole and "final 300" in out  # every line once, none lost

@@ -82,17 +82,25 @@ def test_the_result_is_the_last_value_of_the_metric_in_the_trials_own_metrics():
                                                                                              "cancelled")
 
 
-# Two trials' last steps as two processes, started at the same instant. Counting the study is made slow (0.5 s
-# after each count), so that without the report lock both would count before either asks, and ask one trial each.
+# Two trials' last steps as two processes, released together once both have said they are ready (imports done).
+# With the report lock, counting the study is made slow (0.5 s after each count), so that a lock that did not hold
+# would let both count before either asks. Without it (the control), each reporter waits after its count until the
+# other has counted too, so both count before either asks, and each asks for one trial, however slow the machine.
 REPORTER = """
 import contextlib, sys, time
 from pathlib import Path
 from launcher.search import trials
-path, number, at, unlocked = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
+path, number, unlocked = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 count = trials.tally_of
 def slow_count(study):
     tally = count(study)
-    time.sleep(0.5)
+    if not unlocked:
+        time.sleep(0.5)
+        return tally
+    (path / f"counted-{number}").touch()
+    deadline = time.monotonic() + 60
+    while not (path / f"counted-{1 - number}").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     return tally
 trials.tally_of = slow_count
 if unlocked:
@@ -101,17 +109,20 @@ def submit(search, n, values):
     with open(path / "asked", "a") as f:
         f.write(f"{n}\\n")
     return f"run-{n}"
-while time.time() < at:
-    time.sleep(0.001)
+print("ready", flush=True)
+sys.stdin.readline()
 trials.report(path, number, trials.Result(1.0 + number), submit)
 """
 
 
 def two_reporters_at_once(path: Path, unlocked: bool) -> list:
-    at = time.time() + 3  # both have imported Optuna by then
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, "-c", REPORTER, str(path), str(n), str(at), str(int(unlocked))],
-                              env=env) for n in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-c", REPORTER, str(path), str(n), str(int(unlocked))], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for n in (0, 1)]
+    assert [p.stdout.readline() for p in procs] == ["ready\n", "ready\n"]
+    for p in procs:  # both are ready: release them together
+        p.stdin.write("go\n")
+        p.stdin.flush()
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     return sorted(int(n) for n in (path / "asked").read_text().split())
 

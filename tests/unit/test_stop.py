@@ -18,6 +18,7 @@ from launcher.core.preemption import kill_wait_s, save_fits
 from launcher.core.rundir import append_event, read_events
 from launcher.core.run_index import RunRecord, save_record
 from launcher.status.job_state import JobState, in_its_words
+from support.helpers import wait_for
 
 
 @pytest.mark.parametrize("kill_wait, heard_s, save_s, why", [
@@ -82,7 +83,7 @@ def test_a_running_run_is_asked_to_save_and_its_job_is_left_to_end(running, tmp_
     monkeypatch.setenv("SLURM_JOB_ID", "5")  # as rank 0 of job 5 looks for the request
 
     def ranks():  # rank 0 at the next agreement, then the batch script's last step
-        asked = wait_until(lambda: stop_request.asked(run_dir))
+        asked = wait_for(lambda: stop_request.asked(run_dir), 10, "a stop request", interval=0.01)
         append_event(run_dir, Stopped(job_id=asked.job_id, step=40, by=asked.by))
         append_event(run_dir, AttemptEnded(attempt=1, job_id="5", outcome=Outcome.CANCELLED, step=40))
 
@@ -106,14 +107,6 @@ def test_a_run_that_does_not_save_within_the_wait_is_cancelled(running, tmp_path
         "Stopped r (job 5): its ranks did not save within the wait, so its job was cancelled; 'launcher resume r' "
         "continues from its newest checkpoint.")
     assert [e.kind for e in read_events(run_dir)] == ["stop_asked", "cancelled"]
-
-
-def wait_until(condition, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not (found := condition()):
-        assert time.monotonic() < deadline, "never"
-        time.sleep(0.01)
-    return found
 
 
 def end_of(tmp_path, monkeypatch, *events, step="end") -> dict:

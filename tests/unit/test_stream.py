@@ -26,7 +26,7 @@ from launcher.errors import LaunchError
 from launcher.slurm.client import Slurm
 from launcher.train.data import Tokens, WindowSampler
 from launcher.train.shard_cache import ShardCache
-from support.helpers import REPO
+from support.helpers import REPO, wait_for
 
 SHARD_TOKENS = 4096
 
@@ -184,10 +184,7 @@ def test_a_download_killed_midway_leaves_nothing_that_blocks_or_misleads_the_nex
     s3_store.proxy.trickle(1, 2 << 10, match="tokens_00001")
     rank = fetch_process(s3_store, meta, tmp_path / "cache", 1)
     part = tmp_path / "cache" / "tokens_00001.bin.part"
-    deadline = time.monotonic() + 30
-    while not part.exists() and time.monotonic() < deadline:  # made just before its GET
-        time.sleep(0.05)
-    assert part.exists(), "the download never began"
+    wait_for(part.exists, 30, "the download's .part file (made just before its GET)", interval=0.05)
     rank.send_signal(signal.SIGKILL)
     rank.wait()
     cache = cache_of(s3_store, location, meta, tmp_path)

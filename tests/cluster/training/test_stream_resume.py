@@ -5,7 +5,6 @@ once."""
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from launcher.core.store import Location
 from launcher.dataset.prepare import Request, prepare
 from launcher.train.data import stdlib_sources
+from support.helpers import wait_for
 from support.train_harness import check_ok, launch_ranks, make_run_dir, metrics, start_ranks, tiny_config
 
 pytestmark = pytest.mark.slurm
@@ -29,16 +29,6 @@ def stream_config(store, url: str, cache: Path) -> dict:
     return config
 
 
-def wait_for(condition, what: str, timeout: float = 120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"{what} within {timeout} s")
-
-
 def test_a_run_killed_mid_download_reads_the_same_tokens_as_one_never_killed(s3_store, tmp_path):
     url = Location(s3_store.bucket, "stdlib").url()
     prepare(Request(out=url, inputs=stdlib_sources()[:3], tokenizer="byte", format="text", field="text", glob=None,
@@ -50,10 +40,10 @@ def test_a_run_killed_mid_download_reads_the_same_tokens_as_one_never_killed(s3_
     ranks = start_ranks(["-m", "launcher.train", str(run_dir)], world_size=2)
     rows = run_dir / "metrics.jsonl"
     wait_for(lambda: rows.exists() and any('"step": 5' in line for line in rows.read_text().splitlines()),
-             "the run trained past its checkpoint of step 4")
+             120, "the run trained past its checkpoint of step 4", interval=0.05)
     s3_store.proxy.trickle(1000, 200)  # every download from now on takes seconds
     parts = tmp_path / "cache-b" / "shards"
-    wait_for(lambda: list(parts.rglob("*.part")), "a download began")
+    wait_for(lambda: list(parts.rglob("*.part")), 120, "a download began", interval=0.05)
     for rank in ranks:
         rank.send_signal(signal.SIGKILL)
         rank.communicate()
