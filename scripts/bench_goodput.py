@@ -1,4 +1,4 @@
-"""Goodput under faults (issue 19): the same run without faults and with one fault every ``--every`` seconds
+"""Goodput under faults: the same run without faults and with one fault every ``--every`` seconds
 (a rank SIGKILLed, a rank SIGSTOPped, a node lost with its ranks, a preemption), on the cluster ``$SLURM_CONF``
 names (3 nodes or more: ``bash slurm/up.sh --nodes 3``). It prints the fault-free wall time over the faulty one
 (the goal: 0.85 or more), each fault's detection and restart, and ``describe``'s goodput line of each run:
