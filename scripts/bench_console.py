@@ -2,7 +2,7 @@
 """How fast the web console's runs page answers with many runs: RUNS finished runs planted in a run root (each with
 its record, its settled Slurm state, events and metrics, as a real run leaves them), then the console's first page
 (the page itself, its script, and the API's first 50 rows) asked in-process, cold and warm, against its budget of
-1 s (issue 31). Prints one line per figure and the ratio to the budget.
+1 s (docs/console.md). Prints one line per figure and the ratio to the budget.
 
     .venv/bin/python scripts/bench_console.py            # 10,000 runs
     .venv/bin/python scripts/bench_console.py --quick    # 300 runs: the suite's check that it runs

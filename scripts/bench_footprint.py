@@ -1,4 +1,4 @@
-"""What a training run costs the shared services in steady state (issue 32): the controller's RPCs and the
+"""What a training run costs the shared services in steady state: the controller's RPCs and the
 shared file system's operations in its run directory, while it trains and nothing changes state.
 
 On the cluster ``$SLURM_CONF`` names, one run per node count side by side (2 ranks a node, paced steps of a tiny

@@ -1,10 +1,10 @@
-"""Goodput under faults (issue 19): the same run without faults and with one fault every ``--every`` seconds
+"""Goodput under faults: the same run without faults and with one fault every ``--every`` seconds
 (a rank SIGKILLed, a rank SIGSTOPped, a node lost with its ranks, a preemption), on the cluster ``$SLURM_CONF``
 names (3 nodes or more: ``bash slurm/up.sh --nodes 3``). It prints the fault-free wall time over the faulty one
 (the goal: 0.85 or more), each fault's detection and restart, and ``describe``'s goodput line of each run:
 where every second went.
 
-    python scripts/bench_goodput.py [--steps 2400] [--every 90]     # gpus=4 on 2 nodes, one run after the other
+    python scripts/bench_goodput.py [--steps 4000] [--every 90]     # gpus=4 on 2 nodes, one run after the other
     python scripts/bench_goodput.py --quick                         # gpus=2 on 1 node, side by side, one kill
 
 Faults are caused for real on the benchmark's own jobs only: ranks are found by SLURM_JOB_ID and SLURM_PROCID in

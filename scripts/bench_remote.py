@@ -1,6 +1,6 @@
 """What a remote cluster (a cluster file with ``ssh:``, docs/remote.md) costs, as whole processes.
 
-Goals (issue 18): with a warm master, ``launcher runs`` over the local cluster and a remote one answers in under
+Goals: with a warm master, ``launcher runs`` over the local cluster and a remote one answers in under
 1 s and within 1.5x of ``runs`` over the local runs alone; a launch to the remote cluster, its code already
 shipped, costs at most 1 s more than a local launch; a cluster that does not answer costs at most its connect
 timeout. Each pair is timed alternately (both see the same load) and medians compared. Launches are held

@@ -1,12 +1,13 @@
-"""How long a 12-point grid sweep takes to submit: one sbatch per run (as before job arrays) against one job array
-per resource shape (launcher/submit/submitter.py arrays).
+"""How long a 12-point grid sweep takes to submit: one sbatch per run against one job array per resource shape
+(launcher/submit/submitter.py arrays).
 
 The grid (``train.lr`` x ``train.steps``, 12 runs of one shape) is composed once; each repeat submits it both ways
 through the same ``launch`` in this process, alternately, so both see the same machine load, and medians are
-compared. "One sbatch each" is the launch with every run a batch of its own, as it was before arrays. The jobs
-are held (``+cluster.sbatch_flags.hold=true``), so none starts and loads the machine; their runs go to a temporary
-root and their jobs are cancelled at the end. It needs a cluster (the local one: slurm/up.sh); ``--quick``: one
-repeat, and a line saying it skipped when no cluster answers (tests/cluster/test_bench_launcher_quick.py).
+compared. "One sbatch each" is the launch with every run a batch of its own (``submit.arrays`` grouping each run
+alone). The jobs are held (``+cluster.sbatch_flags.hold=true``), so none starts and loads the machine; their runs
+go to a temporary root and their jobs are cancelled at the end. It needs a cluster (the local one: slurm/up.sh);
+``--quick``: one repeat, and a line saying it skipped when no cluster answers
+(tests/cluster/test_bench_launcher_quick.py).
 
     python scripts/bench_sweep.py [--repeats 5] [--quick]
 """

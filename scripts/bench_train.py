@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """How much does launcher/train/ cost over plain PyTorch, and how well do ranks scale? (CPU)
 
-(a) overhead: tokens/s of our loop (``python -m launcher.train``: FSDP2 on one rank,
-    metrics, sampler) divided by tokens/s of a plain single-process loop with the
+(a) overhead: tokens/s of our loop (``python -m launcher.train`` on one rank: the
+    loop, metrics, sampler) divided by tokens/s of a plain single-process loop with the
     same model, batch, AdamW and clipping. Goal >= 0.95.
 (b) scaling: per-rank tokens/s with 2 ranks divided by per-rank tokens/s with 1
     rank, the same batch per rank (weak scaling), so the difference is what

@@ -53,7 +53,7 @@ class Range:
 AT_LEAST_1, POSITIVE, FRACTION = Range(1), Range(0, low_open=True), Range(0, 1, high_open=True)
 
 
-# Beyond any run ever made (about 10^6 steps); 10^23 was once accepted and would have run forever.
+# Beyond any run ever made (about 10^6 steps), so that a typo such as 10^23 is refused, not run for ever.
 MAX_STEPS = 10_000_000
 
 

@@ -6,7 +6,7 @@ launcher/core/nodelocal.py: no other user can plant a name there), which the nod
 neighbour stopped. Beyond the node, through one file per node in the run directory on the shared file
 system, ``heartbeats/node_<node>.json``: the node's lowest live rank rewrites it in place each beat with every
 pulse of the node, so the shared file system sees one write per node per beat and no create, rename or unlink
-(at 1,024 ranks of 8 a node that is 64 writes a second where a file per rank took 512 creates and 512 renames:
+(at 1,024 ranks of 8 a node that is 64 writes a second where a file per rank would take 512 creates and 512 renames:
 docs/performance.md). Ranks of other nodes read it to name a frozen rank, and the launcher to show a stalled run
 and to know the step a rank that died had reached. A run written by an older launcher has ``rank_<N>.json``
 files there instead, read the same way.

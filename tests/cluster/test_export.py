@@ -1,4 +1,4 @@
-"""Export on the local cluster (issue 21): gpt_tiny on the default byte-level corpus and gpt_small on a BPE
+"""Export on the local cluster: gpt_tiny on the default byte-level corpus and gpt_small on a BPE
 dataset of 512 tokens train briefly as Slurm jobs on 2 ranks; each is exported, loads with transformers'
 AutoModelForCausalLM and AutoTokenizer, computes our model's logits (fp32, within 1e-4), and continues a prompt
 greedily with the same text as ``launcher sample --top-k 1``."""

@@ -251,7 +251,7 @@ def test_clusters_add_asks_the_remote_slurm_and_writes_how_to_reach_it(laptop):
 
 
 def test_the_remote_benchmark_runs_in_its_quick_mode(laptop):
-    """scripts/bench_remote.py measures the goals of a remote cluster (docs/performance.md); here it must run and
+    """scripts/bench_remote.py measures the goals of a remote cluster (docs/remote.md); here it must run and
     print its three figures, whatever they are on a shared machine, and take its local runs and config layer away
     with it."""
     env = {**laptop.cluster.env, **laptop.env, "PYTHONPATH": str(REPO)}

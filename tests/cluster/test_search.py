@@ -1,4 +1,4 @@
-"""Searches on the local cluster (issue 20), gpt_tiny over train.lr.
+"""Searches on the local cluster, gpt_tiny over train.lr.
 
 6 trials, 2 in parallel: the launch submits 2 and returns; each trial's job, in its last step, reports it and
 submits the next; no launcher process runs outside a job meanwhile. Trial 0's rank is SIGKILLed with no retry

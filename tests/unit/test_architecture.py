@@ -142,7 +142,7 @@ def test_the_cycle_check_counts_imports_inside_functions(tmp_path):
 
 
 # The one import up the layers: a search trial's last step (the batch script's ``end``, after srun) reports it and
-# submits the next trials, composing them (issue 20); a run that is no trial never imports it.
+# submits the next trials, composing them; a run that is no trial never imports it.
 UPWARD_ALLOWED = {("launcher.job.recovery", "launcher.search.hook")}
 
 

@@ -1,4 +1,4 @@
-"""Seeing a search (issue 20, item 4) without a cluster: a real Optuna study in a run root, its trials' runs as
+"""Seeing a search without a cluster: a real Optuna study in a run root, its trials' runs as
 records beside it, and what ``runs --sweep``, ``describe``, ``compare --plot`` and ``stop`` make of them.
 
 The study is built by the launcher's own functions (start, report) with a stand-in submission that records each

@@ -120,7 +120,7 @@ def test_the_preflight_record_stays_small_at_sixteen_thousand_ranks_and_names_th
     for rank in range(4096, 4104):  # one node's eight ranks, a tenth of the others' bandwidth
         everyone[rank] = ("node0512", 2.0)
     report = summary(everyone, "1234", tmp_path)
-    assert len(json.dumps(encode(report))) < 2000  # it was about 0.5 MB with every rank's figure
+    assert len(json.dumps(encode(report))) < 2000  # every rank's figure would take about 0.5 MB
     assert (report.ranks, report.slow_count, report.slow_nodes) == (16384, 8, ["node0512"])
     assert report.slow_ranks == list(range(4096, 4104)) and len(report.slowest) == NAMED
     assert {row["node"] for row in report.slowest} == {"node0512"} and report.median_gbps == pytest.approx(20.03)

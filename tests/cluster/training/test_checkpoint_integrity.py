@@ -104,8 +104,8 @@ def test_full_disk_fails_the_save_clearly_and_keeps_the_earlier_checkpoint(refer
 
 def test_a_save_cut_by_a_lost_rank_is_a_lost_peer_not_the_saves_own_failure(reference_config, tmp_path):
     """A rank killed during a save leaves its peers' save failing with gloo's words for a peer that went: that
-    rank's ``failed`` event is a lost peer, so the attempt's cause is the rank that went (a CI run named rank
-    0's failed save instead of the SIGKILLed rank 1)."""
+    rank's ``failed`` event is a lost peer, so the attempt's cause is the rank that went (the SIGKILLed rank 1, not
+    rank 0's failed save)."""
     run_dir = make_run_dir(tmp_path / "run", reference_config, world_size=2, micro_batch=2)
     body = f"from support import train_workers; train_workers.train_run_peer_lost_in_save({str(run_dir)!r}, 6)"
     results = launch_ranks(["-c", f"import sys; sys.path.insert(0, 'tests'); {body}"], world_size=2, timeout=120)
