@@ -58,7 +58,9 @@ from omegaconf import OmegaConf  # noqa: E402
 from launcher.compose.layout import single_node_plan  # noqa: E402
 from launcher.core.config import DataConfig, RunConfig, StoreConfig, load_run_config  # noqa: E402
 from launcher.core.dataset import TOKEN_DTYPES, dataset_fingerprint, val_tokens  # noqa: E402
+from launcher.core.metrics import Row  # noqa: E402
 from launcher.core.plan import PLAN  # noqa: E402
+from launcher.core.rundir import read_metrics  # noqa: E402
 from launcher.core.store import Location  # noqa: E402
 from launcher.dataset.prepare import Request, prepare  # noqa: E402
 from launcher.train.data import Tokens, WindowSampler, stdlib_sources  # noqa: E402
@@ -125,7 +127,7 @@ def make_run_dir(run_dir: Path, config: dict) -> Path:
     return run_dir
 
 
-def train(run_dir: Path) -> list[dict]:
+def train(run_dir: Path) -> list[Row]:
     """``python -m launcher.train RUN_DIR`` on ``RANKS`` local ranks (torchrun's variables, one thread each);
     the run's metrics rows."""
     with socket.socket() as s:
@@ -150,7 +152,7 @@ def train(run_dir: Path) -> list[dict]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(run_dir)
 
 
 def events(run_dir: Path) -> dict[str, dict]:
@@ -280,7 +282,7 @@ def measure(args, work: Path, server: S3Server, proxy: FaultProxy) -> None:
     # (1) and (2): the local run, then the streamed one under a cap of --cap times the local run's consumption
     local_dir = make_run_dir(work / "local", run_config(args, {"path": str(local)}, args.steps))
     local_final = train(local_dir)[-1]
-    consumed = local_final["tokens_per_s"] * itemsize
+    consumed = local_final.tokens_per_s * itemsize
     proxy.bandwidth(args.cap * consumed)
     proxy.clear()
     stream_dir = streamed("streamed", small_url, args.steps)
@@ -288,17 +290,17 @@ def measure(args, work: Path, server: S3Server, proxy: FaultProxy) -> None:
     proxy.bandwidth(None)
     stream_final = stream_rows[-1]
     gets, shards = gets_per_node(proxy)
-    ratio = local_final["step_time"] / stream_final["step_time"]
+    ratio = local_final.step_time / stream_final.step_time
     consumed_mb = args.steps * args.batch * RANKS * (args.seq_len + 1) * itemsize / 2**20
-    print(f"(1) streamed/local step time: {stream_final['step_time']:.4f} s / {local_final['step_time']:.4f} s; "
+    print(f"(1) streamed/local step time: {stream_final.step_time:.4f} s / {local_final.step_time:.4f} s; "
           f"local/streamed = {ratio:.2f} (target >= 0.95: local ÷ streamed step time, 1.00 = streaming costs "
           f"nothing), bandwidth capped at {args.cap:g} x {consumed / 1e3:,.1f} kB/s consumed, steps "
-          f"{args.log_every + 1}-{args.steps}; the steps waited {stream_final['data_wait_s']:.3f} s for shards "
+          f"{args.log_every + 1}-{args.steps}; the steps waited {stream_final.data_wait_s:.3f} s for shards "
           f"(mean over ranks)")
     read, next_window = shards_read(meta, stream_dir)
     print(f"(2) GETs per node / shards read: {gets} / {shards} = {gets / max(1, shards):.2f} (target 1.00; "
-          f"metrics: {stream_final['shards_fetched']} shards fetched, {stream_final['cache_hits']} cache hits, "
-          f"{stream_final['data_mb']:.3f} MB downloaded for {consumed_mb:.3f} MB of samples)")
+          f"metrics: {stream_final.shards_fetched} shards fetched, {stream_final.cache_hits} cache hits, "
+          f"{stream_final.data_mb:.3f} MB downloaded for {consumed_mb:.3f} MB of samples)")
     print(f"    the steps' samples lie in {read} shards; {next_window} more were fetched as the next window's when "
           f"the last steps ran")
 

@@ -27,7 +27,6 @@ composed and written by the launcher's own code (``launcher.compose.composer.com
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import subprocess
@@ -42,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from launcher.core.config import RunConfig  # noqa: E402
+from launcher.core.rundir import last_metrics  # noqa: E402
 from launcher.train.data import StepSampler, TokenData, token_file  # noqa: E402
 from launcher.train.optim import build_optimizer  # noqa: E402
 from launcher.train.model import GPT  # noqa: E402
@@ -99,8 +99,7 @@ def ours(args, world_size: int) -> float:
             _, err = proc.communicate()
             if proc.returncode:
                 raise SystemExit(f"python -m launcher.train failed:\n{err[-3000:]}")
-        final = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-        return final["tokens_per_s_per_gpu"]
+        return last_metrics(run_dir).tokens_per_s_per_gpu
 
 
 def plain(args) -> float:
