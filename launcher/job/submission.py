@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 from launcher.core.config import RunConfig, load_run_config
 from launcher.core.plan import Plan, read_plan
-from launcher.core.privacy import run_umask
+from launcher.core.privacy import RunFiles
 from launcher.core.events import Watching
 from launcher.core.rundir import CONFIG, RECORD, append_event, code_dir, read_events, write_json_atomic
 from launcher.errors import LaunchError
@@ -29,11 +29,12 @@ def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str]
                by: str = "launch", holder: Optional[str] = None) -> str:
     """Submit the run in ``run_dir`` as one Slurm job (submitit pickles the task), eligible ``begin_s`` from now,
     under the run's claim (launcher/job/claim.py: ClaimHeld when another job of the run is alive), taken for
-    ``by`` (``holder``: the job submitting its own retry); returns its job id."""
+    ``by`` (``holder``: the job submitting its own retry); returns its job id. The claim, submitit's files and the
+    job are the run's files (:class:`RunFiles`; sbatch hands the umask to the job)."""
     from launcher.job.entry import TrainTask  # lazy: keeps submitit out of start-up
 
     slurm = for_cluster(cfg.cluster)
-    with run_umask(cfg.share_group):  # submitit's files, the claim, and the job (sbatch hands the umask to it)
+    with RunFiles(cfg.share_group):
         taken = claim.take(run_dir, by, slurm.job_state, holder)
         try:
             executor = slurm.executor(run_dir / "submitit", cfg.cluster.max_requeues, task_python(cfg.cluster))
@@ -66,11 +67,12 @@ def watch_array(run_dirs: Sequence[Path], array_id: str, folder: Path) -> None:
 
 def _watch(cfg: RunConfig, watched: Sequence[tuple], after: str, name: str, path: Path) -> None:
     script, flags = watcher(cfg, watched, after, name, path.with_name("watch_%j.log"))
-    try:
-        path.write_text(script)
-        found = Watching(watcher=for_cluster(cfg.cluster).sbatch(path, flags))
-    except (SlurmError, OSError) as err:
-        found = Watching(refused=str(err))
+    with RunFiles(cfg.share_group):  # the script, and the watcher's log (sbatch hands the umask to it)
+        try:
+            path.write_text(script)
+            found = Watching(watcher=for_cluster(cfg.cluster).sbatch(path, flags))
+        except (SlurmError, OSError) as err:
+            found = Watching(refused=str(err))
     for run_dir, job_id in watched:
         append_event(run_dir, Watching(job_id=job_id, watcher=found.watcher, refused=found.refused))
 
