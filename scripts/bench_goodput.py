@@ -70,7 +70,7 @@ def ranks(job_id: str, nodes: List[str], node: Optional[str] = None) -> Dict[int
             argv = (proc / "cmdline").read_text().split("\0")
         except OSError:
             continue
-        if env.get("SLURM_JOB_ID") == job_id and "SLURM_PROCID" in env and "submitit.core._submit" in argv \
+        if env.get("SLURM_JOB_ID") == job_id and "SLURM_PROCID" in env and "launcher.job.task" in argv \
                 and "python" in argv[0] and env.get("SLURMD_NODENAME") in ([node] if node else nodes):
             found[int(env["SLURM_PROCID"])] = int(proc.name)
     return found

@@ -5,20 +5,20 @@ shared cluster none of it is for other users. So run directories are 0700 and th
 ``share_group`` set, they are 0750 and 0640, with that group (the directory setgid, so everything created
 inside takes the group), and the run root gets the group too, so that its members can reach the runs.
 
-Files are created by many hands: the launcher, submitit, Slurm (the job's output files), and on the nodes
-torch (checkpoints), logging and training. A umask reaches all of them: the launcher submits under it
-(sbatch passes it to the job as SLURM_UMASK), and the batch script sets it again before anything runs
-(a resubmission from the node inherits it). Files the launcher writes later take their directory's mode
-(file_mode). Secrets (launcher/job/secret_store.py) are never shared: their store stays 0700/0600.
+Files are created by many hands: the launcher, Slurm (the job's output files), and on the nodes torch
+(checkpoints), logging and training. A umask reaches all of them: the launcher makes a run's files and submits
+its jobs inside one writer, :class:`RunFiles`, which owns the umask and the group (sbatch passes the umask to the
+job as SLURM_UMASK), and the batch script sets it again before anything runs (a resubmission from the node
+inherits it). Files the launcher writes later take their directory's mode (file_mode). Secrets
+(launcher/job/secret_store.py) are never shared: their store stays 0700/0600.
 """
 from __future__ import annotations
 
-import contextlib
 import grp
 import os
 import stat
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 PRIVATE_UMASK = 0o077  # dirs 0700, files 0600
 SHARED_UMASK = 0o027  # dirs 0750, files 0640 (the group reads, others nothing)
@@ -63,14 +63,31 @@ def my_groups() -> list[str]:
     return names
 
 
-@contextlib.contextmanager
-def run_umask(share_group: Optional[str]) -> Iterator[None]:
-    """Create files (and submit jobs, which inherit it) under the run's umask."""
-    previous = os.umask(umask_for(share_group))
-    try:
-        yield
-    finally:
-        os.umask(previous)
+class RunFiles:
+    """The one writer of a run's files, which owns their umask and group: every step that makes a run's files or
+    submits its job (a launch, a retry, ``launcher resume``) runs inside ``with RunFiles(share_group, root)``. Inside
+    it, files and directories (and the jobs submitted, which inherit the umask) are made under the run's umask; on
+    entry the run root, when given, is made reachable by the group (:func:`share_root`); a run directory made inside
+    it is given the run's mode and group by :meth:`own`. One inside another (a launch submits a run's job as a
+    retry does) sets the same umask, and puts back the outer one's when it ends."""
+
+    def __init__(self, share_group: Optional[str], root: Optional[Path] = None) -> None:
+        self.share_group, self.root = share_group, root
+        self._previous = 0
+
+    def __enter__(self) -> "RunFiles":
+        if self.root is not None:
+            share_root(self.root, self.share_group)
+        self._previous = os.umask(umask_for(self.share_group))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.umask(self._previous)
+
+    def own(self, run_dir: Path) -> Path:
+        """Give a run directory made inside this writer the run's mode and group (:func:`protect_dir`)."""
+        protect_dir(run_dir, self.share_group)
+        return run_dir
 
 
 def protect_dir(path: Path, share_group: Optional[str]) -> None:

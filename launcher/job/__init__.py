@@ -1,6 +1,7 @@
-"""A run's life inside its Slurm job: what each task runs (entry), how an attempt's end is judged (attempts) and
-told when the user or Slurm ended it (endings), the batch script's recovery steps around srun (recovery),
-resubmission (submission), and the secrets injected into the tasks (secret_store).
+"""A run's life inside its Slurm job: what each task runs (entry), the job's script and pickled task submitted and
+run on every task (task), how an attempt's end is judged (attempts) and told when the user or Slurm ended it
+(endings), the batch script's recovery steps around srun (recovery), resubmission (submission), and the secrets
+injected into the tasks (secret_store).
 
 This is the in-job path: it never loads Hydra, composition, submission, the CLI or a command
 (tests/unit/test_architecture.py checks what it loads). launcher/train/ is imported by a task when it starts,

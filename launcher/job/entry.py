@@ -1,4 +1,4 @@
-"""The callable submitit pickles and every Slurm task runs.
+"""The callable a run's job pickles and every Slurm task runs (launcher/job/task.py).
 
 It lives in the launcher, not in launcher/train/, so that submitting pickles a reference to this torch-free class
 instead of importing launcher/train/ (and torch) on the login node. The task imports launcher/train/ when it starts.
@@ -11,11 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import submitit
-
 from launcher.core import failures, preemption
-from launcher.core.events import Fault, Requeued
-from launcher.core.rundir import append_event
+from launcher.core.events import Fault
 from launcher.core.startup import long_lived_imports
 from launcher.core.store import CREDENTIALS_FILE
 from launcher.job.secret_store import inject, run_credentials, secrets_dir
@@ -47,13 +44,12 @@ def training():
     return run
 
 
-class TrainTask(submitit.helpers.Checkpointable):
+class TrainTask:
     """Train the run in ``run_dir`` on this Slurm task.
 
-    On preemption or an approaching time limit (USR2), every rank saves and rank 0 requeues the job
-    (launcher/train/interrupt.py), listening from this method's first line (launcher/core/preemption.py); submitit's
-    :meth:`checkpoint` remains for a signal in the instant before. The requeued tasks resume from the run's
-    newest complete checkpoint.
+    On preemption or an approaching time limit (USR2), every rank saves and the batch script requeues the job
+    (launcher/train/interrupt.py), the signal heard from the task's first line (launcher/core/preemption.py,
+    launcher/job/task.py). The requeued tasks resume from the run's newest complete checkpoint.
 
     Before launcher/train/ is imported, the user's secrets (launcher/job/secret_store.py) are injected into this
     process's environment from the store whose path was fixed at submission; only the variables' names are printed.
@@ -65,7 +61,6 @@ class TrainTask(submitit.helpers.Checkpointable):
 
     def __call__(self, run_dir: str) -> Any:
         names: list[str] = []
-        preemption.listen()  # a signal that comes while torch loads is kept for the first step boundary
         try:
             try:
                 names = inject(Path(self.secrets_store))
@@ -84,7 +79,3 @@ class TrainTask(submitit.helpers.Checkpointable):
             # nothing. Ignored, not handled: Python puts the default action (death) back while it shuts down, and
             # a rank killed by a late USR2 after the run finished made a completed attempt read as failed.
             signal.signal(preemption.SIGNAL, signal.SIG_IGN)
-
-    def checkpoint(self, run_dir: str) -> submitit.helpers.DelayedSubmission:  # type: ignore[override]
-        append_event(Path(run_dir), Requeued(job_id=os.environ.get("SLURM_JOB_ID")))
-        return submitit.helpers.DelayedSubmission(TrainTask(self.secrets_store), run_dir)

@@ -9,37 +9,36 @@ from typing import Optional, Sequence
 
 from launcher.core.config import RunConfig, load_run_config
 from launcher.core.plan import Plan, read_plan
-from launcher.core.privacy import run_umask
+from launcher.core.privacy import RunFiles
 from launcher.core.events import Watching
 from launcher.core.rundir import CONFIG, RECORD, append_event, code_dir, read_events, write_json_atomic
 from launcher.errors import LaunchError
-from launcher.job import claim
+from launcher.job import claim, task
 from launcher.core.run_index import RunRecord, load_or_damage
 from launcher.job.secret_store import secrets_dir
-from launcher.slurm.batch import executor_params, task_python, watcher
+from launcher.slurm.batch import render_sbatch, watcher
 from launcher.slurm.client import for_cluster
 from launcher.slurm.output import SlurmError
 
-# The modules a job of this launcher runs from the run's frozen code: the pickled task (entry), the batch script's
-# steps (recovery, comment). A run frozen when one of them was elsewhere cannot be submitted by this launcher.
-ENTRY_POINTS = tuple(Path("launcher") / "job" / name for name in ("entry.py", "recovery.py", "comment.py"))
+# The modules a job of this launcher runs from the run's frozen code: the pickled task (entry), what every task runs
+# (task), the batch script's steps (recovery, comment). A run frozen when one of them was elsewhere cannot be
+# submitted by this launcher.
+ENTRY_POINTS = tuple(Path("launcher") / "job" / name for name in ("entry.py", "recovery.py", "comment.py", "task.py"))
 
 
 def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0,
                by: str = "launch", holder: Optional[str] = None) -> str:
-    """Submit the run in ``run_dir`` as one Slurm job (submitit pickles the task), eligible ``begin_s`` from now,
-    under the run's claim (launcher/job/claim.py: ClaimHeld when another job of the run is alive), taken for
-    ``by`` (``holder``: the job submitting its own retry); returns its job id."""
-    from launcher.job.entry import TrainTask  # lazy: keeps submitit out of start-up
-
+    """Submit the run in ``run_dir`` as one Slurm job (launcher/job/task.py), eligible ``begin_s`` from now, under
+    the run's claim (launcher/job/claim.py: ClaimHeld when another job of the run is alive), taken for ``by``
+    (``holder``: the job submitting its own retry); returns its job id. The claim, the task's pickle, the script and
+    the job are the run's files (:class:`RunFiles`; sbatch hands the umask to the job)."""
     slurm = for_cluster(cfg.cluster)
-    with run_umask(cfg.share_group):  # submitit's files, the claim, and the job (sbatch hands the umask to it)
+    with RunFiles(cfg.share_group):
         taken = claim.take(run_dir, by, slurm.job_state, holder)
         try:
-            executor = slurm.executor(run_dir / "submitit", cfg.cluster.max_requeues, task_python(cfg.cluster))
-            executor.update_parameters(**executor_params(cfg, plan, run_dir.name, run_dir, exclude,
-                                                         mounts=[str(secrets_dir())], begin_s=begin_s))
-            job_id = executor.submit(TrainTask(), str(run_dir)).job_id
+            script = render_sbatch(cfg, plan, run_dir.name, run_dir / "submitit", [str(secrets_dir())], exclude,
+                                   begin_s)
+            job_id = task.submit(slurm, script, run_dir / "submitit", [run_dir])
         except BaseException:
             claim.drop(run_dir, taken)
             raise
@@ -66,11 +65,12 @@ def watch_array(run_dirs: Sequence[Path], array_id: str, folder: Path) -> None:
 
 def _watch(cfg: RunConfig, watched: Sequence[tuple], after: str, name: str, path: Path) -> None:
     script, flags = watcher(cfg, watched, after, name, path.with_name("watch_%j.log"))
-    try:
-        path.write_text(script)
-        found = Watching(watcher=for_cluster(cfg.cluster).sbatch(path, flags))
-    except (SlurmError, OSError) as err:
-        found = Watching(refused=str(err))
+    with RunFiles(cfg.share_group):  # the script, and the watcher's log (sbatch hands the umask to it)
+        try:
+            path.write_text(script)
+            found = Watching(watcher=for_cluster(cfg.cluster).sbatch(path, flags))
+        except (SlurmError, OSError) as err:
+            found = Watching(refused=str(err))
     for run_dir, job_id in watched:
         append_event(run_dir, Watching(job_id=job_id, watcher=found.watcher, refused=found.refused))
 
@@ -84,10 +84,10 @@ def watcher_of(run_dir: Path, arrays: bool = False) -> Optional[str]:
 
 
 def frozen_layout_problem(run_dir: Path) -> str | None:
-    """Why this launcher cannot submit the run again, or None. Its batch script runs ``launcher.job.recovery``
-    and ``launcher.job.comment``, and its pickled task is ``launcher.job.entry.TrainTask``, all imported from the
-    run's frozen code (:data:`ENTRY_POINTS`): a run frozen before one of them moved cannot run this launcher's
-    batch script."""
+    """Why this launcher cannot submit the run again, or None. Its batch script runs ``launcher.job.recovery``,
+    ``launcher.job.comment`` and ``launcher.job.task``, and its pickled task is ``launcher.job.entry.TrainTask``, all
+    imported from the run's frozen code (:data:`ENTRY_POINTS`): a run frozen before one of them moved or existed
+    cannot run this launcher's batch script."""
     frozen = code_dir(run_dir)
     missing = [path for path in ENTRY_POINTS if not (frozen / path).is_file()]
     if not frozen.is_dir() or not missing:

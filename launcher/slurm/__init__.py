@@ -1,8 +1,8 @@
 """The Slurm adapter: every Slurm command the launcher runs, and every Slurm answer it reads.
 
-``client`` runs sinfo, squeue, sacct, scontrol and scancel (with timeouts, one-line errors) and hands
-submitit its executor; ``output`` parses their answers; ``batch`` turns a run into sbatch parameters and
-the batch script; ``fit`` says whether a request can ever run on a partition.
+``client`` runs sinfo, squeue, sacct, scontrol, scancel and sbatch (with timeouts, one-line errors);
+``output`` parses their answers; ``batch`` turns a run into sbatch parameters and the batch script; ``fit``
+says whether a request can ever run on a partition.
 
 Imports: core, errors.
 """

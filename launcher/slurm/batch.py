@@ -1,13 +1,12 @@
-"""The Slurm request of a run: submitit executor parameters and the exact
-sbatch script they produce.
+"""The Slurm request of a run: its sbatch parameters and the exact sbatch script they produce.
 
-submitit writes each parameter as an ``#SBATCH --key=value`` line and the
-``setup`` lines verbatim into a bash script. A newline inside any value would
-start a new shell line, so every value that reaches the script is checked here:
-flag values must be plain tokens (no quotes, ``$``, backticks, ``;``,
-whitespace), and setup lines, which are shell commands by design (written by
-whoever configures the cluster), must each be a single line. Paths and the
-srun command are quoted by submitit itself.
+:func:`sbatch_script` writes each parameter as an ``#SBATCH --key=value`` line (quoted) and the ``setup`` lines
+verbatim into a bash script, in the form submitit's scripts have, by submitit's names for the parameters. A
+newline inside any value would start a new shell line, so every value that reaches the script is checked here:
+flag values must be plain tokens (no quotes, ``$``, backticks, ``;``, whitespace), and setup lines, which are
+shell commands by design (written by whoever configures the cluster), must each be a single line. Paths and the
+srun command are quoted. Every task runs the launcher's own entry point, ``python -m launcher.job.task FOLDER``
+(:func:`task_command`), which launcher/job/task.py submits and runs.
 """
 from __future__ import annotations
 
@@ -16,14 +15,13 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from launcher.core.config import ClusterConfig, RunConfig
 from launcher.core.events import EXIT_NOT_OURS
 from launcher.errors import LaunchError
 from launcher.core.plan import Plan
-from launcher.core.preemption import KILL_WAIT
+from launcher.core.preemption import KILL_WAIT, SIGNAL
 from launcher.core.privacy import umask_line
 from launcher.core.rundir import CODE, code_dir
 from launcher.core.store import is_remote
@@ -31,7 +29,7 @@ from launcher.core.store import is_remote
 # Characters a Slurm option value needs (constraints use & | [ ] *, images : / #).
 _TOKEN = re.compile(r"[A-Za-z0-9._,:=@%/+#&|*\[\]-]+")
 _FLAG_KEY = re.compile(r"[a-z][a-z0-9_-]*")
-# Options written into every script by submitit or executor_params.
+# Options written into every script by sbatch_script or executor_params.
 _LAUNCHER_FLAGS = {"signal", "output", "error", "open-mode", "array", "wckey", "job-name", "comment", "no-requeue"}
 # What every task's environment has unless cluster.env says otherwise: Python's stacks on a fatal signal
 # (a hung or crashed rank's log says where), and NCCL's warnings (not its info flood) in the rank's log.
@@ -58,7 +56,7 @@ def request_params(cfg: RunConfig, plan: Plan) -> Dict[str, Any]:
         # srun no longer inherits sbatch's --cpus-per-task (Slurm 22.05): without this every rank gets one CPU.
         srun_args.append(f"--cpus-per-task={cluster.cpus_per_gpu}")
     params["setup"] = [env_line(cluster.env), *(_setup_line(line) for line in cluster.setup)]
-    # submitit writes --wckey=submitit unless told None; sites that enforce wckeys reject a made-up one.
+    # None writes no --wckey (submitit would write a made-up one, which sites that enforce wckeys reject).
     params["wckey"] = None if cluster.wckey is None else _token("cluster.wckey", cluster.wckey)
     memory = ("mem",) if cluster.mem is not None else ("mem_per_gpu",)  # sbatch refuses both at once
     for key in ("partition", "account", "qos", "constraint", *memory):
@@ -149,7 +147,7 @@ def env_line(env: Dict[str, Any]) -> str:
 
 def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | None = None,
                     exclude: Sequence[str] = (), mounts: Sequence[str] = (), begin_s: int = 0) -> Dict[str, Any]:
-    """Keyword arguments for ``submitit.SlurmExecutor.update_parameters``.
+    """The parameters of the run's batch script, keyword arguments of :func:`sbatch_script`.
 
     With the run's directory, the job also records its attempt around the ranks and recovers from a
     failure (launcher/job/recovery.py): ``begin`` before srun, ``end`` with srun's exit status after it (which
@@ -244,8 +242,17 @@ def _frozen_code_export(where: str) -> str:
     return f"export PYTHONPATH={where}/{CODE}${{PYTHONPATH:+:$PYTHONPATH}} PYTHONSAFEPATH=1"
 
 
-# The shell word that holds an array element's run directory in the batch script of a job array.
-ELEMENT_DIR = '"$RUN_DIR"'
+# The shell words that hold an array element's run directory, and its submitit folder, in the batch script of a
+# job array.
+ELEMENT_DIR, ELEMENT_FOLDER = '"$RUN_DIR"', '"$RUN_DIR/submitit"'
+# The launcher's own entry point, which every task runs (launcher/job/task.py).
+TASK_MODULE = "launcher.job.task"
+
+
+def task_command(python: str, folder: str) -> str:
+    """The command every task runs: the task pickled in the run's submitit folder, named by the shell word
+    ``folder``, run by the launcher's entry point with unbuffered output."""
+    return f"{python} -u -m {TASK_MODULE} {folder}"
 
 
 def array_script(cfg: RunConfig, plan: Plan, job_name: str, run_dirs: Sequence[Path], folder: Path,
@@ -256,12 +263,10 @@ def array_script(cfg: RunConfig, plan: Plan, job_name: str, run_dirs: Sequence[P
 
     Slurm writes an array's ``--output`` by pattern, which cannot name a run directory: Slurm's own lines go to
     ``folder`` (the sweep's), and the element's first line finds its run directory by ``SLURM_ARRAY_TASK_ID``
-    and sends the batch shell's output to that run's files, as submitit names an element's (``123_4_0_log.err``
-    in ``RUN/submitit``). From there it is a run's job as :func:`executor_params` writes one: the same steps
-    around srun, with ``$RUN_DIR`` for the directory, and the ranks' files and submitit's pickle in the run's own
-    submitit folder (launcher/job/submission.py writes the pickles)."""
-    from submitit.slurm.slurm import _make_sbatch_string  # lazy: keeps submitit out of start-up
-
+    and sends the batch shell's output to that run's files, named as a plain job's are but by element
+    (``123_4_0_log.err`` in ``RUN/submitit``). From there it is a run's job as :func:`executor_params` writes one:
+    the same steps around srun, with ``$RUN_DIR`` for the directory, and the ranks' files and the task's pickle in
+    the run's own submitit folder (launcher/job/task.py writes the pickles)."""
     params = executor_params(cfg, plan, job_name)
     elements = " ".join(shlex.quote(str(Path(run_dir).absolute())) for run_dir in run_dirs)
     own = '"$RUN_DIR/submitit/${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}_0_log'
@@ -270,26 +275,55 @@ def array_script(cfg: RunConfig, plan: Plan, job_name: str, run_dirs: Sequence[P
     folders = [f'"$RUN_DIR/submitit/%A_%a_%t_log.{kind}"' for kind in ("out", "err")]
     srun = " ".join(["srun --unbuffered --output", folders[0], "--error", folders[1], "--kill-on-bad-exit=1",
                      *map(shlex.quote, params.pop("srun_args", []))])
-    command = f"{srun} {task_python(cfg.cluster)} -u -m submitit.core._submit \"$RUN_DIR/submitit\""
-    return _make_sbatch_string(command=command, folder=Path(folder).absolute(), use_srun=False, setup=setup,
-                               teardown=host_end(cfg, ELEMENT_DIR),
-                               map_count=max(1, len(run_dirs)), array_parallelism=cfg.sweep.parallel or len(run_dirs),
-                               **params)
+    count = max(1, len(run_dirs))
+    return sbatch_script(f"{srun} {task_command(task_python(cfg.cluster), ELEMENT_FOLDER)}", Path(folder),
+                         use_srun=False, setup=setup, teardown=host_end(cfg, ELEMENT_DIR),
+                         array=f"0-{count - 1}%{min(count, cfg.sweep.parallel or len(run_dirs))}", **params)
 
 
-def render_sbatch(cfg: RunConfig, plan: Plan, run_name: str, folder: str | Path, mounts: Sequence[str] = ()) -> str:
-    """The sbatch script submitit writes for this run into ``folder`` (the
-    executor's folder), from the same parameters as :func:`executor_params`."""
-    from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string  # lazy: keeps submitit out of start-up
-
-    folder = Path(folder).expanduser().absolute()  # as submitit's Executor stores it
+def render_sbatch(cfg: RunConfig, plan: Plan, run_name: str, folder: str | Path, mounts: Sequence[str] = (),
+                  exclude: Sequence[str] = (), begin_s: int = 0) -> str:
+    """The sbatch script of this run's job, its tasks' files in ``folder`` (the run's submitit folder), from the
+    parameters :func:`executor_params` gives (``exclude``, ``begin_s``: a retry's)."""
+    folder = Path(folder).expanduser().absolute()
     if any(ord(char) < 32 for char in str(folder)):
         raise LaunchError(f"run folder {str(folder)!r} contains a control character")
-    # submitit's own command line (SlurmExecutor cannot be built where srun is absent).
-    executor = SimpleNamespace(python=task_python(cfg.cluster), folder=folder)
-    command = SlurmExecutor._submitit_command_str.fget(executor)  # type: ignore[attr-defined]
-    return _make_sbatch_string(command=command, folder=folder,
-                               **executor_params(cfg, plan, run_name, folder.parent, mounts=mounts))
+    return sbatch_script(task_command(task_python(cfg.cluster), shlex.quote(str(folder))), folder,
+                         **executor_params(cfg, plan, run_name, folder.parent, exclude, mounts, begin_s))
+
+
+def sbatch_script(command: str, folder: Path, *, signal_delay_s: int, setup: Optional[List[str]] = None,
+                  teardown: Optional[List[str]] = None, srun_args: Sequence[str] = (),
+                  additional_parameters: Optional[Mapping[str, Any]] = None, array: Optional[str] = None,
+                  use_srun: bool = True, **options: Any) -> str:
+    """The batch script that runs ``command`` (through ``srun --unbuffered``, every task's output in ``folder`` by
+    job and task, ``%j_%t_log.out``, unless ``use_srun`` is off), line for line as submitit writes one from the same
+    parameters, by the same names: the ``#SBATCH`` lines (``options``, then ``additional_parameters`` as given;
+    None writes none) in order of their names, the ``setup`` lines, the command, the ``teardown`` lines.
+    ``array``: sbatch's ``--array``, each element's output named by array and element (``%A_%a_%t``). The
+    signal that warns of the time limit is the one the tasks listen for (launcher/core/preemption.py)."""
+    job = "%A_%a" if array else "%j"
+    stdout, stderr = (str(Path(folder).expanduser().absolute() / f"{job}_%t_log.{kind}") for kind in ("out", "err"))
+    flags = {**{key: value for key, value in options.items() if value is not None},
+             "signal": f"{SIGNAL.name.removeprefix('SIG')}@{signal_delay_s}", "output": stdout.replace("%t", "0"),
+             "error": stderr.replace("%t", "0"), "open-mode": "append", **({"array": array} if array else {}),
+             **(additional_parameters or {})}
+    lines = ["#!/bin/bash", "", "# Parameters", *(_sbatch_line(key, flags[key]) for key in sorted(flags))]
+    if setup is not None:
+        lines += ["", "# setup", *setup]
+    if use_srun:
+        srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr, *srun_args]
+        command = " ".join([*map(shlex.quote, srun), command])
+    # submitit's JobEnvironment reads Slurm's variables in a task where this names its executor.
+    lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", command, ""]
+    if teardown is not None:
+        lines += ["", "# teardown", *teardown]
+    return "\n".join(lines)
+
+
+def _sbatch_line(key: str, value: Any) -> str:
+    key = key.replace("_", "-")
+    return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"
 
 
 def _token(key: str, value: Any) -> str:
@@ -309,7 +343,7 @@ def _setup_line(line: str) -> str:
 
 
 def _sbatch_flags(flags: Dict[str, Any], managed: set) -> Dict[str, Any]:
-    """``cluster.sbatch_flags`` as submitit additional_parameters: ``true`` is a
+    """``cluster.sbatch_flags`` as :func:`sbatch_script`'s additional_parameters: ``true`` is a
     bare flag, false/null omit it; the launcher's own options cannot be replaced."""
     out: Dict[str, Any] = {}
     for key, value in flags.items():

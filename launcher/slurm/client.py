@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import os
 import pwd
@@ -17,7 +16,6 @@ import re
 import subprocess
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -334,11 +332,6 @@ class Slurm:
             raise SlurmError(sbatch_reason(proc.stderr))
         return proc.stdout.strip().split(";")[0]
 
-    def executor(self, folder: Path, max_num_timeout: int, python: Optional[str] = None):
-        """A submitit SlurmExecutor whose sbatch runs through this cluster (see :func:`_executor_class`), its
-        tasks run by ``python`` (default: this interpreter)."""
-        return _executor_class()(self, folder=folder, max_num_timeout=max_num_timeout, python=python)
-
 
 _CLUSTERS: Dict[Optional[str], Slurm] = {}
 
@@ -419,29 +412,3 @@ def for_conf(conf: Optional[str]) -> Slurm:
     if conf not in _CLUSTERS:
         _CLUSTERS[conf] = Slurm(conf)
     return _CLUSTERS[conf]
-
-
-@functools.lru_cache(maxsize=None)
-def _executor_class():
-    """submitit's SlurmExecutor with its sbatch call going through a :class:`Slurm` (imported lazily: submitit
-    is only needed to submit). Only the submission itself is replaced; the script and folders are submitit's."""
-    from submitit.core import utils  # lazy: keeps submitit out of start-up
-    from submitit.slurm.slurm import SlurmExecutor  # lazy: keeps submitit out of start-up
-
-    class ClusterExecutor(SlurmExecutor):
-        def __init__(self, slurm: Slurm, **kwargs) -> None:
-            super().__init__(**kwargs)
-            self.slurm = slurm
-
-        def _submit_command(self, command: str):
-            tmp_uuid = uuid.uuid4().hex
-            path = utils.JobPaths.get_first_id_independent_folder(self.folder) / f".submission_file_{tmp_uuid}.sh"
-            path.write_text(self._make_submission_file_text(command, tmp_uuid))
-            job = self.job_class(folder=self.folder, job_id=self.slurm.sbatch(path),
-                                 tasks=list(range(self._num_tasks())))
-            job.paths.move_temporary_file(path, "submission_file", keep_as_symlink=True)
-            self._write_job_id(job.job_id, tmp_uuid)
-            self._set_job_permissions(job.paths.folder)
-            return job
-
-    return ClusterExecutor

@@ -1,4 +1,4 @@
-"""Submit composed runs to Slurm: check the cluster, record each run, hand it to submitit, return at once.
+"""Submit composed runs to Slurm: check the cluster, record each run, submit its job, return at once.
 
 Every check that can refuse a launch (Slurm reachable, the request fits the partition, the run root is
 writable and, like the launcher home its tasks read secrets from, out of other users' reach) runs for every
@@ -27,7 +27,7 @@ from launcher.core.rundir import (CONFIG, PLAN, append_event, launcher_home, swe
 from launcher.core.safepath import check_home
 from launcher.core.run_index import (RunRecord, base_name, create_run_dir, ensure_root, remember_root,
                                    ensure_sweep_dir, save_record)
-from launcher.core.privacy import group_id, protect_dir, run_umask, share_root
+from launcher.core.privacy import RunFiles, group_id
 from launcher.core.store import STORE_CREDENTIALS, is_remote, login_credentials
 from launcher.job.secret_store import keep_run_credentials, load_all, secrets_dir
 from launcher.slurm.fit import explain_rejection, refusal
@@ -119,7 +119,7 @@ def shapes(runs: List[ComposedRun], roots: List[Path], sweep_id: str) -> List[Li
 @dataclass(frozen=True)
 class Script:
     """One sbatch script a launch would submit, for a dry run: the runs it holds (their indices), the folder its
-    submitit or Slurm output goes to, and its text."""
+    tasks' or Slurm's output goes to, and its text."""
 
     runs: List[int]
     folder: str
@@ -177,19 +177,19 @@ def check_fits(run: ComposedRun, part: Partition) -> None:
 
 def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition] = None,
                files: Optional[Mapping[str, Any]] = None) -> RunRecord:
-    """Create the run's directory, submit its job, and record it; on failure remove the directory. ``files``:
-    more JSON files of the run's, written before its job can start (a search trial's trial.json)."""
-    with run_umask(run.config.share_group):
-        share_root(root, run.config.share_group)
-        return _submit_one(run, root, sweep_id, part, files or {})
+    """Create the run's directory, submit its job, and record it, all the run's files (:class:`RunFiles`); on
+    failure remove the directory. ``files``: more JSON files of the run's, written before its job can start (a
+    search trial's trial.json)."""
+    with RunFiles(run.config.share_group, root) as writer:
+        return _submit_one(run, root, sweep_id, part, files or {}, writer)
 
 
 def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition],
-                files: Mapping[str, Any]) -> RunRecord:
+                files: Mapping[str, Any], writer: RunFiles) -> RunRecord:
     cfg, plan = run.config, run.plan
     run_dir = new_run_dir(run, root)
     try:
-        prepare(run, run_dir)
+        prepare(run, run_dir, writer)
         for file, data in files.items():
             write_json_atomic(run_dir / file, data)
         job_id = submit_job(cfg, plan, run_dir)
@@ -202,18 +202,18 @@ def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Opt
 
 
 def submit_elements(runs: List[ComposedRun], root: Path, sweep_id: str, part: Optional[Partition]) -> List[RunRecord]:
-    """Create the runs' directories and submit them as one job array (launcher/submit/array.py);
-    each run's record names its element (``123_4``). On failure every directory is removed."""
+    """Create the runs' directories and submit them as one job array (launcher/submit/array.py), all the runs'
+    files (:class:`RunFiles`); each run's record names its element (``123_4``). On failure every directory is
+    removed."""
     cfg, plan = runs[0].config, runs[0].plan
-    with run_umask(cfg.share_group):
-        share_root(root, cfg.share_group)
+    with RunFiles(cfg.share_group, root) as writer:
         folder = sweep_dir(root, sweep_id)
         run_dirs: List[Path] = []
         try:
             ensure_sweep_dir(root, sweep_id)
             for run in runs:
                 run_dirs.append(new_run_dir(run, root))
-                prepare(run, run_dirs[-1])
+                prepare(run, run_dirs[-1], writer)
             array_id = submit_array(cfg, plan, sweep_id, run_dirs, folder)
         except Exception as err:
             for run_dir in run_dirs:
@@ -234,9 +234,10 @@ def new_run_dir(run: ComposedRun, root: Path) -> Path:
         raise LaunchError(str(err)) from None
 
 
-def prepare(run: ComposedRun, run_dir: Path) -> None:
-    """Everything of a run's directory its job reads: private to its owner (or group), its files, its code."""
-    protect_dir(run_dir, run.config.share_group)
+def prepare(run: ComposedRun, run_dir: Path, writer: RunFiles) -> None:
+    """Everything of a run's directory its job reads, made by ``writer``: private to its owner (or group), its
+    files, its code."""
+    writer.own(run_dir)
     write_run_files(run, run_dir)
     freeze(run_dir)  # what the job and its requeues import, whatever happens to the checkout meanwhile
     if is_remote(run.config.data.path):
@@ -291,6 +292,6 @@ def write_run_files(run: ComposedRun, run_dir: Path) -> None:
 
 
 def last_line(err: BaseException) -> str:
-    """The informative last line of an error (sbatch's complaint inside submitit's message)."""
+    """The informative last line of an error (sbatch's complaint inside a longer message)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[-1] if lines else type(err).__name__

@@ -112,7 +112,7 @@ def test_secrets_reach_every_task_and_appear_nowhere_else(slurm, tmp_path):
 
     # ...and the values are nowhere: not in what the commands printed, what Slurm keeps, or the run directory.
     run_files = [p for p in (runs / "sec").rglob("*") if p.is_file()]
-    assert {"config.yaml", "sbatch.sh", "run.json", "events.jsonl", "rank_0.log", f"{job_id}_submitted.pkl",
+    assert {"config.yaml", "sbatch.sh", "run.json", "events.jsonl", "rank_0.log", "task.pkl",
             f"{job_id}_0_log.err"} <= {p.name for p in run_files}
     needles = [env_value.encode(), file_value.strip()]
     assert [i for i, text in enumerate(outputs) if any(needle in text for needle in needles)] == []

@@ -162,7 +162,7 @@ def rank_pids(run_dir: Path, job_id: str, node: str | None = None) -> dict[int, 
     job ids repeat across the clusters of tests running side by side (each cluster's first job is 1)."""
     folder = str(Path(run_dir).absolute() / "submitit")
     return {int(environ["SLURM_PROCID"]): pid for pid, environ, argv in processes()
-            if environ.get("SLURM_JOB_ID") == job_id and "submitit.core._submit" in argv and "python" in argv[0]
+            if environ.get("SLURM_JOB_ID") == job_id and "launcher.job.task" in argv and "python" in argv[0]
             and folder in argv and "SLURM_PROCID" in environ and node in (None, environ.get("SLURMD_NODENAME"))}
 
 

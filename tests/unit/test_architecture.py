@@ -358,3 +358,74 @@ def test_a_row_is_read_by_its_fields_not_by_a_key_named_in_the_code():
         if lines:
             named[str(path.relative_to(REPO))] = sorted(lines)
     assert not named, f"these read a row's field by a name written in the code, not as the field: {named}"
+
+
+def private_submitit_uses(source: str) -> List[str]:
+    """Where ``source`` reaches into submitit's private names, which a release may rename without notice: an
+    import of a module or name starting with ``_`` (``submitit.core._submit``, ``_make_sbatch_string``), an
+    attribute starting with ``_`` of anything imported from submitit (``SlurmExecutor._submitit_command_str``), a
+    subclass of a submitit class that overrides or calls its ``_`` methods (``_submit_command``), and a string that
+    names such a module path (``python -m submitit.core._submit``). Docstrings may name them."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    bound: Set[str] = set()  # the names submitit's modules and objects are bound to here
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in (a for a in node.names if a.name.split(".")[0] == "submitit"):
+                bound.add((alias.asname or alias.name).split(".")[0])
+                if any(part.startswith("_") for part in alias.name.split(".")):
+                    found.append(f"line {node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "submitit":
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+                if any(part.startswith("_") for part in [*node.module.split("."), alias.name]):
+                    found.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+                and re.search(r"\bsubmitit(\.\w+)*\._", node.value):
+            found.append(f"line {node.lineno}: the string {node.value!r}")
+
+    def root(node: ast.AST) -> str:
+        while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+            node = node.func if isinstance(node, ast.Call) else node.value
+        return node.id if isinstance(node, ast.Name) else ""
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and root(node.value) in bound:
+            found.append(f"line {node.lineno}: .{node.attr} of submitit's {root(node.value)}")
+        if isinstance(node, ast.ClassDef) and any(root(base) in bound for base in node.bases):
+            found += [f"line {item.lineno}: {node.name} reaches its submitit base's {name}" for item in ast.walk(node)
+                      for name in [item.name if isinstance(item, ast.FunctionDef) else item.attr
+                                   if isinstance(item, ast.Attribute) and root(item) == "self" else ""]
+                      if name.startswith("_") and not name.startswith("__")]
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_submitit_is_reached_only_through_its_public_names(path):
+    """One way into submitit, its public API; what that cannot say is the launcher's own (launcher/job/task.py)."""
+    found = private_submitit_uses(path.read_text())
+    assert not found, f"{path.relative_to(REPO)} uses submitit's private names: {'; '.join(found)}"
+
+
+def test_the_submitit_check_sees_each_kind_of_private_use():
+    source = '''"""Docstrings may say submitit.core._submit."""
+import submitit.core._submit
+from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
+from submitit.core import utils as u
+
+
+class Cluster(SlurmExecutor):
+    def _submit_command(self, command):
+        return self._write_job_id(u.JobPaths._private, "x")
+
+
+COMMAND = "python -u -m submitit.core._submit"
+LINE = SlurmExecutor._submitit_command_str.fget(None)
+'''
+    found = sorted(int(line.split(":")[0].removeprefix("line ")) for line in private_submitit_uses(source))
+    assert found == [2, 3, 8, 9, 9, 12, 13], private_submitit_uses(source)
+    assert private_submitit_uses("import submitit\nfrom submitit.helpers import DelayedSubmission\n"
+                                 "submitit.JobEnvironment().job_id\n") == []

@@ -40,7 +40,7 @@ def test_the_array_script_runs_each_element_in_its_own_run_directory(tmp_path):
     assert 'export PYTHONPATH="$RUN_DIR"/code${PYTHONPATH:+:$PYTHONPATH} PYTHONSAFEPATH=1' in lines
     srun = next(line for line in lines if line.startswith("srun "))
     assert '--output "$RUN_DIR/submitit/%A_%a_%t_log.out"' in srun and "--kill-on-bad-exit=1" in srun
-    assert srun.endswith('-u -m submitit.core._submit "$RUN_DIR/submitit"')
+    assert srun.endswith('-u -m launcher.job.task "$RUN_DIR/submitit"')
     setup = lines[lines.index("# setup") + 1:lines.index("# setup") + 4]
     shell = "\n".join([*setup, 'echo "found $RUN_DIR"', 'echo oops >&2'])
     env = {"SLURM_ARRAY_JOB_ID": "123", "SLURM_ARRAY_TASK_ID": "1", "PATH": "/usr/bin:/bin"}
@@ -88,7 +88,7 @@ def test_an_array_is_cut_at_max_array_size_and_none_is_made_where_arrays_are_off
 
 def test_a_four_point_grid_is_one_sbatch_and_four_runs_named_by_their_elements(tmp_path, monkeypatch, max_array_size):
     """The launch with sbatch answered here: one script, four run directories, each with its own record
-    (``77_i``), pickled task under its element's name, frozen code and sbatch.sh, listed as one sweep."""
+    (``77_i``), pickled task, frozen code and sbatch.sh, listed as one sweep."""
     monkeypatch.setenv("LAUNCHER_RUN_ROOT", str(tmp_path / "runs"))
     monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "home"))
     scripts = []
@@ -105,7 +105,7 @@ def test_a_four_point_grid_is_one_sbatch_and_four_runs_named_by_their_elements(t
     for index, rec in enumerate(launched.records):
         run_dir = Path(rec.run_dir)
         assert json.loads((run_dir / "run.json").read_text())["job_id"] == f"77_{index}"
-        assert (run_dir / "submitit" / f"77_{index}_submitted.pkl").is_file()
+        assert (run_dir / "submitit" / "task.pkl").is_file()
         assert (run_dir / "code" / "launcher" / "job" / "entry.py").is_file()
         assert (run_dir / "sbatch.sh").read_text() == scripts[0]
         assert "RUN_DIRS=(" in scripts[0] and str(run_dir) in scripts[0]

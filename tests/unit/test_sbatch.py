@@ -53,7 +53,7 @@ def test_script_requests_the_plans_layout(runs, gpus, nodes, tmp_path):
     assert "--overcommit" not in script  # the local cluster has a CPU per GPU
     lines = script.rstrip().splitlines()
     srun = next(line for line in lines if line.startswith("srun "))
-    assert "--kill-on-bad-exit=1" in srun and srun.endswith(f"-m submitit.core._submit {tmp_path / 'submitit'}")
+    assert "--kill-on-bad-exit=1" in srun and srun.endswith(f"-m launcher.job.task {tmp_path / 'submitit'}")
     # The attempt is recorded around the ranks, and its end judged with srun's exit status (launcher/job/recovery.py).
     assert lines.index(next(line for line in lines if line.endswith(f"-m launcher.job.recovery begin {tmp_path})"))) \
         < lines.index(srun) < lines.index(lines[-2]) and lines[-2].endswith(f"-m launcher.job.recovery end {tmp_path} $?")
@@ -191,4 +191,4 @@ def test_a_hostile_run_folder_is_quoted_and_runs_nothing(runs, tmp_path):
     subprocess.run(["bash", str(script)], check=True, env=env, cwd=tmp_path, timeout=30)
     assert not marker.exists()
     args = (tmp_path / "args").read_text().splitlines()
-    assert args[-1] == str(folder) and args[-4:-1] == ["-u", "-m", "submitit.core._submit"]
+    assert args[-1] == str(folder) and args[-4:-1] == ["-u", "-m", "launcher.job.task"]

@@ -21,6 +21,7 @@ from launcher import cli
 from launcher.job import secret_store as sec
 from launcher.core.damage import DamagedRun
 from launcher.job.entry import TrainTask
+from launcher.job.task import TASK, write_task
 
 SSH_KEY = (b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
            b"-----END OPENSSH PRIVATE KEY-----")  # no final newline: the store adds it
@@ -280,8 +281,11 @@ def test_train_task_carries_the_store_path_from_submission(tmp_path, monkeypatch
     restored = pickle.loads(pickle.dumps(task))
     assert restored.secrets_store == str(tmp_path / "submit-home" / "secrets")
     (tmp_path / "run").mkdir()
-    requeued = restored.checkpoint(str(tmp_path / "run"))
-    assert requeued.function.secrets_store == task.secrets_store
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "submit-home"))
+    write_task(tmp_path / "run")  # the job's pickle (launcher/job/task.py), which the tasks load elsewhere
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "elsewhere"))
+    pickled = pickle.loads((tmp_path / "run" / "submitit" / TASK).read_bytes())
+    assert pickled.func.secrets_store == task.secrets_store
 
 
 # --- on the real cluster -----------------------------------------------------------------------------

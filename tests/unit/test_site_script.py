@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import pytest
-from submitit.slurm.slurm import _make_sbatch_string
 
 from launcher.compose.composer import compose_runs
 from launcher.errors import LaunchError
-from launcher.slurm.batch import executor_params, render_sbatch, watcher
+from launcher.slurm.batch import executor_params, render_sbatch, sbatch_script, watcher
 
 
 def script(tmp_path, *overrides, exclude=()):
     (run,) = compose_runs(["cluster=slurm", "gpus=16", "model=gpt_1b", *overrides])
     if exclude:  # as a retry submits it (launcher/job/submission.py)
         params = executor_params(run.config, run.plan, "site", tmp_path, exclude=exclude)
-        return _make_sbatch_string(command="python -u -m submitit.core._submit", folder=tmp_path / "submitit",
-                                   **params)
+        return sbatch_script(command="python -u -m launcher.job.task", folder=tmp_path / "submitit", **params)
     return render_sbatch(run.config, run.plan, "site", tmp_path / "submitit")
 
 
@@ -102,7 +100,7 @@ def test_a_container_runs_the_tasks_with_its_python_and_sees_the_run_data_and_se
     assert (f"--container-image=/images/pytorch.sqsh --container-name=gpt --container-mounts="
             f"{tmp_path}/runs:{tmp_path}/runs,{tmp_path}/cache:{tmp_path}/cache,"
             f"{tmp_path}/home/secrets:{tmp_path}/home/secrets,/lustre:/lustre:ro "
-            f"--container-workdir={run_dir} /usr/bin/python3 -u -m submitit.core._submit") in srun
+            f"--container-workdir={run_dir} /usr/bin/python3 -u -m launcher.job.task") in srun
     # The batch script's own steps run on the host, with the cluster's interpreter, never inside the image: the
     # attempt's record, the squeue comment beside srun, and after it the requeue (the image needs no scontrol).
     host = [line.removeprefix("LAUNCHER_KILL_WAIT_S=$(").removesuffix(")") for line in lines(text)
@@ -115,7 +113,7 @@ def test_a_container_runs_the_tasks_with_its_python_and_sees_the_run_data_and_se
 
 def test_without_a_container_the_tasks_run_the_clusters_python(tmp_path):
     srun = srun_line(script(tmp_path, "cluster.python=/opt/venv/bin/python"))
-    assert "--container-" not in srun and srun.endswith("/opt/venv/bin/python -u -m submitit.core._submit "
+    assert "--container-" not in srun and srun.endswith("/opt/venv/bin/python -u -m launcher.job.task "
                                                      f"{tmp_path / 'submitit'}")
 
 

@@ -81,18 +81,3 @@ def test_a_resume_on_another_number_of_ranks_reads_the_same_global_batches(tmp_p
 def batches(run_dir):
     """Each logged step's global batch (``batch_crc``), the newest record of a step logged twice."""
     return {r["step"]: r["batch_crc"] for r in metrics(run_dir) if not r.get("final")}
-
-
-def test_task_requeues_itself_for_the_same_run(tmp_path):
-    import pickle
-
-    import submitit
-
-    from launcher.job.entry import TrainTask
-
-    delayed = TrainTask().checkpoint(str(tmp_path))
-    assert isinstance(delayed, submitit.helpers.DelayedSubmission)
-    assert isinstance(delayed.function, TrainTask) and delayed.args == (str(tmp_path),)
-    pickle.dumps(delayed)  # submitit pickles it for the requeued job
-    (event,) = read_events(tmp_path)
-    assert event["event"] == "requeued"
