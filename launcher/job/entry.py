@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from launcher.core import failures, preemption
 from launcher.core.events import Fault
@@ -59,7 +58,7 @@ class TrainTask:
         # Resolved on the submitting host ($LAUNCHER_HOME there); a path, never a value.
         self.secrets_store = secrets_store or str(secrets_dir())
 
-    def __call__(self, run_dir: str) -> Any:
+    def __call__(self, run_dir: str) -> None:
         names: list[str] = []
         try:
             try:
@@ -73,7 +72,7 @@ class TrainTask:
             except BaseException as err:  # before training: launcher/train/task.py records its own failures
                 failures.record(Path(run_dir), err, None, names)
                 raise
-            return run(run_dir, secrets=names)
+            run(run_dir, secrets=names)
         finally:
             # The work is over (finished, saved for a requeue, or failed): a time-limit signal from now on means
             # nothing. Ignored, not handled: Python puts the default action (death) back while it shuts down, and

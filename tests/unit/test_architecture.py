@@ -282,10 +282,9 @@ def test_the_wheel_lists_every_package():
 
 # metrics.jsonl's rows (launcher/core/metrics.py): the codec turns a line into a typed row and a row into a line;
 # the run directory's readers and writer of the file and the growing file's reader (launcher/status/tails.py) go
-# through it. A row is a line's object again only where it leaves as one: the task's result, which submitit pickles,
-# and the console's JSON over SSH.
+# through it. A row is a line's object again only where it leaves as one: the console's JSON over SSH.
 ROW_CODEC = {"launcher/core/metrics.py", "launcher/core/rundir.py", "launcher/status/tails.py"}
-ROW_LINES = {"launcher/train/task.py", "launcher/remote/agent.py"}
+ROW_LINES = {"launcher/remote/agent.py"}
 # Still to convert: these read rows as their lines' objects by key (the console's pages are JSON).
 ROWS_STILL_READ_BY_KEY = {"launcher/job/recovery.py", "launcher/commands/describe.py", "launcher/commands/runs.py",
                           "launcher/commands/clusters.py", "launcher/console/"}
