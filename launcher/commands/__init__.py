@@ -2,5 +2,5 @@
 the only one (with launcher/cli.py) that may import another command. The CLI imports a command's module
 only when that command runs; torch (launcher/train/) only inside the commands that need it.
 
-Imports: compose, core, dataset, errors, forecast, job, remote, search, slurm, status, submit, train, views.
+Imports: compose, core, dataset, errors, forecast, job, remote, search, service, slurm, status, submit, train, views.
 """

@@ -35,6 +35,7 @@ LAYERS: List[Set[str]] = [
     {"launcher.search"},  # searches: compose and submit trials, at the launch and from a trial's last step
     {"launcher.remote"},  # clusters over SSH: ships the code and submits there through submit/
     {"launcher.views"},  # what the commands share: finding runs, a search's tables, the plots
+    {"launcher.service"},  # what both front ends do: stop, resume, delete, list, describe, survey; never prints
     {"launcher.commands"},
     {"launcher.console"},  # launcher ui: the web console, whose buttons run the commands themselves
     {"launcher.cli", "launcher.__main__"},

@@ -297,7 +297,7 @@ def states_of(pending: set):
 
 def test_stop_sweep_marks_the_search_stopped_before_it_cancels_and_fails_the_running_trials(searched, monkeypatch,
                                                                                              capsys):
-    from launcher.commands import stop as stop_command
+    from launcher.service import stop as stop_command
 
     root, path, _ = searched
     cancelled = []
@@ -324,7 +324,7 @@ def test_stop_sweep_marks_the_search_stopped_before_it_cancels_and_fails_the_run
 
 
 def test_stopping_one_trial_fails_it_and_submits_the_trial_owed_in_its_place(searched, monkeypatch, capsys):
-    from launcher.commands import stop as stop_command
+    from launcher.service import stop as stop_command
     from launcher.search import submission
 
     root, path, submit = searched
