@@ -207,7 +207,8 @@ def test_describe_of_an_unknown_or_ambiguous_name_is_one_line_naming_it(searched
 
 
 def test_describe_of_a_trial_run_names_its_search_and_number(searched):
-    from launcher.commands.describe import trial_info, trial_line
+    from launcher.commands.describe import trial_line
+    from launcher.service.describe import trial_info
 
     root, _, _ = searched
     info = trial_info(root / "run-2")
