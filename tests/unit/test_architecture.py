@@ -36,8 +36,7 @@ LAYERS: List[Set[str]] = [
     {"launcher.remote"},  # clusters over SSH: ships the code and submits there through submit/
     {"launcher.views"},  # what the commands share: finding runs, a search's tables, the plots
     {"launcher.service"},  # what both front ends do: stop, resume, delete, list, describe, survey; never prints
-    {"launcher.commands"},
-    {"launcher.console"},  # launcher ui: the web console, whose buttons run the commands themselves
+    {"launcher.commands", "launcher.console"},  # the two front ends: the CLI's commands and the web console
     {"launcher.cli", "launcher.__main__"},
 ]
 # What launcher/core may import besides itself: the standard library and these.
@@ -279,3 +278,24 @@ def test_the_wheel_lists_every_package():
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     packages = {module_name(path) for path in REPO.glob("launcher/**/__init__.py")}
     assert listed - {"launcher.conf"} == packages
+
+
+def test_the_console_neither_parses_arguments_nor_catches_output_nor_imports_a_command():
+    """The console and the CLI are two front ends on launcher/service/: the console builds no argparse Namespace,
+    catches no command's printed words (redirect_stdout) and imports no command (``launcher ui`` starts it)."""
+    for path in sorted(REPO.glob("launcher/console/**/*.py")):
+        tree = ast.parse(path.read_text())
+        names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | {
+            node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        bad = sorted({name for name in imports_of(path) if name == "argparse" or name.startswith("launcher.commands")}
+                     | (names & {"redirect_stdout", "redirect_stderr"}))
+        assert not bad, f"{path.relative_to(REPO)} uses {bad}"
+
+
+@pytest.mark.parametrize("path", sorted(REPO.glob("launcher/service/*.py")), ids=lambda p: p.name)
+def test_the_service_neither_prints_nor_parses_arguments(path):
+    """What both front ends share returns records and raises one-line errors; the front ends say them."""
+    tree = ast.parse(path.read_text())
+    prints = [node.lineno for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"]
+    assert not prints and "argparse" not in imports_of(path), f"{path.relative_to(REPO)}: print on lines {prints}"
