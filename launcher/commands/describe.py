@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 from launcher.core.rundir import CODE, CODE_DIFF
 from launcher.errors import LaunchError
 from launcher.search.view import view
-from launcher.service.describe import Description, describe
+from launcher.service.describe import Description, describe, named_values
 from launcher.views.lookup import duration, lookup, roots_of
 from launcher.views.search_summary import describe_lines, metric_text, named_search
 
@@ -93,11 +93,11 @@ def render(info: Description) -> str:
         out += ["", "Exports (train.export_every):", *(
             f"  step {e['step']:>8}  " + (e["path"] if "path" in e else f"FAILED: {e.get('error')}")
             for e in info.exports)]
-    for label, metrics in (("Latest metrics", info.latest_metrics), ("Final metrics", info.final_metrics)):
-        if metrics:
+    for label, row in (("Latest metrics", info.latest_metrics), ("Final metrics", info.final_metrics)):
+        if row:
             out += ["", label + ":",
                     "  " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                     for k, v in metrics.items() if v is not None and k not in ("final", "time"))]
+                                     for k, v in named_values(row).items() if v is not None)]
     out += ["", "Config:", *("  " + line for line in info.config.rstrip().splitlines())]
     return "\n".join(out)
 

@@ -17,9 +17,10 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from launcher.core.config import load_run_config
+from launcher.core.metrics import Row, encode
 from launcher.core.plan import read_plan
 from launcher.core.rundir import CONFIG, METRICS, read_events
 from launcher.forecast.estimate import estimate
@@ -36,7 +37,7 @@ from launcher.status.goodput import goodput
 from launcher.status.job_state import DAMAGED
 from launcher.status.pending import Queue, in_words
 from launcher.status.scaling import compare
-from launcher.status.tails import log_from, new_records, rank_log
+from launcher.status.tails import log_from, new_rows, rank_log
 from launcher.views.lookup import lookup, sweep_runs
 from launcher.views.search_summary import search_of
 
@@ -61,7 +62,7 @@ def runs_page(roots: List[Path], query: Dict[str, str], tails: Optional["Tails"]
     listed = [{**row_dict(row), "remote": row.cluster in far, "goodput": None} for row in shown]
     for row in listed if tails is not None else []:
         if not row["remote"] and row["status"] != DAMAGED:
-            measured = goodput(read_events(Path(row["run_dir"])), tails.metrics(Path(row["run_dir"])), time.time())
+            measured = goodput(read_events(Path(row["run_dir"])), tails.rows(Path(row["run_dir"])), time.time())
             row["goodput"] = None if measured is None else round(measured.fraction, 3)
     return {"rows": listed, "page": page, "more": len(rows) > (page + 1) * PER_PAGE,
             "banners": found.unanswered}
@@ -115,36 +116,46 @@ def predicted(run_dir: Path) -> Dict[str, Any]:
 
 
 class Tails:
-    """Each followed metrics file's offset and the records read of it, shared by every tab (one reader per file):
-    this machine's runs by their directory, a remote cluster's by (cluster, run directory there)."""
+    """Each followed metrics file's offset and what was read of it, shared by every tab (one reader per file):
+    this machine's runs by their directory (the typed rows, and their lines for the page's JSON), a remote
+    cluster's by (cluster, run directory there) (the lines its agent sent)."""
 
     def __init__(self) -> None:
-        self._kept: Dict[Any, tuple] = {}  # key -> (offset, records)
+        self._kept: Dict[Any, tuple] = {}  # key -> (offset, lines, rows)
         self._lock = threading.Lock()
 
     def metrics(self, run_dir: Path) -> List[dict]:
-        """Every record of this machine's run's metrics.jsonl, reading only what was appended since."""
+        """Every row of this machine's run's metrics.jsonl as its line, reading only what was appended since."""
         with self._lock:
-            offset, records = self._kept.get(run_dir, (0, []))
-            new, offset = new_records(run_dir / METRICS, offset)
-            if new is None:  # rewritten shorter: from the start
-                new, offset = new_records(run_dir / METRICS, 0)
-                records = []
-            records.extend(new)
-            self._kept[run_dir] = (offset, records)
-            return list(records)
+            return list(self._read(run_dir)[0])
+
+    def rows(self, run_dir: Path) -> List[Row]:
+        """Every row of this machine's run's metrics.jsonl, typed, reading only what was appended since."""
+        with self._lock:
+            return list(self._read(run_dir)[1])
+
+    def _read(self, run_dir: Path) -> Tuple[List[dict], List[Row]]:
+        offset, lines, rows = self._kept.get(run_dir, (0, [], []))
+        new, offset = new_rows(run_dir / METRICS, offset)
+        if new is None:  # rewritten shorter: from the start
+            new, offset = new_rows(run_dir / METRICS, 0)
+            lines, rows = [], []
+        lines.extend(map(encode, new))
+        rows.extend(new)
+        self._kept[run_dir] = (offset, lines, rows)
+        return lines, rows
 
     def offset(self, key: Any) -> int:
         with self._lock:
-            return self._kept.get(key, (0, []))[0]
+            return self._kept.get(key, (0, [], []))[0]
 
     def add(self, key: Any, new: List[dict], offset: int, again: bool) -> List[dict]:
         """What a remote cluster read of its run's metrics from :meth:`offset` (``again``: from 0), kept here."""
         with self._lock:
-            records = [] if again else self._kept.get(key, (0, []))[1]
-            records.extend(new)
-            self._kept[key] = (offset, records)
-            return list(records)
+            lines = [] if again else self._kept.get(key, (0, [], []))[1]
+            lines.extend(new)
+            self._kept[key] = (offset, lines, [])
+            return list(lines)
 
 
 def curves(records: Sequence[dict], gpus: int, points: int) -> Dict[str, Any]:

@@ -14,6 +14,7 @@ from launcher.core.attempt_log import AttemptLog
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
 from launcher.core.config import load_run_config
 from launcher.core.events import Evaluated, Event, ExportFailed, Exported, encode
+from launcher.core.metrics import MARKS, FinalRow, Row, encode as row_line
 from launcher.core.plan import read_plan
 from launcher.core.rundir import (CONFIG, METRICS, PLAN, TENSORBOARD, TRIAL, WANDB, code_source, is_search,
                                   read_events, read_metrics)
@@ -52,8 +53,8 @@ class Description:
     goodput: Optional[Dict[str, Any]]
     checkpoints: List[Dict[str, Any]]
     data: Optional[Dict[str, Any]]
-    latest_metrics: Optional[Dict[str, Any]]
-    final_metrics: Optional[Dict[str, Any]]
+    latest_metrics: Optional[Row]  # the newest step's row
+    final_metrics: Optional[FinalRow]  # the attempt's summary, once it ended
     config: str  # config.yaml's text
     code: Optional[Dict[str, Any]]
     curves: Optional[Dict[str, str]]
@@ -62,7 +63,12 @@ class Description:
     exports: List[Dict[str, Any]]
 
     def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        """``describe --json``, which the console's run page is too: the metrics rows as their lines in
+        metrics.jsonl."""
+        info = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        for key in ("latest_metrics", "final_metrics"):
+            info[key] = None if info[key] is None else row_line(info[key])
+        return info
 
 
 def describe(rec: RunRecord) -> Description:
@@ -73,8 +79,8 @@ def describe(rec: RunRecord) -> Description:
     cfg = load_run_config(run_dir / CONFIG)
     plan, config = read_plan(run_dir).to_dict(), (run_dir / CONFIG).read_text()
     metrics = read_metrics(run_dir)
-    final = next((m for m in reversed(metrics) if m.get("final")), None)
-    latest = next((m for m in reversed(metrics) if not m.get("final")), None)
+    final = next((m for m in reversed(metrics) if isinstance(m, FinalRow)), None)
+    latest = next((m for m in reversed(metrics) if not isinstance(m, FinalRow)), None)
     events = state.files.events if state.files else read_events(run_dir)
     measured = goodput(events, metrics, time.time())
     return Description(
@@ -117,6 +123,12 @@ def node_states(rec: RunRecord, nodelist: str) -> Dict[str, str]:
     except SlurmError as err:
         return {nodelist: f"unknown ({err})"}
     return {host: states.get(host, "unknown") for host in hosts}
+
+
+def named_values(row: Row) -> Dict[str, Any]:
+    """A row's values by their names in metrics.jsonl, as ``describe`` shows them: its line but its time and the
+    final row's mark."""
+    return {key: value for key, value in row_line(row).items() if key not in ("time", MARKS[FinalRow])}
 
 
 def checkpoints(run_dir: Path) -> List[Dict[str, Any]]:

@@ -16,6 +16,7 @@ from typing import List, Optional, Sequence
 
 from launcher.core.checkpoints import latest_checkpoint, step_of
 from launcher.core.events import Resubmitted
+from launcher.core.metrics import FinalRow
 from launcher.core.rundir import append_event, last_metrics
 from launcher.core.run_index import RunRecord
 from launcher.errors import LaunchError
@@ -63,8 +64,8 @@ def ready(roots: Sequence[Path], name: str, layout: Sequence[str] = ()) -> Resum
     if state.active:
         raise LaunchError(f"{rec.name} is {state.state} (job {rec.job_id}); nothing to resume "
                           f"(stop it first to restart it)")
-    final = last_metrics(run_dir) or {}
-    if final.get("final") and final.get("step", 0) >= rec.steps:
+    final = last_metrics(run_dir)
+    if isinstance(final, FinalRow) and final.step >= rec.steps:
         raise LaunchError(f"{rec.name} already trained all {rec.steps} steps; nothing to resume")
     resuming = Resuming(rec, state, latest_checkpoint(run_dir))
     if layout:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 from launcher.core.damage import DamagedRun
+from launcher.core.metrics import Row
 from launcher.core.rundir import search_ids
 from launcher.core.run_index import RunRecord, load_or_damage, record_names, unique_prefix
 from launcher.errors import LaunchError
@@ -80,17 +81,18 @@ class RunRow:
 def build_row(rec: RunRecord, state: JobState) -> RunRow:
     """The run's row, from its record, its state and what telling the state read of its directory."""
     files = state.files or RunFiles(rec.run_dir)
-    metrics = files.last_metrics or {}
-    step = metrics.get("step")
+    latest = files.last_metrics
+    row = latest or Row(step=0)  # before the first row every figure is null
+    step = latest.step if latest else None
     elapsed = slurm_seconds(state.elapsed)
     eta = None
-    if state.state == "RUNNING" and step is not None and metrics.get("step_time"):
-        eta = max(0, rec.steps - step) * metrics["step_time"]
+    if state.state == "RUNNING" and step is not None and row.step_time:
+        eta = max(0, rec.steps - step) * row.step_time
     return RunRow(
         name=rec.name, job_id=rec.job_id, cluster=rec.cluster, model=rec.model, gpus=rec.gpus, nodes=rec.nodes,
         gpus_per_node=rec.gpus_per_node, status=state.state, reason=with_rebuilt(state.reason, rec), step=step,
         steps=rec.steps,
-        loss=metrics.get("loss"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
+        loss=row.loss, tokens_per_s=row.tokens_per_s, mfu=row.mfu,
         submitted_at=rec.submitted_at, elapsed_s=elapsed, eta_s=eta, sweep=rec.sweep, run_dir=rec.run_dir,
         state_source=state.source,
         attempts=files.attempts.count,
