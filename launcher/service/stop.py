@@ -87,18 +87,17 @@ class Asked:
 @dataclass
 class Stopping:
     """A stop under way: the runs chosen, their states when it began, those asked to save, the search being stopped
-    (None: none) and its sweep id, and until when the asked ones have."""
+    (its directory, named by its sweep id; None: none), and until when the asked ones have."""
 
     records: List[RunRecord]
     states: Dict[str, JobState]
     asked: List[Asked] = field(default_factory=list)
     search: Optional[Path] = None
-    sweep: Optional[str] = None
     deadline: float = 0.0
 
     def lines(self) -> List[str]:
         """What the ask did: the search it stopped, then each run it asked to save."""
-        stopped = [f"Stopped search {self.sweep}: it submits no more trials."] if self.search is not None else []
+        stopped = [f"Stopped search {self.search.name}: it submits no more trials."] if self.search else []
         return stopped + [asked.line() for asked in self.asked]
 
 
@@ -111,8 +110,7 @@ def ask(roots: Sequence[Path], names: Sequence[str], sweep: Optional[str], wait_
     if search is not None:  # the trials a last step submitted before the stop took the lock are among these
         records = changeable(chosen_runs(roots, [], records[0].sweep))
     wait_s = wait_s or WAIT_S
-    stopping = Stopping(list(records), job_states(records), search=search, sweep=records[0].sweep if search else None,
-                        deadline=time.monotonic() + wait_s)
+    stopping = Stopping(list(records), job_states(records), search=search, deadline=time.monotonic() + wait_s)
     for rec in records:
         state = stopping.states[rec.name]
         if state.state == "RUNNING" and not state.ending and not now:
