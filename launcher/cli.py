@@ -63,7 +63,7 @@ COMMANDS: Dict[str, Command] = {
                     "a checkpoint's held-out loss and perplexity, kept in the run's record", True),
     "login": Command("launcher.commands.login", "open a remote cluster's SSH connection once (a password or 2FA)"),
     "logout": Command("launcher.commands.login", "close a remote cluster's SSH connection"),
-    "ui": Command("launcher.console.serve", "a web console of every run: live curves, logs, stop/resume/delete",
+    "ui": Command("launcher.commands.ui", "a web console of every run: live curves, logs, stop/resume/delete",
                   True),
 }
 

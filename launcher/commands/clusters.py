@@ -1,12 +1,11 @@
 """``launcher clusters``: every configured cluster (the cluster files of every config layer), each partition's
-GPUs and how much of them is free, whether the cluster answers at all, and where each cluster file comes from;
+GPUs and how much of them is free, whether the cluster answers at all, and where each cluster file comes from (the
+survey is launcher/service/clusters.py, which the console's clusters page shows too; this module prints it);
 ``launcher clusters add NAME`` writes a cluster file from what a cluster's Slurm says; ``launcher clusters default
 NAME`` makes it the cluster a launch uses when it names none (the user's config.yaml: launcher/compose/catalog.py).
 
 The two MAX columns answer "where does a 16- or 128-GPU run fit": the largest run the partition can
 start right now (whole idle nodes, or the free GPUs of one node) and the largest it can ever hold.
-Clusters are asked at once, each with short timeouts, so one that is down shows as unreachable within
-seconds. Clusters that resolve to the same slurm.conf are asked once and shown as one.
 """
 from __future__ import annotations
 
@@ -16,130 +15,17 @@ import json
 import os
 import re
 import sys
-import threading
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
+from typing import List, Optional
 
-from launcher.compose.catalog import (SETTINGS_FILE, beside, default_cluster, option_files, option_path, origin,
-                                      user_dir)
+from launcher.compose.catalog import SETTINGS_FILE, default_cluster, option_files, option_path, user_dir
 from launcher.core.rundir import write_atomic
 from launcher.errors import LaunchError
-from launcher.remote.ship import call, remote_error, run_launcher
+from launcher.remote.ship import remote_error, run_launcher
 from launcher.remote.ssh import Remote
-from launcher.slurm.client import Slurm, SlurmError, slurm_conf_for
-from launcher.slurm.limits import Request, SiteRules, access, largest_run
-from launcher.status.usage import PartitionUsage, usage
-
-SINFO_TIMEOUT_S = 5
-
-
-@dataclass
-class ClusterUsage:
-    """One cluster as listed: its names (clusters sharing a slurm.conf), whether it answered, its partitions."""
-
-    cluster: str
-    also: List[str]
-    slurm_conf: Optional[str]
-    reachable: bool = False
-    error: str = ""
-    ssh: Optional[str] = None  # a cluster reached over SSH (launcher/remote/)
-    partitions: List[PartitionUsage] = field(default_factory=list)
-    origins: List[str] = field(default_factory=list)  # each name's config layer and file
-
-
-@dataclass(frozen=True)
-class Configured:
-    """A cluster file as ``clusters`` lists it: the cluster's name, its slurm.conf, and where the file is."""
-
-    slurm_conf: Optional[str]
-    origin: str = ""  # the config layer (package, site, user, project) and the file
-    remote: Optional["Remote"] = None  # reached over SSH; its slurm_conf is a path there
-
-
-def configured() -> Dict[str, Configured]:
-    """Every cluster file of every config layer (launcher/compose/catalog.py), by its ``name``, with its
-    slurm.conf (a relative one relative to the file) and its layer; ``local`` first."""
-    from omegaconf import OmegaConf  # lazy: keeps omegaconf out of start-up
-
-    from launcher.compose.layers import check_file  # lazy: keeps omegaconf out of start-up
-
-    found: Dict[str, Configured] = {}
-    files = option_files("cluster")
-    for option in sorted(files, key=lambda o: (o != "local", o)):
-        path = files[option]
-        if origin(path) != "package":
-            check_file("cluster", path)
-        cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-        name = cfg.get("name") or option
-        if cfg.get("ssh"):
-            remote = Remote(name, cfg["ssh"], float(cfg.get("ssh_timeout_s") or 5.0), cfg.get("python"),
-                            cfg.get("slurm_conf"), cfg.get("run_root"))
-            found[name] = Configured(cfg.get("slurm_conf"), f"{origin(path)}: {path}", remote)
-            continue
-        conf = beside(cfg["slurm_conf"], path) if cfg.get("slurm_conf") else None
-        found[name] = Configured(slurm_conf_for(name, conf), f"{origin(path)}: {path}")
-    return found
-
-
-def survey(clusters: Dict[str, Configured]) -> List[ClusterUsage]:
-    """Ask every distinct cluster at once; a silent one is unreachable within a few seconds."""
-    listed: Dict[Optional[str], ClusterUsage] = {}
-    remotes: Dict[str, Remote] = {}
-    for name, entry in clusters.items():
-        # None: Slurm's default, which $SLURM_CONF sets; a remote cluster is its own, whatever its slurm.conf.
-        key = f"ssh:{name}" if entry.remote else entry.slurm_conf or os.environ.get("SLURM_CONF")
-        if key in listed:
-            listed[key].also.append(name)
-            listed[key].origins.append(entry.origin)
-        else:
-            listed[key] = ClusterUsage(name, [], entry.slurm_conf, origins=[entry.origin],
-                                       ssh=entry.remote.ssh if entry.remote else None)
-            if entry.remote:
-                remotes[name] = entry.remote
-
-    def ask(entry: ClusterUsage) -> None:
-        try:
-            if entry.cluster in remotes:
-                answer = call(remotes[entry.cluster], "partitions", {"slurm_conf": entry.slurm_conf},
-                              timeout=max(30.0, 4 * remotes[entry.cluster].timeout_s))
-                entry.partitions = [PartitionUsage(**part) for part in answer["partitions"]]
-            else:
-                slurm = Slurm(entry.slurm_conf)
-                slurm.ping()
-                entry.partitions = usage(slurm.nodes(timeout=SINFO_TIMEOUT_S))
-                rules = _rules(slurm)
-                for part in entry.partitions:
-                    part.yours = _yours(rules, part)
-            entry.reachable = True
-        except (SlurmError, LaunchError) as err:
-            entry.error = err.message if isinstance(err, LaunchError) else str(err)
-
-    threads = [threading.Thread(target=ask, args=(entry,)) for entry in listed.values()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return list(listed.values())
-
-
-def _rules(slurm: Slurm) -> Optional[SiteRules]:
-    """The site's rules for this user; None where Slurm cannot say."""
-    try:
-        return slurm.site_rules()
-    except SlurmError:
-        return None
-
-
-def _yours(rules: Optional[SiteRules], part: PartitionUsage) -> str:
-    """The largest run this user may start on the partition, and what sets it where that is a site limit."""
-    if rules is None:
-        return "not known"
-    if not rules.enforced:
-        return str(part.max_run)
-    most, why = largest_run(rules, part.name, part.max_run)
-    return f"{most} ({why})" if why != "the partition" else str(most)
-
+from launcher.service.clusters import ClusterUsage, Configured, configured, site_rules, survey, to_json
+from launcher.slurm.client import Slurm, SlurmError
+from launcher.slurm.limits import Request, access
 
 HEADERS = ["CLUSTER", "PARTITION", "GPU", "GPUS/NODE", "NODES IDLE/ALLOC/DOWN", "GPUS FREE/TOTAL", "MAX RUN NOW",
            "MAX RUN", "YOUR MAX RUN", "TIME LIMIT"]
@@ -153,13 +39,6 @@ def table_rows(entry: ClusterUsage) -> List[list]:
     return [[name, p.name + ("*" if p.default else ""), p.gpu_type, p.gpus_per_node,
              f"{p.nodes_idle}/{p.nodes_allocated}/{p.nodes_down}", f"{p.gpus_free}/{p.gpus_total}",
              p.max_run_now, p.max_run, p.yours or "-", p.time_limit] for p in entry.partitions]
-
-
-def to_json(entry: ClusterUsage) -> dict:
-    data = {**asdict(entry), "default": default_cluster()[0] in (entry.cluster, *entry.also)}
-    for part in data["partitions"]:
-        part.pop("free_per_node")
-    return data
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -199,7 +78,7 @@ def proposal(name: str, slurm: Slurm, partition: Optional[str], python: Optional
         raise SlurmError(f"partition '{part.name}' has no GPUs (no gres gpu on its nodes); choose another "
                          "with --partition")
     account, qos = slurm.default_account(), None
-    rules = _rules(slurm)
+    rules = site_rules(slurm)
     if rules and rules.enforced:
         under = access(Request(0, 0, 0, None, None, None, part.name), rules)
         account, qos = under if isinstance(under, tuple) else (account, None)

@@ -1,7 +1,9 @@
-"""launcher ui: a local web console over the record the CLI reads (serve.py starts it, app.py its pages and API,
-readers.py what they show, actions.py the buttons, which run the commands themselves; static/ the page and uPlot).
+"""launcher ui: a local web console over the record the CLI reads (serve.py where it serves, app.py its pages and
+API, readers.py what they show, actions.py the buttons; static/ the page and uPlot).
 
-Above launcher/commands in the layers: its buttons are ``launcher stop``, ``resume`` and ``delete``.
+Beside launcher/commands in the layers: both front ends sit on launcher/service/, which stops, resumes and deletes
+runs, lists them, describes one and surveys the clusters; the console answers in the same words the commands
+print, and imports no command (``launcher ui``, launcher/commands/ui.py, starts it).
 
-Imports: commands, core, errors, forecast, remote, slurm, status, views.
+Imports: core, errors, forecast, remote, service, slurm, status, views.
 """

@@ -1,8 +1,10 @@
 """What the console's pages show, read from the same record the CLI reads, as plain dicts for JSON.
 
-The runs page is ``launcher runs`` (its rows, filters, remote clusters and pending reasons in words); a run's page
-is ``launcher describe`` with its curves and its log tail beside; a sweep's page is ``launcher compare`` and, for a
-search, its study as ``describe`` shows it; the clusters page is ``launcher clusters`` and the user's queue.
+The runs page is the runs listing ``launcher runs`` prints (its rows, filters, remote clusters and pending reasons in
+words); a run's page is the description ``launcher describe`` prints, with its curves and its log tail beside; the
+clusters page is the survey ``launcher clusters`` prints, and the user's queue: each read through the service both
+front ends share (launcher/service/). A sweep's page is ``launcher compare``'s figures and, for a search, its study
+as ``describe`` shows it.
 
 A run's files grow while it trains: :class:`Tails` keeps, per file, the offset it has read to and what it parsed,
 so a refresh reads only the bytes written since (a 100,000-step run's metrics are read once, then a line at a
@@ -10,19 +12,15 @@ time), and a curve is downsampled here to at most ``points`` before it is sent.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from launcher.commands import describe
-from launcher.commands.clusters import configured, survey, to_json
-from launcher.commands.runs import gather, row_dict, statuses
 from launcher.core.config import load_run_config
-from launcher.core.metrics import decode, encode
+from launcher.core.metrics import Row, encode
 from launcher.core.plan import read_plan
 from launcher.core.rundir import CONFIG, METRICS, read_events
 from launcher.forecast.estimate import estimate
@@ -31,9 +29,12 @@ from launcher.remote.ssh import Remote
 from launcher.remote.ship import call, remote_error, run_launcher
 from launcher.forecast.target import GIB, hardware_for, precision_of
 from launcher.errors import LaunchError
+from launcher.service.clusters import configured, survey, to_json
+from launcher.service.describe import describe
+from launcher.service.runs import Filters, gather, row_dict, statuses
 from launcher.slurm.client import Slurm, SlurmError, user_name
 from launcher.status.goodput import goodput
-from launcher.status.job_state import DAMAGED, job_states
+from launcher.status.job_state import DAMAGED
 from launcher.status.pending import Queue, in_words
 from launcher.status.scaling import compare
 from launcher.status.tails import log_from, new_rows, rank_log
@@ -52,27 +53,25 @@ def runs_page(roots: List[Path], query: Dict[str, str], tails: Optional["Tails"]
     runs also with its goodput (``describe``'s), from its metrics read incrementally."""
     page = _number(query.get("page", "0"), "page")
     name = query.get("name", "").strip()
-    banners: List[str] = []
-    args = argparse.Namespace(root=None, cluster=query.get("cluster") or None, model=None, gpus=None, since=None,
-                              sweep=query.get("sweep") or None, status=statuses(query["status"])
-                              if query.get("status") else None, all=bool(name), limit=(page + 1) * PER_PAGE + 1)
-    rows = [row for row in gather(roots, args, warn=banners.append) if name in row.name]
+    found = gather(roots, Filters(cluster=query.get("cluster") or None, sweep=query.get("sweep") or None,
+                                  status=statuses(query["status"]) if query.get("status") else None, all=bool(name),
+                                  limit=(page + 1) * PER_PAGE + 1))
+    rows = [row for row in found.rows if name in row.name]
     shown = rows[page * PER_PAGE:(page + 1) * PER_PAGE]
     far = {remote.cluster for remote in remotes()} if shown else set()
     listed = [{**row_dict(row), "remote": row.cluster in far, "goodput": None} for row in shown]
     for row in listed if tails is not None else []:
         if not row["remote"] and row["status"] != DAMAGED:
-            measured = goodput(read_events(Path(row["run_dir"])),
-                               [decode(m) for m in tails.metrics(Path(row["run_dir"]))], time.time())
+            measured = goodput(read_events(Path(row["run_dir"])), tails.rows(Path(row["run_dir"])), time.time())
             row["goodput"] = None if measured is None else round(measured.fraction, 3)
     return {"rows": listed, "page": page, "more": len(rows) > (page + 1) * PER_PAGE,
-            "banners": banners}
+            "banners": found.unanswered}
 
 
 def run_page(roots: List[Path], name: str) -> Dict[str, Any]:
     """``launcher describe NAME --json``, with the command that runs it again."""
     rec = lookup(roots, name)
-    info = describe.gather(rec, job_states([rec])[rec.name])
+    info = describe(rec).to_dict()
     run_file = Path(rec.run_dir) / "run.yaml"
     info["again"] = f"launcher -f {run_file}"
     info["run_file"] = run_file.read_text() if run_file.is_file() else None
@@ -117,36 +116,46 @@ def predicted(run_dir: Path) -> Dict[str, Any]:
 
 
 class Tails:
-    """Each followed metrics file's offset and the records read of it, shared by every tab (one reader per file):
-    this machine's runs by their directory, a remote cluster's by (cluster, run directory there)."""
+    """Each followed metrics file's offset and what was read of it, shared by every tab (one reader per file):
+    this machine's runs by their directory (the typed rows, and their lines for the page's JSON), a remote
+    cluster's by (cluster, run directory there) (the lines its agent sent)."""
 
     def __init__(self) -> None:
-        self._kept: Dict[Any, tuple] = {}  # key -> (offset, records)
+        self._kept: Dict[Any, tuple] = {}  # key -> (offset, lines, rows)
         self._lock = threading.Lock()
 
     def metrics(self, run_dir: Path) -> List[dict]:
-        """Every record of this machine's run's metrics.jsonl, reading only what was appended since."""
+        """Every row of this machine's run's metrics.jsonl as its line, reading only what was appended since."""
         with self._lock:
-            offset, records = self._kept.get(run_dir, (0, []))
-            new, offset = new_rows(run_dir / METRICS, offset)
-            if new is None:  # rewritten shorter: from the start
-                new, offset = new_rows(run_dir / METRICS, 0)
-                records = []
-            records.extend(map(encode, new))
-            self._kept[run_dir] = (offset, records)
-            return list(records)
+            return list(self._read(run_dir)[0])
+
+    def rows(self, run_dir: Path) -> List[Row]:
+        """Every row of this machine's run's metrics.jsonl, typed, reading only what was appended since."""
+        with self._lock:
+            return list(self._read(run_dir)[1])
+
+    def _read(self, run_dir: Path) -> Tuple[List[dict], List[Row]]:
+        offset, lines, rows = self._kept.get(run_dir, (0, [], []))
+        new, offset = new_rows(run_dir / METRICS, offset)
+        if new is None:  # rewritten shorter: from the start
+            new, offset = new_rows(run_dir / METRICS, 0)
+            lines, rows = [], []
+        lines.extend(map(encode, new))
+        rows.extend(new)
+        self._kept[run_dir] = (offset, lines, rows)
+        return lines, rows
 
     def offset(self, key: Any) -> int:
         with self._lock:
-            return self._kept.get(key, (0, []))[0]
+            return self._kept.get(key, (0, [], []))[0]
 
     def add(self, key: Any, new: List[dict], offset: int, again: bool) -> List[dict]:
         """What a remote cluster read of its run's metrics from :meth:`offset` (``again``: from 0), kept here."""
         with self._lock:
-            records = [] if again else self._kept.get(key, (0, []))[1]
-            records.extend(new)
-            self._kept[key] = (offset, records)
-            return list(records)
+            lines = [] if again else self._kept.get(key, (0, [], []))[1]
+            lines.extend(new)
+            self._kept[key] = (offset, lines, [])
+            return list(lines)
 
 
 def curves(records: Sequence[dict], gpus: int, points: int) -> Dict[str, Any]:

@@ -1,5 +1,5 @@
 """A user's request that a running job of a run save the step its ranks are at and end: the file ``launcher stop``
-writes into the run directory (launcher/commands/stop.py), and the job it names.
+writes into the run directory (launcher/service/stop.py), and the job it names.
 
 Only rank 0 looks for it, with one ``stat`` at each agreement of the ranks (launcher/train/interrupt.py, every few
 seconds of steps), and its answer joins the flags the ranks all-reduce there, so every rank saves and ends at the

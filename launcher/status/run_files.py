@@ -1,7 +1,7 @@
 """What the status commands read of one run directory, each file read at most once.
 
 A listing asks about thousands of runs: the state shown beside Slurm's (launcher/status/job_state.py) and the
-row of ``runs`` (launcher/commands/runs.py) both want a run's events and its latest metrics. A :class:`RunFiles`
+row of ``runs`` (launcher/service/runs.py) both want a run's events and its latest metrics. A :class:`RunFiles`
 reads each when first asked and keeps it, and travels with the run's :class:`~launcher.status.job_state.JobState`
 so that the second reader does not read the file again. It lives as long as one answer (one listing, one
 refresh of ``runs --watch``): a run directory changes between answers.

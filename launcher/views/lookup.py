@@ -17,10 +17,15 @@ from launcher.core.run_index import RunRecord, default_root, find_run, known_roo
 
 
 def roots_of(args: argparse.Namespace) -> List[Path]:
-    """The run roots a status command looks in: ``--root``, else ``$LAUNCHER_RUN_ROOT``, else the default root
-    and every other root a launch used (a cluster's ``run_root``: launcher/core/run_index.py known_roots)."""
-    if args.root:
-        return [args.root.expanduser()]
+    """The run roots a status command looks in: :func:`roots_for` its ``--root``."""
+    return roots_for(args.root)
+
+
+def roots_for(root: Optional[Path]) -> List[Path]:
+    """``root``, else ``$LAUNCHER_RUN_ROOT``, else the default root and every other root a launch used (a
+    cluster's ``run_root``: launcher/core/run_index.py known_roots)."""
+    if root:
+        return [root.expanduser()]
     return [default_root()] if os.environ.get("LAUNCHER_RUN_ROOT") else known_roots()
 
 

@@ -1,7 +1,7 @@
 """A stop, and Slurm's own end of a job, lose no step when there is time: ``launcher stop`` has every rank save the
 step it is at before the job ends, and an ``scontrol requeue`` on a cluster with a site's KillWait (30 s) has them
 save on Slurm's SIGTERM; either way the run goes on from that step with exactly the losses of the steady run
-(launcher/train/interrupt.py, launcher/commands/stop.py, launcher/job/endings.py)."""
+(launcher/train/interrupt.py, launcher/service/stop.py, launcher/job/endings.py)."""
 from __future__ import annotations
 
 import json

@@ -35,8 +35,8 @@ LAYERS: List[Set[str]] = [
     {"launcher.search"},  # searches: compose and submit trials, at the launch and from a trial's last step
     {"launcher.remote"},  # clusters over SSH: ships the code and submits there through submit/
     {"launcher.views"},  # what the commands share: finding runs, a search's tables, the plots
-    {"launcher.commands"},
-    {"launcher.console"},  # launcher ui: the web console, whose buttons run the commands themselves
+    {"launcher.service"},  # what both front ends do: stop, resume, delete, list, describe, survey; never prints
+    {"launcher.commands", "launcher.console"},  # the two front ends: the CLI's commands and the web console
     {"launcher.cli", "launcher.__main__"},
 ]
 # What launcher/core may import besides itself: the standard library and these.
@@ -280,14 +280,36 @@ def test_the_wheel_lists_every_package():
     assert listed - {"launcher.conf"} == packages
 
 
+def test_the_console_neither_parses_arguments_nor_catches_output_nor_imports_a_command():
+    """The console and the CLI are two front ends on launcher/service/: the console builds no argparse Namespace,
+    catches no command's printed words (redirect_stdout) and imports no command (``launcher ui`` starts it)."""
+    for path in sorted(REPO.glob("launcher/console/**/*.py")):
+        tree = ast.parse(path.read_text())
+        names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | {
+            node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        bad = sorted({name for name in imports_of(path) if name == "argparse" or name.startswith("launcher.commands")}
+                     | (names & {"redirect_stdout", "redirect_stderr"}))
+        assert not bad, f"{path.relative_to(REPO)} uses {bad}"
+
+
+@pytest.mark.parametrize("path", sorted(REPO.glob("launcher/service/*.py")), ids=lambda p: p.name)
+def test_the_service_neither_prints_nor_parses_arguments(path):
+    """What both front ends share returns records and raises one-line errors; the front ends say them."""
+    tree = ast.parse(path.read_text())
+    prints = [node.lineno for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"]
+    assert not prints and "argparse" not in imports_of(path), f"{path.relative_to(REPO)}: print on lines {prints}"
+
+
 # metrics.jsonl's rows (launcher/core/metrics.py): the codec turns a line into a typed row and a row into a line;
 # the run directory's readers and writer of the file and the growing file's reader (launcher/status/tails.py) go
-# through it. A row is a line's object again only where it leaves as one: the console's JSON over SSH.
+# through it. A row is a line's object again only where it leaves as one: the console's JSON over SSH, ``describe
+# --json`` (launcher/service/describe.py) and the console's pages, whose curves name the rows' keys as their JSON
+# does (launcher/console/readers.py).
 ROW_CODEC = {"launcher/core/metrics.py", "launcher/core/rundir.py", "launcher/status/tails.py"}
-ROW_LINES = {"launcher/remote/agent.py"}
-# Still to convert: these read rows as their lines' objects by key (the console's pages are JSON).
-ROWS_STILL_READ_BY_KEY = {"launcher/job/recovery.py", "launcher/commands/describe.py", "launcher/commands/runs.py",
-                          "launcher/commands/clusters.py", "launcher/console/"}
+ROW_LINES = {"launcher/remote/agent.py", "launcher/service/describe.py", "launcher/console/readers.py"}
+# Still to convert: these read rows as their lines' objects by key.
+ROWS_STILL_READ_BY_KEY = {"launcher/job/recovery.py"}
 LINE_CODEC = {"encode", "decode", "parse"}
 JSON_READERS = {("json", "loads"), ("json", "load"), (None, "read_jsonl"), (None, "numbered_jsonl")}
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from launcher import cli
-from launcher.commands.delete import remove
+from launcher.service.delete import remove
 from launcher.compose.composer import compose_runs
 from launcher.core.run_index import RunRecord, known_roots, remember_root, save_record
 

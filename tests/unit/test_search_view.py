@@ -207,7 +207,8 @@ def test_describe_of_an_unknown_or_ambiguous_name_is_one_line_naming_it(searched
 
 
 def test_describe_of_a_trial_run_names_its_search_and_number(searched):
-    from launcher.commands.describe import trial_info, trial_line
+    from launcher.commands.describe import trial_line
+    from launcher.service.describe import trial_info
 
     root, _, _ = searched
     info = trial_info(root / "run-2")
@@ -297,7 +298,7 @@ def states_of(pending: set):
 
 def test_stop_sweep_marks_the_search_stopped_before_it_cancels_and_fails_the_running_trials(searched, monkeypatch,
                                                                                              capsys):
-    from launcher.commands import stop as stop_command
+    from launcher.service import stop as stop_command
 
     root, path, _ = searched
     cancelled = []
@@ -324,7 +325,7 @@ def test_stop_sweep_marks_the_search_stopped_before_it_cancels_and_fails_the_run
 
 
 def test_stopping_one_trial_fails_it_and_submits_the_trial_owed_in_its_place(searched, monkeypatch, capsys):
-    from launcher.commands import stop as stop_command
+    from launcher.service import stop as stop_command
     from launcher.search import submission
 
     root, path, submit = searched

@@ -12,6 +12,7 @@ import pytest
 
 from launcher import cli
 from launcher.commands import runs
+from launcher.service import runs as listing
 from launcher.views.lookup import duration, parse_since, slurm_seconds
 from launcher.core.metrics import Row
 from launcher.core.rundir import last_metrics
@@ -93,8 +94,8 @@ def test_a_pruned_trial_is_completed_and_says_where_it_was_pruned(tmp_path):
     assert (from_run_dir(run_dir).state, from_run_dir(run_dir).reason) == ("COMPLETED", "pruned at step 20")
     state = in_its_words(JobState("COMPLETED", "", "sacct"), run_dir)
     assert (state.state, state.reason) == ("COMPLETED", "pruned at step 20")
-    row = runs.build_row(RunRecord(name="r", run_dir=str(run_dir), model="gpt_tiny", gpus=1, nodes=1,
-                                   gpus_per_node=1, steps=40, cluster="local", submitted_at=1.0), state)
+    row = listing.build_row(RunRecord(name="r", run_dir=str(run_dir), model="gpt_tiny", gpus=1, nodes=1,
+                                      gpus_per_node=1, steps=40, cluster="local", submitted_at=1.0), state)
     assert runs.table_row(row)[5] == "COMPLETED (pruned at step 20)"
 
 
@@ -215,7 +216,7 @@ def test_watch_on_a_terminal_redraws_in_place_until_the_runs_end(tmp_path, monke
 
     run_dir = make_run(tmp_path, "r", 1000)
     (run_dir / "events.jsonl").write_text('{"event": "started"}\n')
-    monkeypatch.setattr(runs, "job_states", lambda records: {"r": from_run_dir(run_dir) or JobState("RUNNING")})
+    monkeypatch.setattr(listing, "job_states", lambda records: {"r": from_run_dir(run_dir) or JobState("RUNNING")})
     monkeypatch.setattr(runs.time, "sleep", lambda s: (run_dir / "events.jsonl").write_text('{"event": "finished"}\n'))
 
     class Terminal(io.StringIO):
@@ -259,8 +260,9 @@ def test_a_long_cause_is_cut_to_one_short_status_in_the_table_and_kept_whole_in_
     run_dir = make_run(tmp_path, "r", 1.0)
     cause = ("cluster gone is not reachable (scontrol: error: Unable to contact slurm controller (connect failure)); "
              "start it or check its slurm.conf")
-    row = runs.build_row(RunRecord(name="r", run_dir=str(run_dir), model="gpt_tiny", gpus=1, nodes=1, gpus_per_node=1,
-                                   steps=40, cluster="gone", submitted_at=1.0), JobState("UNKNOWN", cause, "squeue"))
+    row = listing.build_row(RunRecord(name="r", run_dir=str(run_dir), model="gpt_tiny", gpus=1, nodes=1,
+                                      gpus_per_node=1, steps=40, cluster="gone", submitted_at=1.0),
+                            JobState("UNKNOWN", cause, "squeue"))
     status = runs.table_row(row)[5]
     assert len(status) == runs.STATUS_WIDTH and status.startswith("UNKNOWN (cluster gone is not reachable")
     assert status.endswith("…)") and row.reason == cause

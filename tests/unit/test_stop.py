@@ -1,5 +1,5 @@
 """A stop that saves first: ``launcher stop``'s refusals and its words, the rule by which the ranks save on Slurm's
-SIGTERM, and how an attempt the user or Slurm ended is recorded and shown (launcher/commands/stop.py,
+SIGTERM, and how an attempt the user or Slurm ended is recorded and shown (launcher/service/stop.py,
 launcher/core/preemption.py, launcher/job/endings.py). The ranks' side is in test_train_dist.py; the real thing, on
 a cluster, in tests/cluster/test_stop.py."""
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_a_bad_stop_is_refused_in_one_line(tmp_path, capsys, args, words):
 @pytest.fixture
 def running(tmp_path, monkeypatch):
     """Run ``r`` (job 5) running, as Slurm would say, and the jobs ``launcher stop`` cancels."""
-    from launcher.commands import stop
+    from launcher.service import stop
 
     run_dir = record(tmp_path)
     cancelled: list = []
