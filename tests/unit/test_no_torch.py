@@ -64,7 +64,7 @@ def test_a_task_whose_python_has_no_torch_records_the_cause_in_one_line_and_is_n
                             env=env)
     assert result.returncode == 0 and result.stdout.strip() == sys.executable, result.stderr
     (event,) = read_events(run_dir)
-    assert {k: event[k] for k in ("event", "rank", "node", "short")} == {"event": "failed", "rank": "1",
+    assert {k: event[k] for k in ("event", "rank", "node", "short")} == {"event": "failed", "rank": 1,
                                                                           "node": "node7", "short": "no torch"}
     assert event["error"] == (f"the tasks' Python {sys.executable} has no torch: install 'slurm-gpt-launcher[train]' "
                               "there (cluster.python, or cluster.container.python in a container)")
