@@ -12,7 +12,7 @@ from launcher.core.dataset import DatasetError
 from launcher.core.events import Fault
 from launcher.core.failures import THIRD_PARTY, classify, failure_event
 from launcher.job.entry import NoTorch
-from launcher.job.recovery import POLICY
+from launcher.job.policy import POLICY
 from launcher.slurm.output import SlurmError
 from launcher.train.checkpoint import CheckpointSaveError
 from launcher.train.faults import InjectedFault

@@ -71,7 +71,7 @@ def test_a_task_whose_python_has_no_torch_records_the_cause_in_one_line_and_is_n
 
     from launcher.core.events import decode
     from launcher.job.attempts import attribute
-    from launcher.job.recovery import decide
+    from launcher.job.policy import decide
 
     cause = attribute([decode(event)], [], [])
     assert cause.text == f"rank 1 on node7: {event['error']}" and cause.short == "no torch"
