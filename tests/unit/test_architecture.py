@@ -278,3 +278,40 @@ def test_the_wheel_lists_every_package():
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     packages = {module_name(path) for path in REPO.glob("launcher/**/__init__.py")}
     assert listed - {"launcher.conf"} == packages
+
+
+ATTEMPT_EVENTS = {"Attempt", "AttemptEnded"}
+ATTEMPT_READER = REPO / "launcher/core/attempt_log.py"
+
+
+def attempt_type_tests(source: str) -> List[int]:
+    """The lines of ``source`` that test an event for ``attempt`` or ``attempt_ended``: ``isinstance`` with either
+    type, alone, in a tuple, or in a tuple the module names (``STANDING = (Attempt, ...)``)."""
+    tree = ast.parse(source)
+
+    def named(node: ast.expr) -> str:
+        return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+    def kinds(node: ast.expr) -> Set[str]:
+        return {named(e) for e in node.elts} if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else {named(node)}
+
+    bound = {target.id: kinds(node.value) for node in tree.body if isinstance(node, ast.Assign)
+             for target in node.targets if isinstance(target, ast.Name)}
+    return sorted(node.lineno for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and named(node.func) == "isinstance" and len(node.args) == 2
+                  and (kinds(node.args[1]) | bound.get(named(node.args[1]), set())) & ATTEMPT_EVENTS)
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if p != ATTEMPT_READER], ids=lambda p: str(p.relative_to(REPO)))
+def test_only_the_attempt_log_tests_for_attempt_events(path):
+    """Every question about attempts (which ended how, which nodes were blamed, which is the newest) is a method of
+    launcher/core/attempt_log.py's AttemptLog: the one reader of ``attempt`` and ``attempt_ended`` events."""
+    lines = attempt_type_tests(path.read_text())
+    assert not lines, (f"{path.relative_to(REPO)}: lines {lines} test for an attempt event; ask "
+                       "launcher/core/attempt_log.py's AttemptLog instead")
+
+
+def test_the_attempt_event_check_sees_each_form():
+    source = ("KINDS = (Attempt, Failed)\nisinstance(e, AttemptEnded)\nisinstance(e, (Failed, events.Attempt))\n"
+              "isinstance(e, KINDS)\nisinstance(e, Failed)\nlog.newest(Attempt)\n")
+    assert attempt_type_tests(source) == [2, 3, 4]
