@@ -20,6 +20,7 @@ from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_che
 from launcher.core.plan import read_plan
 from launcher.core.config import load_run_config
 from launcher.core.events import Evaluated, Event, ExportFailed, Exported, encode
+from launcher.core.metrics import FinalRow, encode as row_line
 from launcher.core.rundir import (CODE, CODE_DIFF, CONFIG, METRICS, PLAN, TENSORBOARD, TRIAL, WANDB, is_search,
                                   read_events, read_metrics)
 from launcher.errors import LaunchError
@@ -59,8 +60,8 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
     cfg = load_run_config(run_dir / CONFIG)  # a damaged config or plan is said at once, in one line
     plan, config = read_plan(run_dir).to_dict(), (run_dir / CONFIG).read_text()
     metrics = read_metrics(run_dir)
-    final = next((m for m in reversed(metrics) if m.get("final")), None)
-    latest = next((m for m in reversed(metrics) if not m.get("final")), None)
+    final = next((m for m in reversed(metrics) if isinstance(m, FinalRow)), None)
+    latest = next((m for m in reversed(metrics) if not isinstance(m, FinalRow)), None)
     events = state.files.events if state.files else read_events(run_dir)
     measured = goodput(events, metrics, time.time())
     return {
@@ -81,8 +82,8 @@ def gather(rec: RunRecord, state: JobState) -> Dict[str, Any]:
                                                   "line": measured.line()},
         "checkpoints": checkpoints(run_dir),
         "data": reading(cfg.data, latest),
-        "latest_metrics": latest,
-        "final_metrics": final,
+        "latest_metrics": None if latest is None else row_line(latest),
+        "final_metrics": None if final is None else row_line(final),
         "config": config,
         "code": code_source(run_dir),
         "curves": curves(run_dir, config),

@@ -16,6 +16,7 @@ from launcher.slurm.client import SlurmError
 from launcher.views.lookup import changeable, lookup, roots_of
 from launcher.core.checkpoints import latest_checkpoint, step_of
 from launcher.core.events import Resubmitted
+from launcher.core.metrics import FinalRow
 from launcher.core.rundir import append_event, last_metrics
 from launcher.errors import LaunchError
 from launcher.status.job_state import job_states
@@ -34,8 +35,8 @@ def main(args: argparse.Namespace) -> int:
     if state.active:
         raise LaunchError(f"{rec.name} is {state.state} (job {rec.job_id}); nothing to resume "
                           f"(stop it first to restart it)")
-    final = last_metrics(run_dir) or {}
-    if final.get("final") and final.get("step", 0) >= rec.steps:
+    final = last_metrics(run_dir)
+    if isinstance(final, FinalRow) and final.step >= rec.steps:
         raise LaunchError(f"{rec.name} already trained all {rec.steps} steps; nothing to resume")
     newest = latest_checkpoint(run_dir)
     layout = None

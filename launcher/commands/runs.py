@@ -21,6 +21,7 @@ from launcher.views.search_summary import best_line, metric_text, param_names, p
 from launcher.errors import LaunchError
 from launcher.core.run_index import RunRecord, load_or_damage, record_names, unique_prefix
 from launcher.core.damage import DamagedRun
+from launcher.core.metrics import encode
 from launcher.core.rundir import search_ids
 from launcher.status.job_state import ACTIVE, DAMAGED, STATES, JobState, job_states
 from launcher.status.run_files import RunFiles
@@ -66,7 +67,7 @@ class RunRow:
 def build_row(rec: RunRecord, state: JobState) -> RunRow:
     """The run's row, from its record, its state and what telling the state read of its directory."""
     files = state.files or RunFiles(rec.run_dir)
-    metrics = files.last_metrics or {}
+    metrics = encode(files.last_metrics) if files.last_metrics else {}
     step = metrics.get("step")
     elapsed = slurm_seconds(state.elapsed)
     eta = None

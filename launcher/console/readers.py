@@ -22,6 +22,7 @@ from launcher.commands import describe
 from launcher.commands.clusters import configured, survey, to_json
 from launcher.commands.runs import gather, row_dict, statuses
 from launcher.core.config import load_run_config
+from launcher.core.metrics import decode, encode
 from launcher.core.plan import read_plan
 from launcher.core.rundir import CONFIG, METRICS, read_events
 from launcher.forecast.estimate import estimate
@@ -35,7 +36,7 @@ from launcher.status.goodput import goodput
 from launcher.status.job_state import DAMAGED, job_states
 from launcher.status.pending import Queue, in_words
 from launcher.status.scaling import compare
-from launcher.status.tails import log_from, new_records, rank_log
+from launcher.status.tails import log_from, new_rows, rank_log
 from launcher.views.lookup import lookup, sweep_runs
 from launcher.views.search_summary import search_of
 
@@ -61,7 +62,8 @@ def runs_page(roots: List[Path], query: Dict[str, str], tails: Optional["Tails"]
     listed = [{**row_dict(row), "remote": row.cluster in far, "goodput": None} for row in shown]
     for row in listed if tails is not None else []:
         if not row["remote"] and row["status"] != DAMAGED:
-            measured = goodput(read_events(Path(row["run_dir"])), tails.metrics(Path(row["run_dir"])), time.time())
+            measured = goodput(read_events(Path(row["run_dir"])),
+                               [decode(m) for m in tails.metrics(Path(row["run_dir"]))], time.time())
             row["goodput"] = None if measured is None else round(measured.fraction, 3)
     return {"rows": listed, "page": page, "more": len(rows) > (page + 1) * PER_PAGE,
             "banners": banners}
@@ -126,11 +128,11 @@ class Tails:
         """Every record of this machine's run's metrics.jsonl, reading only what was appended since."""
         with self._lock:
             offset, records = self._kept.get(run_dir, (0, []))
-            new, offset = new_records(run_dir / METRICS, offset)
+            new, offset = new_rows(run_dir / METRICS, offset)
             if new is None:  # rewritten shorter: from the start
-                new, offset = new_records(run_dir / METRICS, 0)
+                new, offset = new_rows(run_dir / METRICS, 0)
                 records = []
-            records.extend(new)
+            records.extend(map(encode, new))
             self._kept[run_dir] = (offset, records)
             return list(records)
 

@@ -13,9 +13,6 @@ import sys
 from pathlib import Path
 from typing import Iterator, Set, Tuple
 
-# The metrics fields readers format as numbers: a record where one is not a number is a damaged line.
-NUMERIC_METRICS = ("loss", "eval_loss", "lr", "grad_norm", "step_time", "tokens_per_s", "tokens_per_s_per_gpu", "mfu")
-
 
 class DamagedRun(ValueError):
     """A run whose records cannot be read: which file, and how."""
@@ -117,9 +114,3 @@ def forget_warnings() -> None:
     """Start a new command (the CLI run in one process, as tests and a console do): each file warns again."""
     _WARNED.clear()
 
-
-def usable_metrics(record: dict) -> bool:
-    """Whether a metrics record has what readers rely on: an integer step, and numbers where numbers go."""
-    step = record.get("step")
-    return isinstance(step, int) and not isinstance(step, bool) and all(
-        record.get(key) is None or isinstance(record[key], (int, float)) for key in NUMERIC_METRICS)

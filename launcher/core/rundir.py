@@ -10,7 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Sequence
 
-from launcher.core.damage import numbered_jsonl, usable_metrics, warn_damaged
+from launcher.core import metrics
+from launcher.core.damage import numbered_jsonl, warn_damaged
 from launcher.core.events import Event, decode, encode
 from launcher.core.privacy import file_mode
 from launcher.core.safepath import open_nofollow
@@ -152,19 +153,27 @@ def read_events(run_dir: Path) -> list[Event]:
     return events
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    """The metrics records, skipping damaged lines (a record must have an integer step)."""
+def append_metrics(path: Path, row: metrics.Row) -> None:
+    """Append ``row`` to the metrics file at ``path`` as one line (launcher/core/metrics.py,
+    docs/design-contract.md)."""
+    append_jsonl(path, metrics.encode(row))
+
+
+def read_metrics(run_dir: Path) -> list[metrics.Row]:
+    """The metrics rows as typed rows (launcher/core/metrics.py), oldest first, skipping damaged lines (a row must
+    have an integer step, and numbers where numbers go)."""
     path, rows = Path(run_dir) / METRICS, []
-    for number, row in numbered_jsonl(path):
-        if usable_metrics(row):
+    for number, line in numbered_jsonl(path):
+        row = metrics.decode(line)
+        if row is not None:
             rows.append(row)
         else:
             warn_damaged(path, number, "is not a metrics row (it needs an integer step and numbers)")
     return rows
 
 
-def last_metrics(run_dir: Path) -> Optional[dict]:
-    """The newest complete record of metrics.jsonl, reading only the file's tail."""
+def last_metrics(run_dir: Path) -> Optional[metrics.Row]:
+    """The newest complete row of metrics.jsonl, reading only the file's tail."""
     try:
         with open(os.path.join(run_dir, METRICS), "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -173,11 +182,10 @@ def last_metrics(run_dir: Path) -> Optional[dict]:
             tail = f.read().decode(errors="replace")
     except FileNotFoundError:
         return None
-    for line in reversed(tail.splitlines()):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and usable_metrics(record):
-            return record
-    return None
+    return next((row for row in map(metrics.parse, reversed(tail.splitlines())) if row is not None), None)
+
+
+def last_step(run_dir: Path) -> Optional[int]:
+    """The step of the newest row of metrics.jsonl; None before the first."""
+    row = last_metrics(run_dir)
+    return row.step if row is not None else None

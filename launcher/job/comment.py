@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from launcher.core.config import load_run_config
+from launcher.core.metrics import FinalRow, Row
 from launcher.core.rundir import METRICS, last_metrics
 from launcher.slurm.client import Slurm
 from launcher.slurm.output import SlurmError
@@ -33,14 +34,14 @@ POLL_S = 5.0  # how often the metrics file's size is looked at (no read while it
 PARENT_S = 1.0  # how often the batch shell is looked for (a system call, no file system)
 
 
-def comment_text(record: Optional[dict], steps: int) -> Optional[str]:
-    """What squeue shows for the newest metrics record (None before the first)."""
-    if not record or record.get("loss") is None:
+def comment_text(row: Optional[Row], steps: int) -> Optional[str]:
+    """What squeue shows for the newest metrics row (None before the first)."""
+    if row is None or row.loss is None:
         return None
-    if record.get("final"):
-        return f"done {record.get('step', steps)}/{steps} loss {record['loss']:.3f}"
-    text = f"step {record['step']}/{steps} loss {record['loss']:.3f}"
-    return f"{text} tok/s {record['tokens_per_s']:.0f}" if record.get("tokens_per_s") is not None else text
+    if isinstance(row, FinalRow):
+        return f"done {row.step}/{steps} loss {row.loss:.3f}"
+    text = f"step {row.step}/{steps} loss {row.loss:.3f}"
+    return f"{text} tok/s {row.tokens_per_s:.0f}" if row.tokens_per_s is not None else text
 
 
 def follow(run_dir: Path, job_id: str, steps: int, every_s: float = EVERY_S, poll_s: float = POLL_S,
@@ -60,9 +61,9 @@ def follow(run_dir: Path, job_id: str, steps: int, every_s: float = EVERY_S, pol
             size = None
         if size != seen:
             seen = size
-            record = last_metrics(run_dir)
-            text = comment_text(record, steps)
-            final = bool(record and record.get("final"))
+            row = last_metrics(run_dir)
+            text = comment_text(row, steps)
+            final = isinstance(row, FinalRow)
         if text is not None and text != sent and (final or not shell_alive or clock() - sent_at >= every_s):
             try:
                 send(job_id, text)

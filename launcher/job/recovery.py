@@ -36,7 +36,7 @@ from launcher.core.attempt_log import AttemptLog
 from launcher.core.heartbeats import Pulse, read_pulses, sweep_local
 from launcher.core.events import (EXIT_NOT_OURS, Attempt, AttemptEnded, Cancelled, DuplicateJob, Event, Failed, Fault,
                                    Finished, Outcome, Requeued, Resumed, Retrying, Stalled)
-from launcher.core.rundir import EVENTS, append_event, last_metrics, read_events, read_metrics
+from launcher.core.rundir import EVENTS, append_event, last_step, read_events, read_metrics
 from launcher.core.run_index import mend_record
 from launcher.job import claim, endings
 from launcher.job.attempts import Cause, attribute
@@ -76,7 +76,7 @@ class Evidence:
         if attempt and attempt.nodes:
             lost += [node for node in probes.unanswering(job_id, attempt.nodes) if node not in lost]
         since = attempt.time if attempt else 0.0
-        logged = max((row["step"] for row in read_metrics(run_dir) if row.get("time", 0) >= since), default=None)
+        logged = max((row.step for row in read_metrics(run_dir) if (row.time or 0) >= since), default=None)
         return cls(stderr, read_pulses(run_dir, since=attempt.time if attempt else None), lost, logged)
 
 
@@ -126,7 +126,7 @@ def unjudged(run_dir: Path, attempt: Attempt, since: List[Event]) -> AttemptEnde
     another job (its batch step died unwatched) FAILED, cause unknown."""
     nodes = probes.held_down(attempt.nodes)
     pulses = read_pulses(run_dir, since=attempt.time)
-    step = max([(last_metrics(Path(run_dir)) or {}).get("step", 0), *(p.step for p in pulses)])
+    step = max([last_step(Path(run_dir)) or 0, *(p.step for p in pulses)])
     if attempt.job_id != os.environ.get("SLURM_JOB_ID"):  # another job: that one ended, nobody requeued it
         return AttemptEnded(attempt=attempt.attempt, job_id=attempt.job_id, step=step, outcome=Outcome.FAILED,
                             fault=Fault.UNKNOWN, short="not judged", cause=f"job {attempt.job_id} ended at step "
@@ -259,7 +259,7 @@ def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], caus
     number = attempt.attempt if attempt else None
     cfg = load_run_config(run_dir / "config.yaml")
     held = probes.held_down(attempt.nodes if attempt else None)
-    progressed = began or (last_metrics(run_dir) or {}).get("step", 0) > 0
+    progressed = began or (last_step(run_dir) or 0) > 0
     decision = decide(events, cause, cfg.cluster.max_retries, held, progressed=progressed, trained=began,
                       room=room.enough if room else None)
     if not decision.retry:
@@ -320,7 +320,7 @@ def watch(run_dir: Path, job_id: str) -> Optional[Decision]:
         return settled.decision
     node = row.nodes if row and row.nodes else None
     text = f"the job's batch step died: {batch_end(state, exit_code)}{f' on {node}' if node else ''}"
-    step = (last_metrics(run_dir) or {}).get("step")
+    step = last_step(run_dir)
     cause = Cause(Outcome.FAILED, text, Fault.BATCH_DIED, node=node, step=step, short="batch step died")
     began = trained(since, read_pulses(run_dir, since=attempt.time))
     append_event(run_dir, AttemptEnded(attempt=number, job_id=job_id, outcome=cause.outcome, cause=text,

@@ -21,12 +21,13 @@ from omegaconf import OmegaConf
 from launcher.compose.composer import ComposedRun
 from launcher.core.config import RunConfig
 from launcher.core.damage import DamagedRun
+from launcher.core.metrics import encode
 from launcher.core.plan import Plan
 from launcher.core.rundir import METRICS, SOURCE_ROOT
 from launcher.dataset.check import check_data
 from launcher.errors import LaunchError
 from launcher.slurm.client import Slurm, SlurmError
-from launcher.status.tails import log_from, new_records, rank_log
+from launcher.status.tails import log_from, new_rows, rank_log
 from launcher.status.usage import usage
 from launcher.submit.freeze import adopt_source, source_state
 from launcher.submit.git import TreeState
@@ -87,18 +88,19 @@ def scripts(payload: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def follow(payload: Dict[str, Any]) -> Dict[str, Any]:
-    """A run's metrics records appended since ``metrics_offset`` and rank ``rank``'s log from ``log_offset``, in
-    one answer: the web console's refresh of a run on this cluster (launcher/console/readers.py), one SSH command
-    (a metrics file rewritten shorter is read again from its start, and ``again`` says so)."""
+    """A run's metrics rows appended since ``metrics_offset`` (as their lines' objects: the answer is JSON) and rank
+    ``rank``'s log from ``log_offset``, in one answer: the web console's refresh of a run on this cluster
+    (launcher/console/readers.py), one SSH command (a metrics file rewritten shorter is read again from its start,
+    and ``again`` says so)."""
     run_dir = Path(payload["run_dir"])
     if not (run_dir / "run.json").is_file():
         raise LaunchError(f"no run directory {run_dir} on this cluster")
-    records, offset = new_records(run_dir / METRICS, int(payload.get("metrics_offset") or 0))
-    again = records is None
+    rows, offset = new_rows(run_dir / METRICS, int(payload.get("metrics_offset") or 0))
+    again = rows is None
     if again:
-        records, offset = new_records(run_dir / METRICS, 0)
+        rows, offset = new_rows(run_dir / METRICS, 0)
     log = log_from(rank_log(run_dir, payload.get("job_id"), int(payload.get("rank") or 0)), payload.get("log_offset"))
-    return {"metrics": records, "metrics_offset": offset, "again": again, "log": log}
+    return {"metrics": [encode(row) for row in rows], "metrics_offset": offset, "again": again, "log": log}
 
 
 ACTIONS = {"launch": launch, "partitions": partitions, "scripts": scripts, "follow": follow}

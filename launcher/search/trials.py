@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from launcher.core.config import SearchConfig
+from launcher.core.metrics import Row
 from launcher.errors import LaunchError
 from launcher.search.study import Search, load, locked, open_study
 
@@ -192,14 +193,15 @@ def note_end(study: Any, search: Search) -> None:
         study.set_user_attr("ended", end)
 
 
-def result_of(metrics: List[dict], metric: str, outcome: str) -> Result:
+def result_of(rows: List[Row], metric: str, outcome: str) -> Result:
     """A trial's result from its final outcome (COMPLETED, or the cause of a failure or stop) and its own
-    metrics records: the last finite value of ``metric``. A pruned trial's values are the study's already."""
+    metrics rows: the last finite value of ``metric``. A pruned trial's values are the study's already."""
     if outcome.startswith(PRUNED):
         return Result(None, outcome.lower(), pruned=True)
     if outcome != "COMPLETED":
         return Result(None, outcome)
-    values = [m[metric] for m in metrics if isinstance(m.get(metric), (int, float)) and not isinstance(m[metric], bool)]
+    values = [value for value in (row.value(metric) for row in rows)
+              if isinstance(value, (int, float)) and not isinstance(value, bool)]
     if not values:
         return Result(None, f"completed without {metric} in its metrics.jsonl")
     if not math.isfinite(values[-1]):

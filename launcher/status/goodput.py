@@ -1,7 +1,7 @@
 """Goodput: the fraction of a run's wall time since submission that trained steps it kept, and where the rest
 went. ``describe`` shows it; scripts/bench_goodput.py compares a run under faults with one without.
 
-It is read from the run's own record alone (events and timed metrics records, pure: no Slurm), attempt by
+It is read from the run's own record alone (events and timed metrics rows, pure: no Slurm), attempt by
 attempt (an attempt is one start of the run's job, launcher/core/attempt_log.py):
 
 - **queue**: from the submission, or the previous attempt's end, to the attempt's start (sbatch, the
@@ -9,11 +9,11 @@ attempt (an attempt is one start of the run's job, launcher/core/attempt_log.py)
 - **start-up**: from the attempt's start to its first step (imports, preflight, the model, the checkpoint);
 - **training**: its steps, at the run's median step time: *kept*, or **re-trained** when a later attempt
   started from an earlier checkpoint;
-- **checkpoints and evaluation**: the rest of the time between its first and its last metrics record;
-- **detection and ending**: from its last metrics record to its end (a fault noticed and the ranks ended; for
+- **checkpoints and evaluation**: the rest of the time between its first and its last metrics row;
+- **detection and ending**: from its last metrics row to its end (a fault noticed and the ranks ended; for
   the last attempt, the final checkpoint).
 
-The parts are estimates from records written every ``train.log_every`` steps; they add up to the wall time
+The parts are estimates from rows written every ``train.log_every`` steps; they add up to the wall time
 but for rounding.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 from launcher.core.attempt_log import AttemptLog
 from launcher.core.events import Event, Finished, Requeued, Resumed, Started, Submitted
+from launcher.core.metrics import FinalRow, Row
 
 # The parts of the time not spent on kept steps, in the order they are shown.
 LOST = ("queue", "start-up", "re-trained", "checkpoints and evaluation", "detection and ending")
@@ -51,20 +52,20 @@ class _Attempt:
     begin: float
     start_step: int = 0
     first_step: Optional[float] = None  # when its first step began (its resume, or its start)
-    records: List[dict] = field(default_factory=list)  # its metrics records
+    rows: List[Row] = field(default_factory=list)  # its timed metrics rows
     end: Optional[float] = None
     end_step: Optional[int] = None
 
 
-def goodput(events: Sequence[Event], metrics: Sequence[dict], now: float) -> Optional[Goodput]:
+def goodput(events: Sequence[Event], metrics: Sequence[Row], now: float) -> Optional[Goodput]:
     """The run's goodput up to its last attempt's end (``now`` while an attempt runs); None before any attempt
-    or before its first metrics record."""
+    or before its first metrics row."""
     submitted = next((e.time for e in events if isinstance(e, Submitted)), None)
-    timed = [m for m in metrics if isinstance(m.get("time"), (int, float)) and not m.get("final")]
+    timed = [row for row in metrics if row.time is not None and not isinstance(row, FinalRow)]
     attempts = _attempts(events, timed)
     if submitted is None or not attempts or not timed:
         return None
-    step_time = statistics.median(m["step_time"] for m in timed if m.get("step_time"))
+    step_time = statistics.median(row.step_time for row in timed if row.step_time)
     lost = dict.fromkeys(LOST, 0.0)
     kept_steps = 0
     previous_end = submitted
@@ -72,9 +73,9 @@ def goodput(events: Sequence[Event], metrics: Sequence[dict], now: float) -> Opt
         end = attempt.end if attempt.end is not None else now
         lost["queue"] += max(0.0, attempt.begin - previous_end)
         previous_end = end
-        reached = max([attempt.end_step or 0, *(m["step"] for m in attempt.records)], default=attempt.start_step)
+        reached = max([attempt.end_step or 0, *(row.step for row in attempt.rows)], default=attempt.start_step)
         trained = max(0, reached - attempt.start_step)
-        if attempt.first_step is None or not attempt.records:  # it never trained: all of it went to starting
+        if attempt.first_step is None or not attempt.rows:  # it never trained: all of it went to starting
             lost["start-up"] += max(0.0, end - attempt.begin)
             lost["re-trained"] += trained * step_time
             continue
@@ -83,13 +84,13 @@ def goodput(events: Sequence[Event], metrics: Sequence[dict], now: float) -> Opt
         kept = max(0, min(reached, later) - attempt.start_step)
         kept_steps += kept
         lost["re-trained"] += (trained - kept) * step_time
-        last = attempt.records[-1]["time"]
+        last = attempt.rows[-1].time
         lost["checkpoints and evaluation"] += max(0.0, last - attempt.first_step - trained * step_time)
         lost["detection and ending"] += max(0.0, end - last)
     return Goodput(wall_s=previous_end - submitted, kept_s=kept_steps * step_time, lost_s=lost)
 
 
-def _attempts(events: Sequence[Event], metrics: Sequence[dict]) -> List[_Attempt]:
+def _attempts(events: Sequence[Event], timed: Sequence[Row]) -> List[_Attempt]:
     attempts: List[_Attempt] = []
     for span in AttemptLog(events).spans():
         attempt = _Attempt(begin=span.began.time)
@@ -107,5 +108,5 @@ def _attempts(events: Sequence[Event], metrics: Sequence[dict]) -> List[_Attempt
                 attempt.end_step = span.ended.step
     for attempt, following in zip(attempts, [*attempts[1:], None]):
         until = following.begin if following else float("inf")
-        attempt.records = [m for m in metrics if attempt.begin <= m["time"] < until]
+        attempt.rows = [row for row in timed if attempt.begin <= row.time < until]
     return attempts

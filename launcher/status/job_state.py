@@ -185,7 +185,7 @@ def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = Non
         # The run recorded its end, but the controller lost track of it (a crash that cost it its latest state).
         return dataclasses.replace(state, state="COMPLETED", reason="the run ended; Slurm still lists its job")
     if state.state == "RUNNING":
-        step_time = (files.last_metrics or {}).get("step_time")
+        step_time = files.last_metrics.step_time if files.last_metrics else None
         idle = stalled_for(run_dir, _stall_limit(run_dir), step_time, time.time())
         if idle is not None:
             return dataclasses.replace(state, reason=f"stalled? no step for {idle:.0f} s")

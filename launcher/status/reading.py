@@ -9,17 +9,18 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from launcher.core.config import DataConfig
+from launcher.core.metrics import Row
 from launcher.core.store import is_remote
 
-COUNTERS = ("data_mb", "shards_fetched", "cache_hits", "data_wait_s")
 
-
-def reading(data: DataConfig, latest: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def reading(data: DataConfig, latest: Optional[Row]) -> Dict[str, Any]:
     """The run's data source and, for a bucket, what the attempt's reading cost so far (None before a row)."""
     remote = is_remote(data.path)
     source = data.path or "the standard-library corpus"
-    info: Dict[str, Any] = {"source": source, "endpoint": data.store.endpoint_url if remote else None}
-    info.update({key: (latest or {}).get(key) for key in COUNTERS})
+    row = latest if latest is not None else Row(step=0)  # before the first row every counter is null
+    info: Dict[str, Any] = {"source": source, "endpoint": data.store.endpoint_url if remote else None,
+                            "data_mb": row.data_mb, "shards_fetched": row.shards_fetched, "cache_hits": row.cache_hits,
+                            "data_wait_s": row.data_wait_s}
     info["line"] = line(info)
     return info
 

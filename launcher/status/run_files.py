@@ -14,6 +14,7 @@ from typing import Optional
 
 from launcher.core.attempt_log import AttemptLog
 from launcher.core.events import Event
+from launcher.core.metrics import Row
 from launcher.core.rundir import last_metrics, read_events
 
 
@@ -35,5 +36,5 @@ class RunFiles:
         return AttemptLog(self.events)
 
     @cached_property
-    def last_metrics(self) -> Optional[dict]:
+    def last_metrics(self) -> Optional[Row]:
         return last_metrics(self.run_dir)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from launcher.core.damage import DamagedRun, read_yaml_mapping
+from launcher.core.metrics import FinalRow, Row
 from launcher.core.rundir import CONFIG, read_metrics
 from launcher.core.run_index import RunRecord
 from launcher.status.job_state import job_states
@@ -87,23 +88,23 @@ class TrainedOn:
                 "launcher/core/gpus.py)")
 
 
-def intervals(records: List[dict]) -> List[tuple[int, int, dict]]:
-    """(first step, last step, record) of each log interval, in order."""
+def intervals(rows: List[Row]) -> List[tuple[int, int, Row]]:
+    """(first step, last step, row) of each log interval, in order."""
     out, prev = [], 0
-    for rec in records:
-        out.append((prev, rec["step"], rec))
-        prev = rec["step"]
+    for row in rows:
+        out.append((prev, row.step, row))
+        prev = row.step
     return out
 
 
-def steady(records: List[dict]) -> List[dict]:
-    return records[1:] if len(records) > 1 else records
+def steady(rows: List[Row]) -> List[Row]:
+    return rows[1:] if len(rows) > 1 else rows
 
 
 RATES = ("tokens_per_s", "tokens_per_s_per_gpu", "mfu")
 
 
-def median_figures(logged: List[dict]) -> Dict[str, Optional[float]]:
+def median_figures(logged: List[Row]) -> Dict[str, Optional[float]]:
     """The median step time of the steady intervals, and every rate at that step time.
 
     A rate times its interval's step time is what one step does (tokens, or a share of peak FLOPs), the
@@ -112,19 +113,19 @@ def median_figures(logged: List[dict]) -> Dict[str, Optional[float]]:
     rows = steady(logged)
     if not rows:
         return {"median_step_time": None, "tokens_per_step": None, **{key: None for key in RATES}}
-    step_time = statistics.median(r["step_time"] for r in rows)
-    per_step = {key: [r[key] * r["step_time"] for r in rows if r.get(key) is not None] for key in RATES}
+    step_time = statistics.median(r.step_time for r in rows)
+    per_step = {key: [r.value(key) * r.step_time for r in rows if r.value(key) is not None] for key in RATES}
     figures = {key: statistics.median(v) / step_time if v else None for key, v in per_step.items()}
     tokens = statistics.median(per_step["tokens_per_s"]) if per_step["tokens_per_s"] else None
     return {"median_step_time": step_time, "tokens_per_step": tokens, **figures}
 
 
-def stats_of(rec: RunRecord, status: str) -> tuple[RunStats, List[dict]]:
-    """The run's figures, and its interval records (for the time to a step)."""
-    records = read_metrics(Path(rec.run_dir))
-    final = next((r for r in records if r.get("final")), None)
-    logged = [r for r in records if not r.get("final") and r.get("step_time")]
-    last = final or (logged[-1] if logged else {})
+def stats_of(rec: RunRecord, status: str) -> tuple[RunStats, List[Row]]:
+    """The run's figures, and its interval rows (for the time to a step)."""
+    rows = read_metrics(Path(rec.run_dir))
+    final = next((r for r in rows if isinstance(r, FinalRow)), None)
+    logged = [r for r in rows if not isinstance(r, FinalRow) and r.step_time]
+    last = final or (logged[-1] if logged else None)
     figures = median_figures(logged)
     hardware = TrainedOn.of(rec)
     note = None
@@ -132,20 +133,20 @@ def stats_of(rec: RunRecord, status: str) -> tuple[RunStats, List[dict]]:
         note = hardware.mfu_missing() if logged else "no metrics logged yet"
     return RunStats(
         name=rec.name, model=rec.model, gpus=rec.gpus, nodes=rec.nodes, status=status,
-        steps_done=last.get("step", 0), steps_total=rec.steps, **figures, mfu_note=note,
-        final_loss=last.get("loss"), hardware=hardware.describe(figures["mfu"] is not None), sweep=rec.sweep,
-        loss_curve=[[r["step"], r["loss"]] for r in logged if r.get("loss") is not None],
+        steps_done=last.step if last else 0, steps_total=rec.steps, **figures, mfu_note=note,
+        final_loss=last.loss if last else None, hardware=hardware.describe(figures["mfu"] is not None),
+        sweep=rec.sweep, loss_curve=[[r.step, r.loss] for r in logged if r.loss is not None],
     ), logged
 
 
-def time_to_step(logged: List[dict], step: int) -> Optional[float]:
+def time_to_step(logged: List[Row], step: int) -> Optional[float]:
     """Training seconds to reach ``step``, from the intervals' mean step times."""
     total = 0.0
-    for first, last, rec in intervals(logged):
+    for first, last, row in intervals(logged):
         if first >= step:
             break
-        total += (min(last, step) - first) * rec["step_time"]
-    return total if logged and logged[-1]["step"] >= step else None
+        total += (min(last, step) - first) * row.step_time
+    return total if logged and logged[-1].step >= step else None
 
 
 def compare(records: List[RunRecord]) -> List[RunStats]:

@@ -1,4 +1,4 @@
-"""A run's growing files read from where the last read ended: its metrics (whole records only) and a rank's log.
+"""A run's growing files read from where the last read ended: its metrics (whole rows only) and a rank's log.
 
 The web console follows them while a run trains (launcher/console/readers.py), here and on a cluster reached over
 SSH (launcher/remote/agent.py ``follow``): each refresh reads only the bytes written since, so a 100,000-step run's
@@ -6,9 +6,10 @@ metrics are read once, then a line at a time.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional, Tuple
+
+from launcher.core.metrics import Row, parse
 
 LOG_TAIL_BYTES = 64 * 1024  # what a log's first look reads: its end
 
@@ -24,10 +25,10 @@ def rank_log(run_dir: Path, job_id: Optional[str], rank: int, err: bool = False)
     return raw if err or not own.exists() else own
 
 
-def new_records(path: Path, offset: int) -> Tuple[Optional[List[dict]], int]:
-    """The JSON records appended to ``path`` since ``offset`` and the offset to read from next; None for the
-    records when the file is shorter than ``offset`` (rewritten: read it again from 0). A partial last line waits
-    for its end; a damaged line is skipped (the status commands warn of it)."""
+def new_rows(path: Path, offset: int) -> Tuple[Optional[List[Row]], int]:
+    """The metrics rows appended to ``path`` since ``offset`` (launcher/core/metrics.py) and the offset to read from
+    next; None for the rows when the file is shorter than ``offset`` (rewritten: read it again from 0). A partial
+    last line waits for its end; a damaged line is skipped (the status commands warn of it)."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -38,13 +39,7 @@ def new_records(path: Path, offset: int) -> Tuple[Optional[List[dict]], int]:
         handle.seek(offset)
         chunk = handle.read(size - offset)
     done = chunk.rfind(b"\n") + 1
-    records = []
-    for line in chunk[:done].splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records, offset + done
+    return [row for row in map(parse, chunk[:done].splitlines()) if row is not None], offset + done
 
 
 def log_from(path: Path, offset: Optional[int]) -> dict:

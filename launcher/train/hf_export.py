@@ -32,6 +32,7 @@ from launcher.core.config import DataConfig, ModelConfig, RunConfig, load_run_co
 from launcher.core.dataset import described
 from launcher.core.plan import read_plan
 from launcher.core import events
+from launcher.core.metrics import EvalRow, FinalRow
 from launcher.core.rundir import append_event, code_source, read_metrics, read_events
 from launcher.train.hf import Tensor, generation_config, gpt2_config, gpt2_tensors, save_tokenizer
 from launcher.train.manifest import checkpoint_problems
@@ -167,9 +168,9 @@ def replace(work: Path, out: Path) -> None:
 def model_card(run_dir: Path, cfg: RunConfig, step: int, dtype: str, tokenizer: str) -> str:
     """README.md of the export: what the model is and how it was trained, from the run's own records."""
     plan = read_plan(run_dir)
-    seen = [m for m in read_metrics(run_dir) if not m.get("final") and m["step"] <= step]
-    last = seen[-1] if seen else {}
-    evals = [m["eval_loss"] for m in seen if isinstance(m.get("eval_loss"), (int, float))]
+    seen = [row for row in read_metrics(run_dir) if not isinstance(row, FinalRow) and row.step <= step]
+    last = seen[-1] if seen else None
+    evals = [row.eval_loss for row in seen if isinstance(row, EvalRow)]
     source = code_source(run_dir) or {}
     held_out = [e for e in read_events(run_dir) if isinstance(e, events.Evaluated) and e.step == step]
     lines = [
@@ -181,7 +182,7 @@ def model_card(run_dir: Path, cfg: RunConfig, step: int, dtype: str, tokenizer: 
         f"| steps | {step} of {cfg.train.steps} |",
         f"| tokens seen | {step * plan.tokens_per_step:,} ({plan.tokens_per_step:,} per step) |",
         f"| GPUs | {plan.gpus} ({plan.nodes} x {plan.gpus_per_node}) |",
-        f"| final train loss | {_loss(last.get('loss'))} (step {last.get('step', '-')}) |",
+        f"| final train loss | {_loss(last.loss if last else None)} (step {last.step if last else '-'}) |",
         f"| final eval loss | {_loss(evals[-1] if evals else None)} |",
         *(f"| held-out loss | {_loss(e.loss)}, perplexity {e.perplexity} on {e.tokens or 0:,} "
           f"tokens of {e.data} (launcher eval) |" for e in held_out),

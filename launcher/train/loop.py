@@ -46,6 +46,7 @@ from launcher.train.parallel import parallelize
 from launcher.train.resume import Start, Starter
 from launcher.train.watchdog import Watchdog
 from launcher.core.events import Ready
+from launcher.core.metrics import EvalRow, FinalRow, PrunedRow, Row
 from launcher.core.rundir import METRICS, append_event
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def build_model(cfg: RunConfig, env: DistEnv) -> nn.Module:
 
 
 def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Watchdog,
-          interrupt: Interrupt, exports: Exports | None = None) -> dict[str, Any]:
+          interrupt: Interrupt, exports: Exports | None = None) -> FinalRow:
     """Train to ``cfg.train.steps``, resuming from the newest good checkpoint; returns the final metrics row.
 
     The loop is the step; the components around it own their cadence: :class:`Guards` (the watchdog's beat,
@@ -145,7 +146,7 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
         interrupt.saved_in(begun.load_s)
     if begun.step >= tc.steps:
         log.info("nothing to do: step %d of %d already reached", begun.step, tc.steps)
-        return {"final": True, "step": begun.step, "steps_run": 0}
+        return FinalRow(step=begun.step, steps_run=0)
     guards = Guards(watchdog, env, Checks(env.device))
     steps = Steps(begun, batching, data, data.sampler(batching.global_batch, tc.seed), tc, env, guards)
     metrics = Metrics(cfg, batching, env, watchdog, MetricsLog(Path(run_dir) / METRICS, open_tracker(
@@ -166,7 +167,7 @@ def train(cfg: RunConfig, plan: Plan, run_dir: Path, env: DistEnv, watchdog: Wat
             eval_loss = evaluator.after(done, last, steps.begun.model)
             row = metrics.after(result, done, last, eval_loss)
             if pruning and eval_loss is not None and pruning_said(pruning, done, row, env) and not last:
-                metrics.row = {**row, "pruned": True}
+                metrics.pruned = True
                 break
             checkpointer.after(result, done, last, steps.begun)
         return metrics.final(steps.begun, batching)
@@ -285,8 +286,8 @@ class Evaluator:
 
 
 class Metrics:
-    """The run's timing and its metrics records: one every ``train.log_every`` steps, at each evaluation and
-    after the last step, and the final summary."""
+    """The run's timing and its metrics rows (launcher/core/metrics.py): one every ``train.log_every`` steps, at each
+    evaluation and after the last step, and the final summary."""
 
     def __init__(self, cfg: RunConfig, batching: Batching, env: DistEnv, watchdog: Watchdog, writer: MetricsLog,
                  stream: Stream | None = None):
@@ -296,39 +297,42 @@ class Metrics:
         self.tokens_per_step = batching.global_batch * cfg.model.seq_len
         self.timer = _IntervalTimer(env.device)
         self.intervals: list[dict[str, Any]] = []
-        self.row: dict[str, Any] = {}
+        self.row: Row | None = None
+        self.pruned = False  # a search's pruner stopped the trial at the newest row's step
 
     def due(self, done: int, last: bool) -> bool:
         """Whether a row is due after ``done`` steps (at an evaluation too: :meth:`after`)."""
         return last or (self.tc.log_every > 0 and done % self.tc.log_every == 0)
 
-    def after(self, result: StepResult, done: int, last: bool, eval_loss: float | None) -> dict[str, Any]:
-        """Count the step; write a row of metrics.jsonl when one is due. Returns the newest row."""
+    def after(self, result: StepResult, done: int, last: bool, eval_loss: float | None) -> Row | None:
+        """Count the step; write a row of metrics.jsonl when one is due (an evaluation's where ``eval_loss`` is
+        set). Returns the newest row."""
         self.timer.steps += 1
         if eval_loss is not None or self.due(done, last):
             steps, seconds = self.timer.steps, self.timer.seconds()
             loss, crc = loss_and_batch(result, self.env)
-            self.row = {"step": done, "loss": loss, "eval_loss": eval_loss, "lr": result.lr,
-                        "grad_norm": host_sync.read(result.grad_norm), "batch_crc": crc, "step_time": seconds / steps,
-                        **throughput(self.tokens_per_step * steps, seconds, self.env.world_size, self.fpt,
-                                     self.peak),
-                        "peak_mem_gb": peak_memory_gb(self.env.device)}
-            if self.stream is not None:
-                self.row.update(stream_row(self.stream.cache.counters, self.env))
+            kind = Row if eval_loss is None else EvalRow
+            self.row = kind(step=done, loss=loss, eval_loss=eval_loss, lr=result.lr,
+                            grad_norm=host_sync.read(result.grad_norm), batch_crc=crc, step_time=seconds / steps,
+                            **throughput(self.tokens_per_step * steps, seconds, self.env.world_size, self.fpt,
+                                         self.peak),
+                            peak_mem_gb=peak_memory_gb(self.env.device),
+                            **(stream_row(self.stream.cache.counters, self.env) if self.stream is not None else {}))
             self.writer.write(self.row)
-            self.watchdog.measured(self.row["step_time"])
+            self.watchdog.measured(seconds / steps)
             self.intervals.append({"steps": steps, "seconds": seconds})
             self.timer.reset()
         return self.row
 
-    def final(self, begun: Start, batching: Batching) -> dict[str, Any]:
+    def final(self, begun: Start, batching: Batching) -> FinalRow:
         """The final row (written, and returned): the last row, the whole run's throughput, where it
         resumed from and the micro-batch it trained with."""
-        final = {"final": True, **self.row,
-                 **_overall(self.intervals, self.tokens_per_step, self.env, self.fpt, self.peak),
-                 "steps_run": self.row.get("step", self.tc.steps) - begun.step,
-                 "resumed_from": begun.step if begun.checkpoint is not None else None,
-                 "micro_batch": batching.micro_batch, "grad_accum": batching.grad_accum}
+        last = self.row if self.row is not None else Row(step=self.tc.steps)
+        kind = PrunedRow if self.pruned else FinalRow
+        final = kind.after(last, **_overall(self.intervals, self.tokens_per_step, self.env, self.fpt, self.peak),
+                           steps_run=last.step - begun.step,
+                           resumed_from=begun.step if begun.checkpoint is not None else None,
+                           micro_batch=batching.micro_batch, grad_accum=batching.grad_accum)
         self.writer.write(final)
         return final
 
@@ -396,7 +400,7 @@ def stream_row(counters: Counters, env: DistEnv) -> dict[str, Any]:
             "data_wait_s": round(waited / env.world_size, 3)}
 
 
-def pruning_said(pruning: Pruning, step: int, row: dict[str, Any], env: DistEnv) -> bool:
+def pruning_said(pruning: Pruning, step: int, row: Row, env: DistEnv) -> bool:
     """Tell the main rank's study of this evaluation (the last one too); whether it pruned the trial, the same
     answer on every rank (a broadcast: every rank leaves the loop together, or none does)."""
     said = torch.tensor([pruning.pruned(step, row)], dtype=torch.int32, device=env.device)

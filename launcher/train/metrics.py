@@ -1,4 +1,4 @@
-"""Model FLOPs utilisation and the metrics records of a run.
+"""Model FLOPs utilisation and the metrics rows of a run (their types: launcher/core/metrics.py).
 
 MFU follows the convention stated once in launcher/core/gpus.py, which the planner's predicted
 MFU follows too, so the two can be set beside each other and beside the public reference numbers.
@@ -9,19 +9,20 @@ import logging
 import resource
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from launcher.core import gpus
-from launcher.core.rundir import append_jsonl
+from launcher.core.metrics import FinalRow, Row
+from launcher.core.rundir import append_metrics
 from launcher.train.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
-# Each scalar of a metrics row: its curve in an experiment tracker (launcher/train/tracking.py) and its
-# log-line form.
+# Each scalar of a metrics row, by its key in metrics.jsonl: its curve in an experiment tracker
+# (launcher/train/tracking.py) and its log-line form.
 SCALARS = {
     "loss": ("train/loss", "loss {:.4f}"),
     "eval_loss": ("eval/loss", "eval {:.4f}"),
@@ -60,7 +61,7 @@ def throughput(tokens: int, seconds: float, world_size: int, flops_per_tok: int,
 
 
 class MetricsLog:
-    """Writes records to ``metrics.jsonl``, as one line to the log and, but for the final summary (which
+    """Writes rows to ``metrics.jsonl``, as one line to the log and, but for the final summary (which
     repeats the last step), to the experiment tracker; a no-op where ``path`` is None.
 
     Only rank 0 gets a path and a tracker: every rank holds the same all-reduced values.
@@ -70,22 +71,22 @@ class MetricsLog:
         self.path = path
         self.tracker = tracker or Tracker()
 
-    def write(self, row: dict[str, Any]) -> None:
+    def write(self, row: Row) -> None:
         if self.path is None:
             return
-        append_jsonl(self.path, {**row, "time": round(time.time(), 3)})  # when: goodput's timeline
+        append_metrics(self.path, replace(row, time=round(time.time(), 3)))  # when: goodput's timeline
         log.info("%s", format_row(row))
-        if not row.get("final"):
-            self.tracker.log(row["step"], {SCALARS[key][0]: value for key, value in row.items()
-                                           if key in SCALARS and value is not None})
+        if not isinstance(row, FinalRow):
+            self.tracker.log(row.step, {curve: row.value(key) for key, (curve, _) in SCALARS.items()
+                                        if row.value(key) is not None})
 
     def close(self) -> None:
         self.tracker.close()
 
 
-def format_row(row: dict[str, Any]) -> str:
+def format_row(row: Row) -> str:
     """One human line: ``step 40 | loss 3.2100 | ... | mfu 41.2%``; absent values are left out."""
-    head = "final" if row.get("final") else "step"
-    parts = [f"{head} {row['step']}"] + [fmt.format(row[key]) for key, (_, fmt) in SCALARS.items()
-                                         if row.get(key) is not None]
+    head = "final" if isinstance(row, FinalRow) else "step"
+    parts = [f"{head} {row.step}"] + [fmt.format(row.value(key)) for key, (_, fmt) in SCALARS.items()
+                                      if row.value(key) is not None]
     return " | ".join(parts)

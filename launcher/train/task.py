@@ -25,6 +25,7 @@ from launcher.core.config import load_run_config
 from launcher.core.heartbeats import Pulse, read_pulses
 from launcher.core.plan import read_plan
 from launcher.core.events import Finished, PathRefused, Stalled, Started
+from launcher.core.metrics import PrunedRow, encode
 from launcher.core.rundir import SOURCE_ROOT, append_event
 from launcher.train.dist import DistEnv, check_allreduce, global_rank_from_environ, init_distributed
 from launcher.train.interrupt import Interrupt, Interrupted
@@ -36,9 +37,9 @@ from launcher.train.watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> dict[str, Any]:
-    """Bring up the process group, check it, train, and record the outcome; returns the final metrics. A
-    failure is recorded with the step it happened at (the watchdog's, once training began) and its kind
-    (launcher/core/failures.py), ``secrets`` (the names of the variables holding the user's) masked."""
+    """Bring up the process group, check it, train, and record the outcome; returns the final metrics row as its
+    line's object. A failure is recorded with the step it happened at (the watchdog's, once training began) and its
+    kind (launcher/core/failures.py), ``secrets`` (the names of the variables holding the user's) masked."""
     run_dir = Path(run_dir)
     rank = global_rank_from_environ()
     watchdog: Watchdog | None = None
@@ -80,10 +81,10 @@ def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> dict[str, Any]:
         finally:
             watchdog.stop()
         if env.is_main:
-            append_event(run_dir, Finished(step=final["step"], loss=final.get("loss"),
-                                           pruned=True if final.get("pruned") else None))
+            append_event(run_dir, Finished(step=final.step, loss=final.loss,
+                                           pruned=True if isinstance(final, PrunedRow) else None))
             exports.wait()  # the job step would end them: after training, with the watchdog stopped
-        return final
+        return encode(final)
     except BaseException as err:
         log.exception("rank %d failed", rank)
         failures.record(run_dir, err, watchdog.pulse.step if watchdog else None, secrets)

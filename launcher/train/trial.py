@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from launcher.core.metrics import Row
 from launcher.core.rundir import trial_record, trial_search
 
 log = logging.getLogger(__name__)
@@ -67,10 +68,10 @@ class Pruning:
             log.warning("this trial is not pruned: its study could not be opened (%s: %s)", type(err).__name__, err)
             return cls(None, number, metric, startup)
 
-    def pruned(self, step: int, row: dict) -> bool:
+    def pruned(self, step: int, row: Row) -> bool:
         """Tell the study this evaluation's metric at ``step`` (from its metrics row); whether its pruner says
         to stop here."""
-        value = row.get(self.metric)
+        value = row.value(self.metric)
         if self.trial is None or not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
             return False
         try:

@@ -315,3 +315,83 @@ def test_the_attempt_event_check_sees_each_form():
     source = ("KINDS = (Attempt, Failed)\nisinstance(e, AttemptEnded)\nisinstance(e, (Failed, events.Attempt))\n"
               "isinstance(e, KINDS)\nisinstance(e, Failed)\nlog.newest(Attempt)\n")
     assert attempt_type_tests(source) == [2, 3, 4]
+
+
+# metrics.jsonl's rows (launcher/core/metrics.py): the codec turns a line into a typed row and a row into a line;
+# the run directory's readers and writer of the file and the growing file's reader (launcher/status/tails.py) go
+# through it. A row is a line's object again only where it leaves as one: the task's result, which submitit pickles,
+# and the console's JSON over SSH.
+ROW_CODEC = {"launcher/core/metrics.py", "launcher/core/rundir.py", "launcher/status/tails.py"}
+ROW_LINES = {"launcher/train/task.py", "launcher/remote/agent.py"}
+# Still to convert: these read rows as their lines' objects by key (the console's pages are JSON).
+ROWS_STILL_READ_BY_KEY = {"launcher/commands/describe.py", "launcher/commands/runs.py", "launcher/commands/clusters.py",
+                          "launcher/console/"}
+LINE_CODEC = {"encode", "decode", "parse"}
+JSON_READERS = {("json", "loads"), ("json", "load"), (None, "read_jsonl"), (None, "numbered_jsonl")}
+
+
+def row_place(path: Path) -> str:
+    relative = str(path.relative_to(REPO))
+    return next((place for place in ROWS_STILL_READ_BY_KEY if relative.startswith(place)), relative)
+
+
+def row_line_codec_users(source: str) -> Set[str]:
+    """What of the rows' line codec a module imports: ``encode``, ``decode``, ``parse`` by name, or the module."""
+    used: Set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "launcher.core.metrics":
+            used.update(alias.name for alias in node.names if alias.name in LINE_CODEC)
+        elif isinstance(node, ast.ImportFrom) and node.module == "launcher.core":
+            used.update("the module" for alias in node.names if alias.name == "metrics")
+    return used
+
+
+def test_only_the_codec_turns_metrics_lines_into_rows_and_back():
+    """A module reads a row's fields: it never holds a row as a line's object, so it cannot read one by key."""
+    found = {row_place(path): row_line_codec_users(path.read_text()) for path in SOURCES}
+    outside = {place: sorted(used) for place, used in found.items() if used
+               and place not in ROW_CODEC | ROW_LINES | ROWS_STILL_READ_BY_KEY}
+    assert not outside, f"these turn metrics rows into lines or back outside launcher/core/metrics.py: {outside}"
+
+
+def metrics_file_parsed(source: str) -> List[str]:
+    """The functions that name metrics.jsonl (``METRICS`` or the name itself) and parse JSON lines themselves."""
+    found = []
+    for func in ast.walk(ast.parse(source)):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        nodes = list(ast.walk(func))
+        names_file = any(isinstance(n, ast.Name) and n.id == "METRICS" or isinstance(n, ast.Constant)
+                         and n.value == "metrics.jsonl" for n in nodes)
+        calls = {(getattr(c.func.value, "id", None) if isinstance(c.func, ast.Attribute) else None,
+                  c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", None))
+                 for c in nodes if isinstance(c, ast.Call)}
+        if names_file and calls & JSON_READERS:
+            found.append(func.name)
+    return found
+
+
+def test_no_module_but_the_codec_parses_metrics_jsonl():
+    parsed = {row_place(path): metrics_file_parsed(path.read_text()) for path in SOURCES}
+    outside = {place: names for place, names in parsed.items() if names and place not in ROW_CODEC}
+    assert not outside, f"these parse metrics.jsonl themselves, not through launcher/core/metrics.py: {outside}"
+
+
+def test_the_metrics_checks_see_a_module_that_reads_rows_itself():
+    assert row_line_codec_users("from launcher.core.metrics import Row, decode as d\n") == {"decode"}
+    assert row_line_codec_users("from launcher.core import metrics\n") == {"the module"}
+    source = "def f(run_dir):\n    return [json.loads(l) for l in open(run_dir / METRICS)]\n"
+    assert metrics_file_parsed(source) == ["f"]
+
+
+def test_a_row_is_read_by_its_fields_not_by_a_key_named_in_the_code():
+    """``Row.value(name)`` is for names that come from elsewhere (a search's metric, the trackers' table); a name
+    written in the code is the field's."""
+    named = {}
+    for path in SOURCES:
+        lines = [node.lineno for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
+                 and isinstance(node.func, ast.Attribute) and node.func.attr == "value" and node.args
+                 and isinstance(node.args[0], ast.Constant)]
+        if lines:
+            named[str(path.relative_to(REPO))] = sorted(lines)
+    assert not named, f"these read a row's field by a name written in the code, not as the field: {named}"

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from launcher import cli
 from launcher.core.config import ModelConfig, RunConfig
 from launcher.compose.layout import single_node_plan
+from launcher.core.metrics import FinalRow
 from launcher.core.rundir import last_metrics, read_events, read_metrics
 from launcher.core.run_index import RunRecord, load_record, mend_record, save_record
 from launcher.slurm.output import JobRow
@@ -202,8 +203,8 @@ def test_a_damaged_metrics_line_is_skipped_and_the_rest_used(root, capsys, bad):
     path = root / "alpha" / "metrics.jsonl"
     lines = path.read_text().splitlines(keepends=True)
     path.write_text(lines[0] + bad + "".join(lines[1:]) + bad.rstrip("\n"))  # in the middle, and a torn last line
-    assert [m["step"] for m in read_metrics(root / "alpha")] == [10, 20, 20]
-    assert last_metrics(root / "alpha")["final"] is True
+    assert [m.step for m in read_metrics(root / "alpha")] == [10, 20, 20]
+    assert isinstance(last_metrics(root / "alpha"), FinalRow)
     rows = listed(capsys, root, warned=f"{path} line 2 ")
     assert (rows["alpha"]["status"], rows["alpha"]["step"], rows["alpha"]["loss"]) == ("COMPLETED", 20, 3.0)
     assert_others_work(capsys, root)

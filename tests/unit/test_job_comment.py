@@ -9,15 +9,16 @@ from omegaconf import OmegaConf
 
 from support.helpers import REPO, wait_for
 from launcher.core.config import ModelConfig, RunConfig, TrainConfig
+from launcher.core.metrics import decode
 from launcher.job.comment import EVERY_S, comment_text, follow
 
 
 def test_the_comment_says_the_step_the_loss_and_the_speed():
     assert comment_text(None, 120) is None
-    assert comment_text({"step": 40, "loss": 3.21449, "tokens_per_s": 5120.4}, 120) == \
+    assert comment_text(decode({"step": 40, "loss": 3.21449, "tokens_per_s": 5120.4}), 120) == \
         "step 40/120 loss 3.214 tok/s 5120"
-    assert comment_text({"step": 40, "loss": 3.2}, 120) == "step 40/120 loss 3.200"
-    assert comment_text({"final": True, "step": 120, "loss": 2.75431, "tokens_per_s": 9.0}, 120) == \
+    assert comment_text(decode({"step": 40, "loss": 3.2}), 120) == "step 40/120 loss 3.200"
+    assert comment_text(decode({"final": True, "step": 120, "loss": 2.75431, "tokens_per_s": 9.0}), 120) == \
         "done 120/120 loss 2.754"
 
 

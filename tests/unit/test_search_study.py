@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.core.config import SearchConfig
+from launcher.core.metrics import decode
 from launcher.core.rundir import SWEEPS
 from launcher.train.trial import JOURNAL
 from launcher.search.study import DEFINITION, load, open_study
@@ -73,11 +74,12 @@ def test_a_launch_whose_first_trial_cannot_be_submitted_is_refused(tmp_path):
 
 
 def test_the_result_is_the_last_value_of_the_metric_in_the_trials_own_metrics():
-    metrics = [{"step": 5, "eval_loss": 3.0}, {"step": 10, "eval_loss": None}, {"step": 20, "eval_loss": 2.5}]
+    metrics = [decode(m) for m in [{"step": 5, "eval_loss": 3.0}, {"step": 10, "eval_loss": None},
+                                    {"step": 20, "eval_loss": 2.5}]]
     assert result_of(metrics, "eval_loss", "COMPLETED") == Result(2.5)
     assert result_of(metrics[1:2], "eval_loss", "COMPLETED") == Result(None, "completed without eval_loss in its "
                                                                                 "metrics.jsonl")
-    assert result_of([{"step": 1, "eval_loss": float("nan")}], "eval_loss", "COMPLETED").value is None
+    assert result_of([decode({"step": 1, "eval_loss": float("nan")})], "eval_loss", "COMPLETED").value is None
     assert result_of(metrics, "eval_loss", "stopped: its job was cancelled") == Result(None, "stopped: its job was "
                                                                                              "cancelled")
 

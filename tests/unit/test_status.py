@@ -13,6 +13,7 @@ import pytest
 from launcher import cli
 from launcher.commands import runs
 from launcher.views.lookup import duration, parse_since, slurm_seconds
+from launcher.core.metrics import Row
 from launcher.core.rundir import last_metrics
 from launcher.core.run_index import RunRecord, find_run, list_records, save_record
 from launcher.slurm.output import JobRow, parse_gres
@@ -77,7 +78,7 @@ def test_records_are_listed_newest_first_and_found_by_prefix(tmp_path):
 def test_last_metrics_skips_a_torn_line_and_run_dir_marks_the_end(tmp_path):
     run_dir = make_run(tmp_path, "r", 1.0)
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 5, "loss": 2.0}) + "\n" + '{"step": 6, "lo')
-    assert last_metrics(run_dir) == {"step": 5, "loss": 2.0}
+    assert last_metrics(run_dir) == Row(step=5, loss=2.0)
     assert from_run_dir(run_dir) is None
     (run_dir / "events.jsonl").write_text('{"event": "started"}\n{"event": "failed", "error": "boom"}\n')
     assert (from_run_dir(run_dir).state, from_run_dir(run_dir).reason) == ("FAILED", "boom")
@@ -231,6 +232,7 @@ def test_watch_on_a_terminal_redraws_in_place_until_the_runs_end(tmp_path, monke
 
 def test_goodput_counts_kept_steps_and_where_the_rest_of_the_wall_time_went():
     from launcher.core.events import decode
+    from launcher.core.metrics import decode as decode_row
     from launcher.status.goodput import goodput
 
     def record(step, at):
@@ -243,7 +245,8 @@ def test_goodput_counts_kept_steps_and_where_the_rest_of_the_wall_time_went():
                                                                   "time": 330.0}]
     metrics = [record(s, 15.0 + s) for s in range(10, 101, 10)] + [record(s, 120.0 + s) for s in range(60, 201, 10)]
     events = [decode(e) for e in events]
-    measured = goodput(events, metrics + [{"final": True, "step": 200, "time": 321.0}], now=999.0)
+    metrics = [decode_row(m) for m in metrics + [{"final": True, "step": 200, "time": 321.0}]]
+    measured = goodput(events, metrics, now=999.0)
     assert (measured.wall_s, measured.kept_s) == (330.0, 200.0)  # steps 0-50 of the first attempt, 50-200 of the second
     assert measured.lost_s == {"queue": 40.0, "start-up": 15.0, "re-trained": 55.0, "checkpoints and evaluation": 0.0,
                                "detection and ending": 25.0}

@@ -10,6 +10,7 @@ import time
 import pytest
 from launcher.compose.composer import compose_runs
 from launcher.core.config import TRACKER_PACKAGES, RunConfig, tracker_missing
+from launcher.core.metrics import decode
 from launcher.errors import LaunchError
 from support.helpers import wait_for
 from support.tracker_files import tensorboard_scalars, wandb_attempts
@@ -32,8 +33,8 @@ def attempt(cfg: RunConfig, run_dir, start: int, steps, number: int) -> None:
     """One attempt that resumes after ``start`` steps and logs ``steps``, then its final summary."""
     log = MetricsLog(run_dir / "metrics.jsonl", open_tracker(cfg, run_dir, start))
     for step in steps:
-        log.write(record(step, number))
-    log.write({**record(steps[-1], number), "final": True, "tokens_per_s": 1.0})
+        log.write(decode(record(step, number)))
+    log.write(decode({**record(steps[-1], number), "final": True, "tokens_per_s": 1.0}))
     log.close()
 
 

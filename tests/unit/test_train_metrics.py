@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from launcher.core.config import ModelConfig
+from launcher.core.metrics import decode
 from launcher.core.plan import flops_per_token
 from launcher.train.metrics import MetricsLog, format_row, peak_flops, throughput
 
@@ -51,13 +52,13 @@ def test_no_peak_on_cpu():
 def test_metrics_log_writes_json_lines_on_rank_0_only(tmp_path):
     record = {"step": 40, "loss": 3.21, "eval_loss": None, "lr": 3e-4, "grad_norm": 0.5, "step_time": 0.25,
               "tokens_per_s": 1234.0, "tokens_per_s_per_gpu": 617.0, "mfu": None, "peak_mem_gb": 1.5}
-    MetricsLog(tmp_path / "metrics.jsonl").write(record)
-    MetricsLog(tmp_path / "metrics.jsonl").write({**record, "final": True, "step": 100})
-    MetricsLog(None).write(record)  # other ranks
+    MetricsLog(tmp_path / "metrics.jsonl").write(decode(record))
+    MetricsLog(tmp_path / "metrics.jsonl").write(decode({**record, "final": True, "step": 100}))
+    MetricsLog(None).write(decode(record))  # other ranks
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(abs(line.pop("time") - time.time()) < 60 for line in lines)  # when: goodput's timeline
-    assert lines == [record, {**record, "final": True, "step": 100}]
-    line = format_row(record)
+    assert [decode(line) for line in lines] == [decode(record), decode({**record, "final": True, "step": 100})]
+    line = format_row(decode(record))
     assert line.startswith("step 40 | loss 3.2100 | lr 3.00e-04 | grad 0.500 | 0.250 s/step | 1,234 tok/s")
     assert "eval" not in line and "mfu" not in line
-    assert format_row({**record, "mfu": 0.4123}).endswith("mfu 41.2% | mem 1.50 GB")
+    assert format_row(decode({**record, "mfu": 0.4123})).endswith("mfu 41.2% | mem 1.50 GB")
