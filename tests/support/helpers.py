@@ -321,3 +321,22 @@ def said(stderr: str) -> list[str]:
     """stderr's lines but those naming a check a dry run or a plan could not make (``not checked: ...``: the quick
     tier has no cluster to ask, the cluster tier has one)."""
     return [line for line in stderr.splitlines() if not line.startswith("not checked: ")]
+
+
+CONTRACT = REPO / "docs" / "design-contract.md"
+
+
+def contract_table(section: str, header: str) -> str:
+    """The table of docs/design-contract.md under ``section`` whose header row is ``header``."""
+    text = CONTRACT.read_text()
+    assert section in text, f"{CONTRACT.name} lacks the section {section!r}"
+    return re.search(re.escape(header) + r"\n(?:\|.*\|\n?)+", text.split(section, 1)[1]).group(0).strip()
+
+
+def types_table(header: str, types: dict, fields_of) -> str:
+    """A contract's table as the types give it: each one's name (as ``types`` keys it), fields and docstring."""
+    rows = [header, "|" + "---|" * header.count(" | ") + "---|"]
+    for name, cls in types.items():
+        what = " ".join(cls.__doc__.split()).replace("``", "`")
+        rows.append(f"| {name} | {', '.join(f'`{field}`' for field in fields_of(cls))} | {what} |")
+    return "\n".join(rows)

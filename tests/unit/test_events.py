@@ -3,32 +3,24 @@ kinds or fields the types do not know, and the contract's table of kinds checked
 from __future__ import annotations
 
 import json
-import re
 
-from support.helpers import REPO
+from support.helpers import contract_table, types_table
 
 from launcher.core.events import (KINDS, AttemptEnded, Failed, Outcome, Retrying, UnknownEvent, decode, encode,
                                   fields_of)
 from launcher.core.rundir import append_event, read_events
 
-CONTRACT = REPO / "docs" / "design-contract.md"
 SECTION = "## events.jsonl: the kinds of event and their fields"
+HEADER = "| event | fields | what |"
 
 
 def kinds_table() -> str:
     """The contract's table of event kinds, as the types give it: kind, fields, what it records."""
-    rows = ["| event | fields | what |", "|---|---|---|"]
-    for kind, cls in KINDS.items():
-        fields = ", ".join(f"`{name}`" for name in fields_of(cls))
-        what = " ".join(cls.__doc__.split()).replace("``", "`")
-        rows.append(f"| `{kind}` | {fields} | {what} |")
-    return "\n".join(rows)
+    return types_table(HEADER, {f"`{kind}`": cls for kind, cls in KINDS.items()}, fields_of)
 
 
 def test_the_contract_lists_every_kind_with_the_fields_of_its_type():
-    text = CONTRACT.read_text()
-    assert SECTION in text, f"{CONTRACT.name} lacks the section {SECTION!r}"
-    table = re.search(r"\| event \| fields \| what \|\n(?:\|.*\|\n?)+", text.split(SECTION, 1)[1]).group(0).strip()
+    table = contract_table(SECTION, HEADER)
     assert table == kinds_table(), "docs/design-contract.md's table of event kinds differs from launcher/core/events.py:\n" \
         + kinds_table()
 

@@ -2,32 +2,22 @@
 the types or by a newer launcher, damaged lines, and the contract's table of rows checked against the types."""
 from __future__ import annotations
 
-import re
-
-from support.helpers import REPO
+from support.helpers import contract_table, types_table
 
 from launcher.core.metrics import ROWS, EvalRow, FinalRow, PrunedRow, Row, decode, encode, fields_of
 
-CONTRACT = REPO / "docs" / "design-contract.md"
 SECTION = "## metrics.jsonl: the rows and their keys"
+HEADER = "| row | keys | what |"
 
 
 def rows_table() -> str:
     """The contract's table of rows, as the types give it: row, keys, what it records."""
-    lines = ["| row | keys | what |", "|---|---|---|"]
-    for kind, cls in ROWS.items():
-        keys = ", ".join(f"`{name}`" for name in fields_of(cls))
-        what = " ".join(cls.__doc__.split()).replace("``", "`")
-        lines.append(f"| {kind} | {keys} | {what} |")
-    return "\n".join(lines)
+    return types_table(HEADER, ROWS, fields_of)
 
 
 def test_the_contract_lists_every_row_with_the_keys_of_its_type():
-    text = CONTRACT.read_text()
-    assert SECTION in text, f"{CONTRACT.name} lacks the section {SECTION!r}"
-    table = re.search(r"\| row \| keys \| what \|\n(?:\|.*\|\n?)+", text.split(SECTION, 1)[1]).group(0).strip()
-    assert table == rows_table(), "docs/design-contract.md's table of metrics rows differs from " \
-        "launcher/core/metrics.py:\n" + rows_table()
+    assert contract_table(SECTION, HEADER) == rows_table(), "docs/design-contract.md's table of metrics rows " \
+        "differs from launcher/core/metrics.py:\n" + rows_table()
 
 
 def test_a_row_reads_back_as_written_every_field_present():
