@@ -11,7 +11,7 @@ from typing import Dict, List, Tuple
 
 from launcher.views.lookup import lookup, roots_of
 from launcher.errors import LaunchError
-from launcher.core.events import Attempt, AttemptEnded, Failed, Stalled
+from launcher.core.attempt_log import AttemptLog
 from launcher.core.plan import read_plan
 from launcher.core.rundir import read_events
 from launcher.core.run_index import RunRecord
@@ -46,16 +46,8 @@ FAILED_RANK_LINES = 40  # of each failed rank shown beside rank 0, unless --tail
 
 
 def failed_ranks(run_dir: Path) -> List[int]:
-    """The ranks the newest attempt blamed: those that raised, the frozen ones, the one its end named."""
-    events = read_events(run_dir)
-    start = max((i for i, e in enumerate(events) if isinstance(e, Attempt)), default=0)
-    ranks: set = set()
-    for event in events[start:]:
-        if isinstance(event, (Failed, AttemptEnded)) and event.rank is not None and str(event.rank).isdigit():
-            ranks.add(int(event.rank))
-        elif isinstance(event, Stalled):
-            ranks.update(rank for rank in event.ranks if isinstance(rank, int))
-    return sorted(ranks)
+    """The ranks the newest attempt blamed (launcher/core/attempt_log.py)."""
+    return AttemptLog(read_events(run_dir)).blamed_ranks()
 
 
 def tail_lines(path: Path, count: int) -> str:

@@ -1,25 +1,29 @@
 """The run's record read as attempts: the one reader of ``attempt`` and ``attempt_ended`` events and what follows them.
 
 An attempt is one start of the run's Slurm job (launcher/job/recovery.py records it): the first submission, or
-a requeue or retry of it. The batch script's steps (which attempt this is, what it recorded so far), ``runs``
-(how many attempts, whether the last one ended COMPLETED), ``describe`` (the attempts table), a search's
-trial (whether its outcome is final) and the state shown beside Slurm's (launcher/status/job_state.py) all read
-the record through :class:`AttemptLog`. Everything here is pure: typed events (launcher/core/events.py) in,
-answers out.
+a requeue or retry of it. The batch script's steps (which attempt this is, whether it was judged, which nodes
+earlier attempts blamed or left out, how many retries are spent), ``runs`` (how many attempts, whether the last
+one ended COMPLETED), ``describe`` (the attempts table, goodput attempt by attempt), ``logs`` (the ranks the
+newest attempt blamed), a search's trial (whether its outcome is final) and the state shown beside Slurm's
+(launcher/status/job_state.py) all read the record through :class:`AttemptLog`: no other module tests an event
+for ``attempt`` or ``attempt_ended`` (tests/unit/test_architecture.py checks it), so what an attempt is has one
+reader. Everything here is pure: typed events (launcher/core/events.py) in, answers out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple, Type, TypeVar
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Set, Tuple, Type, TypeVar, Union
 
-from launcher.core.events import (Attempt, AttemptEnded, Event, Failed, Finished, Outcome, Requeued, Resubmitted,
-                                   Retrying, Submitted)
+from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Event, Failed, Finished, Outcome, Requeued,
+                                   Resubmitted, Resumed, Retrying, Stalled, Started, Submitted)
 
 E = TypeVar("E", bound=Event)
 # The events that say where the run stands between attempts: begun, retrying, given up or done.
 STANDING = (Attempt, Retrying, Failed, Finished)
 # The events after which the run's job waits in the queue for its next attempt (the newest one before it counts).
 QUEUED = (Submitted, Retrying, Resubmitted, Requeued, AttemptEnded)
+# The events after which the run goes on: an end recorded before one of them is not the run's.
+GOING_ON = (Submitted, Started, Requeued, Resumed, Retrying, Resubmitted, Attempt)
 
 
 @dataclass
@@ -35,6 +39,16 @@ class AttemptRow:
     cause: str = ""
     then: str = ""
     queued_s: Optional[float] = None  # how long its job waited in the queue before the attempt began
+
+
+@dataclass
+class Span:
+    """One attempt's part of the record: its ``attempt`` event, every event after it until the next attempt
+    began (``during``, its ``attempt_ended`` among them), and that ``attempt_ended`` (None: not judged yet)."""
+
+    began: Attempt
+    during: List[Event] = field(default_factory=list)
+    ended: Optional[AttemptEnded] = None
 
 
 class AttemptLog:
@@ -73,6 +87,88 @@ class AttemptLog:
         """Whether the newest attempt ended COMPLETED: every step trained and its batch script done."""
         last = self.newest(Attempt, AttemptEnded)
         return isinstance(last, AttemptEnded) and last.outcome == Outcome.COMPLETED
+
+    def unjudged(self) -> Optional[Attempt]:
+        """The newest attempt when no ``attempt_ended`` followed it (its batch script has not judged it, or never
+        could); None when there is none or it was judged."""
+        attempt, since = self.this_attempt()
+        return attempt if attempt and not any(isinstance(e, AttemptEnded) for e in since) else None
+
+    def ended(self, *outcomes: Outcome) -> List[AttemptEnded]:
+        """Every ``attempt_ended``, oldest first; where outcomes are given, those that ended so."""
+        return [e for e in self.events if isinstance(e, AttemptEnded) and (not outcomes or e.outcome in outcomes)]
+
+    def blames(self, *outcomes: Outcome) -> List[Tuple[str, Outcome]]:
+        """Each node an attempt's end blamed (every node it names, else its one node) with that end's outcome, oldest
+        first; where outcomes are given, of the attempts that ended so."""
+        return [(node, e.outcome) for e in self.ended(*outcomes) for node in e.nodes or [e.node]
+                if node and e.outcome is not None]
+
+    def excluded(self) -> Set[str]:
+        """Every node left out of the run so far: by a retry, or by Slurm's own requeue without a lost node."""
+        return {node for e in self.events if isinstance(e, (Retrying, AttemptEnded)) for node in e.exclude or []}
+
+    def retries(self) -> int:
+        """The retries spent: those of a node's own fault (``free``) are not counted."""
+        return sum(isinstance(e, Retrying) and not e.free for e in self.events)
+
+    def since_resumed(self) -> "AttemptLog":
+        """The record since the newest ``resubmitted`` (the user's ``launcher resume``), else all of it."""
+        start = max((i for i, e in enumerate(self.events) if isinstance(e, Resubmitted)), default=-1) + 1
+        return AttemptLog(self.events[start:])
+
+    def verdict(self) -> Optional[Union[Failed, AttemptEnded]]:
+        """What made the run's outcome final in its newest attempt (the newest of these): a ``failed`` verdict, or
+        that attempt's end COMPLETED or CANCELLED; None while the run may go on (a retry or requeue on its way)."""
+        _, since = self.this_attempt()
+        for event in reversed(since):
+            if isinstance(event, Failed) and event.final:
+                return event
+            if isinstance(event, AttemptEnded) and event.outcome in (Outcome.COMPLETED, Outcome.CANCELLED):
+                return event
+        return None
+
+    def ending(self) -> Optional[Union[Finished, Failed, Cancelled, AttemptEnded]]:
+        """The event by which the record says the run ended, the newest: ``finished``, a ``failed`` verdict (or a
+        rank's own failure where no attempt was recorded to judge it), ``cancelled``, or an attempt's end
+        CANCELLED; None when an event after it says the run goes on (:data:`GOING_ON`)."""
+        judged = self.count > 0
+        for event in reversed(self.events):
+            if isinstance(event, (Finished, Cancelled)) or (isinstance(event, Failed) and (event.final or not judged)):
+                return event
+            if isinstance(event, AttemptEnded) and event.outcome == Outcome.CANCELLED:
+                return event
+            if isinstance(event, GOING_ON):
+                return None
+        return None
+
+    def stopped(self) -> Optional[AttemptEnded]:
+        """The newest attempt's end when it was stopped or cancelled (launcher/job/endings.py), else None."""
+        ended = self.newest(Attempt, AttemptEnded)
+        return ended if isinstance(ended, AttemptEnded) and ended.outcome == Outcome.CANCELLED else None
+
+    def blamed_ranks(self) -> List[int]:
+        """The ranks the newest attempt blamed: those that raised, the frozen ones, the one its end named."""
+        _, since = self.this_attempt()
+        ranks: Set[int] = set()
+        for event in since:
+            if isinstance(event, (Failed, AttemptEnded)) and isinstance(event.rank, int):
+                ranks.add(event.rank)
+            elif isinstance(event, Stalled):
+                ranks.update(rank for rank in event.ranks if isinstance(rank, int))
+        return sorted(ranks)
+
+    def spans(self) -> List[Span]:
+        """The record attempt by attempt, oldest first (what came before the first attempt belongs to none)."""
+        spans: List[Span] = []
+        for event in self.events:
+            if isinstance(event, Attempt):
+                spans.append(Span(event))
+            elif spans:
+                spans[-1].during.append(event)
+                if isinstance(event, AttemptEnded):
+                    spans[-1].ended = event
+        return spans
 
     def history(self) -> List[AttemptRow]:
         """One row per attempt: its job, nodes, start and end, outcome, cause, and what came next."""

@@ -442,4 +442,6 @@ def decode(line: dict[str, Any]) -> Event:
     for name, enum in (("outcome", Outcome), ("fault", Fault)):  # a value a newer launcher added stays a str
         if name in declared and known.get(name) in enum._value2member_map_:
             known[name] = enum(known[name])
+    if isinstance(known.get("rank"), str) and known["rank"].isdigit():  # an older launcher wrote a rank's digits
+        known["rank"] = int(known["rank"])
     return kind(time=stamp, extra={k: v for k, v in rest.items() if k not in declared}, **known)

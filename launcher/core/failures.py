@@ -102,10 +102,11 @@ def failure_event(err: BaseException, step: Optional[int], run_dir: Path, secret
     for var in secrets:
         if os.environ.get(var):
             error = error.replace(os.environ[var], "***")
-    rank, node = os.environ.get("SLURM_PROCID"), os.environ.get("SLURMD_NODENAME")
+    procid = os.environ.get("SLURM_PROCID", "")
+    rank, node = int(procid) if procid.isdigit() else None, os.environ.get("SLURMD_NODENAME")
     origin = getattr(err, "rank", None)
-    if isinstance(origin, int) and str(origin) != rank:
-        rank, node = str(origin), None
+    if isinstance(origin, int) and origin != rank:
+        rank, node = origin, None
     short = getattr(err, "short", None)
     return Failed(rank=rank, node=node, step=step, job_id=os.environ.get("SLURM_JOB_ID"), error=error,
                   short=short if isinstance(short, str) else None, fault=classify(err), exception=name)

@@ -67,7 +67,7 @@ def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pu
         if isinstance(event, PreflightFailed):
             node = event.node
             return Cause(Outcome.PREFLIGHT, f"node {node} failed its preflight check: {event.problem}",
-                         Fault.NODE_UNFIT, rank=_int(event.rank), node=node, short=f"{node} failed preflight",
+                         Fault.NODE_UNFIT, rank=event.rank, node=node, short=f"{node} failed preflight",
                          nodes=(node,))
     if lost:
         step = max(heard.values(), default=logged)
@@ -84,7 +84,7 @@ def attribute(events: List[Event], task_ends: List[TaskEnd], pulses: Sequence[Pu
     own = [e for e in failures if e.fault != Fault.PEER_LOST]
     if own:
         first = min(own, key=lambda e: e.time)
-        rank = _int(first.rank)
+        rank = first.rank
         error = first.error or "unknown error"
         fault = first.fault or Fault.CODE
         short = first.short or ("disk full" if fault is Fault.DISK_FULL else error.split(":")[0])
@@ -104,7 +104,7 @@ def _from_srun(failures: List[Failed], task_ends: List[TaskEnd], watchdogs: List
                steps: Callable[[Optional[int]], Optional[int]], exit_code: Optional[int]) -> Cause:
     """The cause when no rank's own error, stall or lost node explains the end: srun's report of the ranks
     that died without an error of their own, else a lost peer, else srun's exit status (5 and 6 above)."""
-    reported = {_int(e.rank) for e in failures}
+    reported = {e.rank for e in failures}
     silent = [(rank, end) for end in task_ends for rank in end.ranks
               if rank not in reported and rank not in watchdogs]
     killed = [(rank, end.node) for rank, end in silent if end.how == "Killed" and not end.after_end]
@@ -124,7 +124,7 @@ def _from_srun(failures: List[Failed], task_ends: List[TaskEnd], watchdogs: List
                      node=end.node, step=steps(rank), short=f"rank {rank} died")
     if failures:
         first = min(failures, key=lambda e: e.time)
-        rank = _int(first.rank)
+        rank = first.rank
         return Cause(Outcome.FAILED, _where(rank, first.node, first.step) + str(first.error), Fault.PEER_LOST,
                      rank=rank, node=first.node, step=first.step, short="lost a peer")
     return Cause(Outcome.FAILED, f"srun exited with status {exit_code}" if exit_code else "ended without a record",
@@ -136,11 +136,4 @@ def _where(rank: Optional[int], node: Optional[str], step: Optional[int]) -> str
              f"at step {step}" if step is not None else ""]
     text = " ".join(p for p in parts if p)
     return f"{text}: " if text else ""
-
-
-def _int(value: object) -> Optional[int]:
-    try:
-        return int(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
 

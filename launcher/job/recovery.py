@@ -9,16 +9,17 @@ The batch script the launcher submits runs (launcher/slurm/batch.py)::
 ``begin`` records an ``attempt`` event (its number, job id, nodes). ``end`` weighs the attempt's evidence
 (:class:`Evidence`: its events, srun's report, its heartbeats, and a probe of its nodes, which finds a dead node
 before Slurm marks it down) into a cause (launcher/job/attempts.py) and records ``attempt_ended``. When the
-ranks saved on Slurm's time-limit or preemption signal, it requeues the job (:func:`requeue`). For a failed
-or stalled attempt it then decides (:func:`decide`): retry from the newest good checkpoint as a new Slurm job
-that excludes the nodes to blame, up to ``cluster.max_retries`` (a node's own fault costs none), with
-exclusions allowed again where they would leave too few nodes (:func:`schedulable`); or give up with the
-cause, when the failure is the code's own (before the first step of the first attempt, or the same error at
-the same step in two attempts that trained) or the retries are spent. A retry that cannot be submitted is
-the run's final cause. Everything happens in Slurm and the run directory: no process outside
-the job. Retrying with a new job rather than ``scontrol requeue`` is what lets it exclude a node: Slurm
-accepts ``ExcNodeList`` only for a pending job, and a requeued job stays running until this script ends.
-The design is in docs/recovery.md.
+ranks saved on Slurm's time-limit or preemption signal, it requeues the job (launcher/job/requeue.py). For a
+failed or stalled attempt it then decides (launcher/job/policy.py, pure: this module gathers its inputs and acts
+on its decision): retry from the newest good checkpoint as a new Slurm job that excludes the nodes to blame, up
+to ``cluster.max_retries`` (a node's own fault costs none), with exclusions allowed again where they would leave
+too few nodes; or give up with the cause, when the failure is the code's own (before the first step of the first
+attempt, or the same error at the same step in two attempts that trained) or the retries are spent. A retry that
+cannot be submitted is the run's final cause. What it asks Slurm is asked in launcher/slurm/probes.py. The run's
+record is read through launcher/core/attempt_log.py. Everything happens in Slurm and the run directory: no
+process outside the job. Retrying with a new job rather than ``scontrol requeue`` is what lets it exclude a
+node: Slurm accepts ``ExcNodeList`` only for a pending job, and a requeued job stays running until this script
+ends. The design is in docs/recovery.md.
 """
 from __future__ import annotations
 
@@ -26,55 +27,24 @@ import os
 import shutil
 import signal
 import sys
-import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional
 
+from launcher.core.attempt_log import AttemptLog
 from launcher.core.heartbeats import Pulse, read_pulses, sweep_local
 from launcher.core.events import (EXIT_NOT_OURS, Attempt, AttemptEnded, Cancelled, DuplicateJob, Event, Failed, Fault,
-                                   Finished, Outcome, Requeued, Resubmitted, Resumed, Retrying, Stalled)
+                                   Finished, Outcome, Requeued, Resumed, Retrying, Stalled)
 from launcher.core.rundir import EVENTS, append_event, last_step, read_events, read_metrics
 from launcher.core.run_index import mend_record
-from launcher.errors import LaunchError
 from launcher.job import claim, endings
 from launcher.job.attempts import Cause, attribute
+from launcher.job.policy import COMPLETED, Decision, decide, schedulable
+from launcher.job.requeue import REQUEUED_STATES, requeue, requeue_asked, requeue_cause
 from launcher.search.hook import trial_ended
-from launcher.slurm.client import Slurm
-from launcher.slurm.output import JobRow, SlurmError, srun_lost_nodes, srun_task_ends, unusable
-from launcher.core.attempt_log import AttemptLog
-
-
-# Recovery's policy: whether an attempt that ended with a failure of this kind is retried, and why. A node's
-# own fault (NODE_LOST, NODE_UNFIT) is also free the first time that node is blamed (decide()).
-POLICY: Dict[Fault, Tuple[bool, str]] = {
-    Fault.CODE: (False, "an error of the code's own, not retried"),
-    Fault.DATA: (False, "the data is damaged: every node and try would read it alike, not retried"),
-    Fault.NO_TORCH: (False, "the tasks' Python has no torch: the same on every node and every try, not retried"),
-    Fault.DISK_FULL: (True, "a full disk: retried once, when the run root has room for a checkpoint again"),
-    Fault.STORE: (True, "the object store did not answer: retried, no node blamed"),
-    Fault.INFRASTRUCTURE: (True, "an I/O, network, device or collective error may pass on another try or node"),
-    Fault.PEER_LOST: (True, "a rank lost its peers and no other cause was found"),
-    Fault.KILLED: (True, "a rank killed by a signal (often out of memory) may pass on another try"),
-    Fault.DIED: (True, "a rank that died without an error of its own may pass on another try"),
-    Fault.HUNG: (True, "a hung rank: retried without its node"),
-    Fault.NODE_LOST: (True, "a lost node: retried without it"),
-    Fault.NODE_UNFIT: (True, "a node that failed its preflight: retried without it"),
-    Fault.BATCH_DIED: (True, "the job's batch step died (its host's OOM killer, a killed slurmstepd): retried"),
-    Fault.UNKNOWN: (True, "no cause was recorded: retried"),
-}
-SUBMIT_BACKOFF_S = (2, 4, 8, 16, 30, 60, 60, 60, 60)  # about five minutes of asking a silent controller
-
-
-@dataclass(frozen=True)
-class Decision:
-    retry: bool
-    reason: str
-    exclude: List[str] = field(default_factory=list)
-    free: bool = False  # the node's fault (lost, failed its preflight): the retry is not counted in max_retries
-    allowed: List[str] = field(default_factory=list)  # exclusions dropped so that the retry can be scheduled
-    begin_s: int = 0  # the retry is eligible only this long from now (a lost node allowed again: see schedulable)
+from launcher.slurm import probes
+from launcher.slurm.output import srun_lost_nodes, srun_task_ends
 
 
 @dataclass(frozen=True)
@@ -104,7 +74,7 @@ class Evidence:
                 stderr = f.read()
         lost = srun_lost_nodes(stderr)
         if attempt and attempt.nodes:
-            lost += [node for node in unanswering(job_id, attempt.nodes) if node not in lost]
+            lost += [node for node in probes.unanswering(job_id, attempt.nodes) if node not in lost]
         since = attempt.time if attempt else 0.0
         logged = max((row.step for row in read_metrics(run_dir) if (row.time or 0) >= since), default=None)
         return cls(stderr, read_pulses(run_dir, since=attempt.time if attempt else None), lost, logged)
@@ -129,8 +99,8 @@ def batch_log(run_dir: Path, job_id: str) -> Path:
 def begin(run_dir: Path) -> Attempt:
     job_id = os.environ.get("SLURM_JOB_ID", "")
     log = AttemptLog(read_events(run_dir))
-    previous, since = log.this_attempt()
-    if previous and not any(isinstance(e, AttemptEnded) for e in since):
+    previous, since = log.unjudged(), log.this_attempt()[1]
+    if previous:
         # Its batch script was ended before it could judge: by a requeue, or with its node.
         requeued = next((e for e in reversed(since) if isinstance(e, Requeued)), None)
         if requeued is not None:
@@ -148,21 +118,13 @@ def begin(run_dir: Path) -> Attempt:
     return attempt
 
 
-def requeue_cause(requeued: Requeued) -> str:
-    """Why an attempt was requeued, in the user's words, from its ``requeued`` event."""
-    if requeued.by == "signal":
-        saved = f" at step {requeued.step}, saved" if requeued.step is not None else ""
-        return f"time limit or preemption signal{saved}"
-    return "requeued by submitit"
-
-
 def unjudged(run_dir: Path, attempt: Attempt, since: List[Event]) -> AttemptEnded:
     """The ``attempt_ended`` fields of an attempt whose batch script never judged it (``since``: its events):
     because Slurm requeued the job itself, LOST when one of its nodes stopped responding (NODE_FAIL; the nodes to
     blame are those Slurm now holds down, and the requeued job runs without them), else REQUEUED from outside the
     run, at the step its ranks saved on Slurm's SIGTERM if they did (launcher/job/endings.py); an attempt of
     another job (its batch step died unwatched) FAILED, cause unknown."""
-    nodes = held_down(attempt.nodes)
+    nodes = probes.held_down(attempt.nodes)
     pulses = read_pulses(run_dir, since=attempt.time)
     step = max([last_step(Path(run_dir)) or 0, *(p.step for p in pulses)])
     if attempt.job_id != os.environ.get("SLURM_JOB_ID"):  # another job: that one ended, nobody requeued it
@@ -188,7 +150,7 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     queued = None
     asked = requeue_asked(since)
     if asked is not None:
-        queued = queue_state(job_id)
+        queued = probes.queue_state(job_id)
         if not queued.startswith("CANCELLED") and queued not in REQUEUED_STATES:
             if requeue(run_dir, job_id, asked, events) is None:
                 append_event(run_dir, AttemptEnded(attempt=attempt.attempt if attempt else None, job_id=job_id,
@@ -202,7 +164,7 @@ def end(run_dir: Path, exit_code: int) -> Optional[Decision]:
     if settled is not None:
         return settled.decision
     evidence = Evidence.of(Path(run_dir), attempt, job_id)
-    if evidence.lost and queue_state(job_id) in REQUEUED_STATES:  # Slurm marked the node down while it was probed
+    if evidence.lost and probes.queue_state(job_id) in REQUEUED_STATES:  # Slurm marked it down while it was probed
         return None
     cause = attribute(since, srun_task_ends(evidence.stderr), evidence.pulses, exit_code, evidence.lost,
                       logged=evidence.logged)
@@ -267,7 +229,7 @@ def without_failure(run_dir: Path, since: List[Event], number: Optional[int], jo
             attempt=number, job_id=job_id, outcome=Outcome.COMPLETED, exit_code=exit_code or None,
             note=f"a rank ended badly after the run finished (srun {exit_code})" if exit_code else None))
         return Settled(COMPLETED)
-    queued = queue_state(job_id) if queued is None else queued
+    queued = probes.queue_state(job_id) if queued is None else queued
     if queued.startswith("CANCELLED"):  # by the user or an administrator (`launcher stop` records it too)
         kinds.add(Cancelled)
     if endings.stop_asked(since):  # the user asked it to stop: whatever its ranks did, never requeued nor retried
@@ -292,11 +254,11 @@ def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], caus
     the run directory's free space after a full disk."""
     from launcher.core.config import load_run_config  # lazy: keeps omegaconf out of start-up
     from launcher.core.plan import read_plan  # lazy: keeps omegaconf out of start-up
-    from launcher.job.submission import watch  # lazy: keeps omegaconf out of start-up
+    from launcher.job.submission import RetryRefused, submit_retry, watch  # lazy: keeps omegaconf out of start-up
 
     number = attempt.attempt if attempt else None
     cfg = load_run_config(run_dir / "config.yaml")
-    held = held_down(attempt.nodes if attempt else None)
+    held = probes.held_down(attempt.nodes if attempt else None)
     progressed = began or (last_step(run_dir) or 0) > 0
     decision = decide(events, cause, cfg.cluster.max_retries, held, progressed=progressed, trained=began,
                       room=room.enough if room else None)
@@ -305,8 +267,8 @@ def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], caus
                                      exception=cause.exception, rank=cause.rank, node=cause.node, step=cause.step,
                                      reason=decision.reason))
         return decision
-    decision = schedulable(decision, events, held, partition_nodes(cfg.cluster.partition),
-                           read_plan(run_dir).nodes, slurmd_timeout_s())
+    decision = schedulable(decision, events, held, probes.partition_nodes(cfg.cluster.partition),
+                           read_plan(run_dir).nodes, probes.slurmd_timeout_s())
     try:
         new_job = submit_retry(run_dir, decision.exclude, decision.begin_s, holder=holder)
     except RetryRefused as err:
@@ -317,283 +279,9 @@ def respond(run_dir: Path, events: List[Event], attempt: Optional[Attempt], caus
         return Decision(False, f"the retry could not be submitted: {err}")
     append_event(run_dir, Retrying(attempt=number, job_id=new_job, previous_job_id=job_id,
                                    exclude=decision.exclude, reason=decision.reason, free=decision.free,
-                                   allowed=decision.allowed or None, left_out=held_reasons(decision.exclude)))
+                                   allowed=decision.allowed or None, left_out=probes.held_reasons(decision.exclude)))
     watch(run_dir, new_job)
     return decision
-
-
-class RetryRefused(Exception):
-    """The retry's job could not be submitted (sbatch refused it, the controller never answered, the run
-    directory could not be written); the message is one line."""
-
-
-def submit_retry(run_dir: Path, exclude: Sequence[str], begin_s: int = 0, holder: Optional[str] = None) -> str:
-    """Submit the retry's job, asking a controller that does not answer again with backoff; its job id, or
-    RetryRefused with the reason. ``holder``: the failed attempt's job, which holds the run's claim."""
-    from launcher.job.submission import resubmit  # lazy: keeps omegaconf out of start-up
-
-    delays = list(SUBMIT_BACKOFF_S)
-    while True:
-        try:
-            return resubmit(run_dir, exclude=exclude, begin_s=begin_s, by="retry", holder=holder)
-        except SlurmError as err:
-            if not err.transient:
-                raise RetryRefused(f"Slurm refused it: {err}") from None
-            if not delays:
-                raise RetryRefused(f"Slurm did not answer for {sum(SUBMIT_BACKOFF_S)} s: {err}") from None
-        except LaunchError as err:
-            raise RetryRefused(str(err)) from None
-        except OSError as err:
-            raise RetryRefused(f"{err.strerror or err}: {err.filename or run_dir}") from None
-        time.sleep(delays.pop(0))
-
-
-COMPLETED = Decision(False, "the run completed")
-
-# A job that Slurm has put back in the queue while the old batch script may still be running.
-REQUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
-
-
-def requeue_asked(since: List[Event]) -> Optional[int]:
-    """The step saved for a requeue the ranks asked for in this attempt (``requeued`` by the signal, nothing
-    failed after it), or None."""
-    last = next((e for e in reversed(since) if isinstance(e, (Requeued, Failed))), None)
-    return last.step if isinstance(last, Requeued) and last.by == "signal" else None
-
-
-@dataclass(frozen=True)
-class Clock:
-    """The time a wait with back-off reads and sleeps on: the real one, or a test's, which moves when slept on."""
-
-    now: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], None] = time.sleep
-
-
-def requeue(run_dir: Path, job_id: str, step: int, events: List[Event], clock: Clock = Clock()) -> Optional[Failed]:
-    """Requeue this job (same job id, a new attempt) after its ranks saved ``step`` on Slurm's signal.
-
-    Here, in the batch shell on the host, not in a rank: ranks may run in a container without Slurm's client or
-    munge. Returns None when Slurm requeued the job; else the ``failed`` event recorded: final when
-    ``cluster.max_requeues`` requeues in a row made no progress (a long run cut into many time-limited attempts
-    is never stopped by a fixed cap, while one that can no longer train a step within its limit is), or the
-    controller's refusal, which the attempt's judgement then retries as a new job from the step just saved."""
-    from launcher.core.config import load_run_config  # lazy: keeps omegaconf out of start-up
-
-    cluster = load_run_config(Path(run_dir) / "config.yaml").cluster
-    earlier = [e.step for e in events if isinstance(e, Requeued) and e.by == "signal"][:-1]
-    stuck = next((n for n, seen in enumerate(reversed(earlier)) if seen != step), len(earlier))
-    node = os.environ.get("SLURMD_NODENAME")
-    if stuck >= cluster.max_requeues:
-        failure = Failed(job_id=job_id, final=True, short="no progress", step=step,
-                         error=f"{stuck + 1} attempts in a row ended at step {step} without training a step",
-                         reason=f"cluster.max_requeues={cluster.max_requeues} requeues without progress")
-    else:
-        # Until shortly before the time limit: the signal came at least signal_delay_s before it.
-        deadline = clock.now() + max(5, cluster.signal_delay_s - 15)
-        while True:
-            try:
-                Slurm(None, timeout=30).requeue(job_id)
-                start_at_once(job_id, time.monotonic())
-                return None
-            except SlurmError as err:
-                error = str(err)
-            if clock.now() > deadline:
-                break
-            clock.sleep(3)
-        failure = Failed(job_id=job_id, short="requeue failed", step=step, node=node, fault=Fault.INFRASTRUCTURE,
-                         error=f"scontrol requeue {job_id} failed: {error}")
-    append_event(run_dir, failure)
-    return failure
-
-
-# A requeued job started within the second its old instance's credential was revoked is refused by slurmd ("Killing
-# non-startable batch JobId: Job credential revoked", then FAILED: seen in CI); two seconds later it starts.
-REQUEUE_SETTLE_S = 2.0
-
-
-def start_at_once(job_id: str, requeued: float, within_s: float = 4.0) -> None:
-    """Once the requeued job is back in the queue, make it eligible :data:`REQUEUE_SETTLE_S` after the requeue
-    (``requeued``, a monotonic time) rather than at the begin time Slurm gives it. Slurm ends this batch script
-    a few seconds after the requeue (``KillWait``): this asks within that, and gives up quietly, leaving Slurm's
-    own begin time, when the job is not pending by then. (A begin time set a few seconds ahead instead waits for
-    the backfill scheduler's tick, up to 30 s: the update at the moment wakes the main scheduler.)"""
-    while time.monotonic() < requeued + within_s:
-        state = queue_state(job_id)
-        if state == "PENDING":
-            time.sleep(max(0.0, requeued + REQUEUE_SETTLE_S - time.monotonic()))
-            try:
-                Slurm(None, timeout=5).start_now(job_id)
-            except SlurmError:
-                pass
-        if state in ("PENDING", ""):  # done, or the queue cannot be asked
-            return
-        time.sleep(0.2)
-
-
-def queue_state(job_id: str) -> str:
-    """Slurm's state of this job (its own job id, an array element's too) in its queue ("" where the queue
-    cannot be asked)."""
-    try:
-        return next((row.state for row in Slurm(None, timeout=15).squeue() if row.unique_id == job_id), "")
-    except SlurmError:
-        return ""
-
-
-def held_down(nodelist: Optional[str]) -> List[str]:
-    """The attempt's nodes that Slurm now holds down, drained or not responding."""
-    if not nodelist:
-        return []
-    try:
-        states = Slurm(None, timeout=15).node_states(nodelist)
-    except SlurmError:
-        return []
-    return sorted(node for node, state in states.items() if unusable(state))
-
-
-def held_reasons(nodes: Sequence[str]) -> Optional[Dict[str, str]]:
-    """Of the nodes a retry leaves out, those Slurm holds unusable, with its state and reason (``drained: trial``);
-    None when there are none or Slurm cannot say."""
-    if not nodes:
-        return None
-    try:
-        return Slurm(None, timeout=15).node_reasons(",".join(nodes)) or None
-    except SlurmError:
-        return None
-
-
-def unanswering(job_id: str, nodelist: str) -> List[str]:
-    """The attempt's nodes where Slurm can no longer start a task (launcher/slurm/client.py probes them)."""
-    try:
-        return Slurm(None).unanswering(job_id, nodelist)
-    except SlurmError:
-        return []
-
-
-def partition_nodes(partition: Optional[str]) -> List[str]:
-    """Every node of the run's partition (the default one when it names none), up or down; [] when Slurm cannot
-    say."""
-    try:
-        nodes = Slurm(None, timeout=15).nodes()
-    except SlurmError:
-        return []
-    return sorted({n.name for n in nodes if (n.partition == partition if partition else n.default)})
-
-
-def kill_wait_s() -> str:
-    """Slurm's KillWait in seconds, asked on the host for the ranks ("" where Slurm cannot say:
-    launcher/core/preemption.py)."""
-    try:
-        return str(Slurm(None, timeout=15).kill_wait_s())
-    except SlurmError:
-        return ""
-
-
-def slurmd_timeout_s() -> int:
-    """How long the controller waits before it marks a silent node down (0 when Slurm cannot say)."""
-    try:
-        return Slurm(None, timeout=15).slurmd_timeout_s()
-    except SlurmError:
-        return 0
-
-
-# How sure the run is that an excluded node is to blame, least sure first: a hung process may have hung on a healthy
-# node; a node that failed its preflight may pass the next; one Slurm holds down is avoided by Slurm anyway; a node
-# found lost is the surest.
-CERTAINTY = ("STALLED", "PREFLIGHT", "DOWN", "LOST")
-
-
-def schedulable(decision: Decision, events: List[Event], held: Sequence[str], partition: Sequence[str],
-                needed: int, settle_s: int = 0) -> Decision:
-    """The decision with exclusions allowed again, least certain first, when excluding them all would leave
-    fewer nodes in the partition than the run needs (sbatch would refuse the retry). A node allowed again that
-    Slurm holds down (``held``) is still not used by Slurm: the retry then waits in the queue for nodes to come back. A
-    lost node Slurm does not hold down yet would get the retry at once: the retry then begins ``settle_s`` (the
-    cluster's SlurmdTimeout) from now, when Slurm has marked it down and waits for it like the others."""
-    if not partition:
-        return decision
-    why = {}
-    for event in events:
-        if isinstance(event, AttemptEnded) and event.outcome in CERTAINTY:
-            outcome = str(event.outcome)
-            for node in event.nodes or [event.node]:
-                why[node] = max(why.get(node, outcome), outcome, key=CERTAINTY.index)
-    why.update({node: "DOWN" for node in held if why.get(node) != "LOST"})
-    kept = sorted(decision.exclude, key=lambda node: CERTAINTY.index(why.get(node, "STALLED")))
-    allowed: List[str] = []
-    while kept and len(set(partition) - set(kept)) < needed:
-        allowed.append(kept.pop(0))
-    if not allowed:
-        return decision
-    left = len(set(partition) - set(decision.exclude))
-    reason = (f"{decision.reason}; excluding {', '.join(decision.exclude)} would leave {left} of the {needed} nodes "
-              f"the run needs, so {', '.join(allowed)} {'is' if len(allowed) == 1 else 'are'} allowed again "
-              "(least certain first)")
-    unmarked = [node for node in allowed if why.get(node) == "LOST" and node not in held]
-    begin_s = settle_s + 5 if unmarked and settle_s else 0
-    if begin_s:
-        reason += f"; it begins in {begin_s} s, once Slurm has marked {', '.join(unmarked)} down (SlurmdTimeout)"
-    return Decision(True, reason, sorted(kept), decision.free, allowed, begin_s)
-
-
-def decide(events: List[Event], cause: Cause, max_retries: int, held: Sequence[str] = (),
-           progressed: bool = True, trained: bool = True, room: Optional[bool] = None) -> Decision:
-    """Retry or not, and which nodes the next attempt must avoid (``events`` hold every attempt so far,
-    the ending one's ``attempt_ended`` not yet among them).
-
-    Retried: what may pass on another try or another node (a rank killed by a signal, a hang, a lost node,
-    I/O, network and device errors). The next attempt avoids the nodes of a hung rank, of a lost node and every
-    node Slurm holds down or drained (``held``); a rank killed by a signal (often the kernel's out-of-memory
-    killer) does not make its node suspect. A node's own fault (lost, or failed its preflight) costs the run no
-    retry the first time that node is blamed. Not retried: tasks whose Python has no torch, an error of the
-    code's own (any other exception), a failure before the first step of the first attempt (but the object store's:
-    it may answer later), the same error at
-    the same step in two attempts that each trained (``trained``: this one did), or a run whose
-    ``cluster.max_retries`` are spent. ``progressed``: the run has trained a step (metrics or heartbeats). A full
-    disk is the file system's fault, never a node's: retried once (since the user last resumed the run), and only
-    when the run directory has room for a checkpoint again (``room``; None: it could not be measured)."""
-    excluded = {node for e in events if isinstance(e, (Retrying, AttemptEnded)) for node in e.exclude or []}
-    blamed = set(cause.nodes or ([cause.node] if cause.node else [])) \
-        if cause.outcome in (Outcome.STALLED, Outcome.LOST, Outcome.PREFLIGHT) else set()
-    before = {node for e in events if isinstance(e, AttemptEnded) and e.outcome in (Outcome.LOST, Outcome.PREFLIGHT)
-              for node in e.nodes or [e.node]}
-    if cause.outcome in (Outcome.LOST, Outcome.PREFLIGHT) and not blamed & before:
-        what = "was lost" if cause.outcome is Outcome.LOST else "failed its preflight check"
-        return Decision(True, f"{', '.join(sorted(blamed))} {what}: retried without it, not counted as a retry",
-                        sorted(excluded | blamed | set(held)), free=True)
-    retried, why = POLICY[cause.fault]
-    if not retried and cause.fault != Fault.CODE:  # the same on every node and try, whenever it happens
-        return Decision(False, why)
-    first = not any(isinstance(e, AttemptEnded) for e in events)
-    if cause.fault is Fault.DISK_FULL:
-        full = disk_full_refusal(events, room)
-        if full:
-            return Decision(False, full)
-    elif first and not progressed and cause.outcome not in (Outcome.LOST, Outcome.PREFLIGHT) \
-            and cause.fault is not Fault.STORE:  # a store that did not answer is no sign of a bad run
-        return Decision(False, "it failed before its first step: a problem of the code, config or data, not retried")
-    if not retried:
-        return Decision(False, why)
-    ended = [e for e in events if isinstance(e, AttemptEnded) and e.outcome in (Outcome.FAILED, Outcome.STALLED)
-             and e.trained is not False]
-    if trained and ended and cause.repeats(ended[-1]):
-        return Decision(False, f"the same failure at step {cause.step} twice, not retried again")
-    retries = sum(isinstance(e, Retrying) and not e.free for e in events)
-    if retries >= max_retries:
-        return Decision(False, f"all cluster.max_retries={max_retries} retries spent")
-    return Decision(True, f"retry {retries + 1} of {max_retries} from the newest good checkpoint",
-                    sorted(excluded | blamed | set(held)))
-
-
-def disk_full_refusal(events: List[Event], room: Optional[bool]) -> Optional[str]:
-    """Why an attempt that found the disk full is not retried (None: it is): the disk was full in an attempt before
-    it since the user last resumed the run (its one retry spent), or it has no room for a checkpoint now."""
-    since = events[max((i for i, e in enumerate(events) if isinstance(e, Resubmitted)), default=-1) + 1:]
-    again = "; free space there, then launcher resume the run"
-    if any(isinstance(e, AttemptEnded) and e.fault is Fault.DISK_FULL for e in since):
-        return f"the disk was full again after its retry: not retried again{again}"
-    if room is False:
-        return f"the disk is still full: not retried{again}"
-    return None
 
 
 def not_ours(run_dir: Path, refused: claim.ClaimHeld) -> int:
@@ -616,15 +304,12 @@ def watch(run_dir: Path, job_id: str) -> Optional[Decision]:
         return None
     mend_record(run_dir)
     events = read_events(run_dir)
-    attempt, since = AttemptLog(events).this_attempt()
-    if attempt is None or any(isinstance(e, AttemptEnded) for e in since):
+    log = AttemptLog(events)
+    attempt, since = log.unjudged(), log.this_attempt()[1]
+    if attempt is None:
         return None  # its end step ran, or the job never began an attempt (cancelled while pending, say)
     since = [e for e in since if not isinstance(e, Requeued)]  # the job ended for good: no requeue came
-    slurm = Slurm(None, timeout=15)
-    try:
-        row = slurm.job_end(job_id)
-    except SlurmError:  # no accounting: squeue's state while it remembers the job, else nothing
-        row = JobRow(job_id, slurm.job_state(job_id), "", "", "")
+    row = probes.job_end(job_id)  # without accounting, squeue's state while it remembers the job
     if attempt.job_id not in (job_id, row and row.unique_id):  # an array element's attempt names its own id
         return None  # an attempt of another job of the run
     holder, job_id = job_id, attempt.job_id  # the claim's name for the job, and the attempt's (the end step's)
@@ -674,11 +359,12 @@ def main(argv: List[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a job being ended still gets its attempt recorded
     try:
         if argv[0] == "begin":
-            refused = claim.enter(run_dir, Slurm(None, timeout=15).job_state, claim.this_job() or "")
+            refused = claim.enter(run_dir, probes.job_state, claim.this_job() or "")
             if refused is not None:  # before anything of the run's attempts is read or written: they are not ours
                 return not_ours(run_dir, refused)
             begin(run_dir)
-            print(kill_wait_s())  # the batch script hands it to the ranks (launcher/slurm/batch.py host_steps)
+            waits = probes.kill_wait_s()  # the batch script hands it to the ranks (launcher/slurm/batch.py host_steps)
+            print("" if waits is None else waits)
             return 0
         if argv[0] == "watch":
             watch(run_dir, argv[2])

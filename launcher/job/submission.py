@@ -1,9 +1,11 @@
 """Submit a composed run's directory as one Slurm job: the first time (a launch) and again (automatic recovery,
-``launcher resume``). It reads only the run's own files and the Slurm adapter, never the composer or the CLI,
-so that the batch script's recovery step (launcher/job/recovery.py) resubmits without loading Hydra.
+with :func:`submit_retry`'s backoff, and ``launcher resume``). It reads only the run's own files and the Slurm
+adapter, never the composer or the CLI, so that the batch script's recovery step (launcher/job/recovery.py)
+resubmits without loading Hydra.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -24,6 +26,7 @@ from launcher.slurm.output import SlurmError
 # (task), the batch script's steps (recovery, comment). A run frozen when one of them was elsewhere cannot be
 # submitted by this launcher.
 ENTRY_POINTS = tuple(Path("launcher") / "job" / name for name in ("entry.py", "recovery.py", "comment.py", "task.py"))
+SUBMIT_BACKOFF_S = (2, 4, 8, 16, 30, 60, 60, 60, 60)  # about five minutes of asking a silent controller
 
 
 def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0,
@@ -113,3 +116,27 @@ def resubmit(run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0, by: s
         record.job_id = job_id
         write_json_atomic(run_dir / RECORD, record.to_json())
     return job_id
+
+
+class RetryRefused(Exception):
+    """The retry's job could not be submitted (sbatch refused it, the controller never answered, the run
+    directory could not be written); the message is one line."""
+
+
+def submit_retry(run_dir: Path, exclude: Sequence[str], begin_s: int = 0, holder: Optional[str] = None) -> str:
+    """Submit the retry's job (:func:`resubmit`), asking a controller that does not answer again with backoff; its
+    job id, or RetryRefused with the reason. ``holder``: the failed attempt's job, which holds the run's claim."""
+    delays = list(SUBMIT_BACKOFF_S)
+    while True:
+        try:
+            return resubmit(run_dir, exclude=exclude, begin_s=begin_s, by="retry", holder=holder)
+        except SlurmError as err:
+            if not err.transient:
+                raise RetryRefused(f"Slurm refused it: {err}") from None
+            if not delays:
+                raise RetryRefused(f"Slurm did not answer for {sum(SUBMIT_BACKOFF_S)} s: {err}") from None
+        except LaunchError as err:
+            raise RetryRefused(str(err)) from None
+        except OSError as err:
+            raise RetryRefused(f"{err.strerror or err}: {err.filename or run_dir}") from None
+        time.sleep(delays.pop(0))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from launcher.core.attempt_log import AttemptLog
-from launcher.core.events import AttemptEnded, Event, Failed, Finished, Outcome, SearchFailed, TrialReported
+from launcher.core.events import Event, Failed, Finished, Outcome, SearchFailed, TrialReported
 from launcher.core.rundir import TRIAL
 from launcher.core.rundir import CODE_DIFF, SOURCE_ROOT, append_event, code_dir, code_source, read_events, read_metrics
 
@@ -26,16 +26,16 @@ def final_outcome(events: List[Event]) -> Optional[str]:
     it; None while it may go on (a retry or requeue is on its way)."""
     from launcher.search.trials import PRUNED  # lazy: keeps omegaconf out of start-up
 
-    _, since = AttemptLog(events).this_attempt()
-    for event in reversed(since):
-        if isinstance(event, Failed) and event.final:
-            return f"failed: {event.error or event.short or 'no cause recorded'}"
-        if isinstance(event, AttemptEnded) and event.outcome == Outcome.COMPLETED:
-            pruned = [e for e in since if isinstance(e, Finished) and e.pruned]
-            return f"{PRUNED} at step {pruned[-1].step}" if pruned else "COMPLETED"
-        if isinstance(event, AttemptEnded) and event.outcome == Outcome.CANCELLED:
-            return "stopped: its job was cancelled"
-    return None
+    log = AttemptLog(events)
+    verdict = log.verdict()
+    if verdict is None:
+        return None
+    if isinstance(verdict, Failed):
+        return f"failed: {verdict.error or verdict.short or 'no cause recorded'}"
+    if verdict.outcome == Outcome.COMPLETED:
+        pruned = [e for e in log.this_attempt()[1] if isinstance(e, Finished) and e.pruned]
+        return f"{PRUNED} at step {pruned[-1].step}" if pruned else "COMPLETED"
+    return "stopped: its job was cancelled"
 
 
 def trial_ended(run_dir: Path) -> None:

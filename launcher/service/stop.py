@@ -76,7 +76,7 @@ class Asked:
     def look(self) -> Optional[AttemptEnded]:
         """Read what the run recorded since the ask: whether its ranks saved, whether its attempt was judged."""
         since = AttemptLog(read_events(Path(self.rec.run_dir))[self.seen:])
-        self.stopped, self.ended = since.newest(Stopped), since.newest(AttemptEnded)
+        self.stopped, self.ended = since.newest(Stopped), since.last_ended()
         return self.ended
 
     def line(self) -> str:

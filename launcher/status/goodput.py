@@ -22,7 +22,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from launcher.core.events import Attempt, AttemptEnded, Event, Finished, Requeued, Resumed, Started, Submitted
+from launcher.core.attempt_log import AttemptLog
+from launcher.core.events import Event, Finished, Requeued, Resumed, Started, Submitted
 from launcher.core.metrics import FinalRow, Row
 
 # The parts of the time not spent on kept steps, in the order they are shown.
@@ -91,21 +92,20 @@ def goodput(events: Sequence[Event], metrics: Sequence[Row], now: float) -> Opti
 
 def _attempts(events: Sequence[Event], timed: Sequence[Row]) -> List[_Attempt]:
     attempts: List[_Attempt] = []
-    for event in events:
-        if isinstance(event, Attempt):
-            attempts.append(_Attempt(begin=event.time))
-        elif not attempts:
-            continue
-        elif isinstance(event, Resumed):
-            attempts[-1].start_step, attempts[-1].first_step = event.step or 0, event.time
-        elif isinstance(event, Started) and attempts[-1].first_step is None:
-            attempts[-1].first_step = event.time
-        elif isinstance(event, (Finished, Requeued)) and isinstance(event.step, int):
-            attempts[-1].end_step = event.step
-        elif isinstance(event, AttemptEnded):
-            attempts[-1].end = event.time
-            if attempts[-1].end_step is None and isinstance(event.step, int):
-                attempts[-1].end_step = event.step
+    for span in AttemptLog(events).spans():
+        attempt = _Attempt(begin=span.began.time)
+        attempts.append(attempt)
+        for event in span.during:
+            if isinstance(event, Resumed):
+                attempt.start_step, attempt.first_step = event.step or 0, event.time
+            elif isinstance(event, Started) and attempt.first_step is None:
+                attempt.first_step = event.time
+            elif isinstance(event, (Finished, Requeued)) and isinstance(event.step, int):
+                attempt.end_step = event.step
+        if span.ended is not None:
+            attempt.end = span.ended.time
+            if attempt.end_step is None and isinstance(span.ended.step, int):
+                attempt.end_step = span.ended.step
     for attempt, following in zip(attempts, [*attempts[1:], None]):
         until = following.begin if following else float("inf")
         attempt.rows = [row for row in timed if attempt.begin <= row.time < until]

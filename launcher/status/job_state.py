@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from launcher.core.damage import DamagedRun, read_json_object
-from launcher.core.attempt_log import AttemptLog
-from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Failed, Finished, Outcome, Requeued, Resubmitted,
-                                   Resumed, Retrying, Started, Submitted)
+from launcher.core.events import Cancelled, Failed, Finished, Retrying
 from launcher.core.heartbeats import stalled_for
 from launcher.core.rundir import write_json_atomic
 from launcher.core.safepath import is_safe_root
@@ -131,25 +129,16 @@ def from_run_dir(run_dir: Path, files: Optional[RunFiles] = None) -> Optional[Jo
     attempt that launcher/job/recovery.py judges is not the run's end; its verdict (a final ``failed``, or a
     ``retrying``) is. ``files``: the run directory as already read, if it was."""
     files = files or RunFiles(run_dir)
-    judged = files.attempts.count > 0
-    for event in reversed(files.events):
-        if isinstance(event, Finished):
-            return JobState("COMPLETED", finished_early(event), "run directory", files=files)
-        if isinstance(event, Failed) and (event.final or not judged):
-            return JobState("FAILED", in_a_word(event), "run directory", files=files)
-        if isinstance(event, Cancelled):
-            return JobState("CANCELLED", "stopped by the user", "run directory", files=files)
-        if isinstance(event, AttemptEnded) and event.outcome == Outcome.CANCELLED:
-            return JobState("CANCELLED", event.short or "stopped by the user", "run directory", files=files)
-        if isinstance(event, (Submitted, Started, Requeued, Resumed, Retrying, Resubmitted, Attempt)):
-            return None
-    return None
-
-
-def stopped_by_its_record(attempts: AttemptLog) -> Optional[AttemptEnded]:
-    """The newest attempt's end when it was stopped or cancelled (launcher/job/endings.py), else None."""
-    ended = attempts.newest(Attempt, AttemptEnded)
-    return ended if isinstance(ended, AttemptEnded) and ended.outcome == Outcome.CANCELLED else None
+    ending = files.attempts.ending()
+    if ending is None:
+        return None
+    if isinstance(ending, Finished):
+        return JobState("COMPLETED", finished_early(ending), "run directory", files=files)
+    if isinstance(ending, Failed):
+        return JobState("FAILED", in_a_word(ending), "run directory", files=files)
+    if isinstance(ending, Cancelled):
+        return JobState("CANCELLED", "stopped by the user", "run directory", files=files)
+    return JobState("CANCELLED", ending.short or "stopped by the user", "run directory", files=files)
 
 
 def finished_early(finished: Finished) -> str:
@@ -188,7 +177,7 @@ def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = Non
         return dataclasses.replace(state, reason=f"{state.reason}: {said}" if said else state.reason)
     if state.state == "COMPLETED" and isinstance(last, Finished) and finished_early(last):
         return dataclasses.replace(state, reason=finished_early(last))
-    stopped = stopped_by_its_record(attempts)
+    stopped = attempts.stopped()
     if state.state in ("COMPLETED", "CANCELLED") and stopped is not None:
         # A stop its ranks saved for ends the job itself (COMPLETED in Slurm); the run was stopped all the same.
         return dataclasses.replace(state, state="CANCELLED", reason=stopped.short or state.reason)

@@ -301,6 +301,43 @@ def test_the_service_neither_prints_nor_parses_arguments(path):
     assert not prints and "argparse" not in imports_of(path), f"{path.relative_to(REPO)}: print on lines {prints}"
 
 
+ATTEMPT_EVENTS = {"Attempt", "AttemptEnded"}
+ATTEMPT_READER = REPO / "launcher/core/attempt_log.py"
+
+
+def attempt_type_tests(source: str) -> List[int]:
+    """The lines of ``source`` that test an event for ``attempt`` or ``attempt_ended``: ``isinstance`` with either
+    type, alone, in a tuple, or in a tuple the module names (``STANDING = (Attempt, ...)``)."""
+    tree = ast.parse(source)
+
+    def named(node: ast.expr) -> str:
+        return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+    def kinds(node: ast.expr) -> Set[str]:
+        return {named(e) for e in node.elts} if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else {named(node)}
+
+    bound = {target.id: kinds(node.value) for node in tree.body if isinstance(node, ast.Assign)
+             for target in node.targets if isinstance(target, ast.Name)}
+    return sorted(node.lineno for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and named(node.func) == "isinstance" and len(node.args) == 2
+                  and (kinds(node.args[1]) | bound.get(named(node.args[1]), set())) & ATTEMPT_EVENTS)
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if p != ATTEMPT_READER], ids=lambda p: str(p.relative_to(REPO)))
+def test_only_the_attempt_log_tests_for_attempt_events(path):
+    """Every question about attempts (which ended how, which nodes were blamed, which is the newest) is a method of
+    launcher/core/attempt_log.py's AttemptLog: the one reader of ``attempt`` and ``attempt_ended`` events."""
+    lines = attempt_type_tests(path.read_text())
+    assert not lines, (f"{path.relative_to(REPO)}: lines {lines} test for an attempt event; ask "
+                       "launcher/core/attempt_log.py's AttemptLog instead")
+
+
+def test_the_attempt_event_check_sees_each_form():
+    source = ("KINDS = (Attempt, Failed)\nisinstance(e, AttemptEnded)\nisinstance(e, (Failed, events.Attempt))\n"
+              "isinstance(e, KINDS)\nisinstance(e, Failed)\nlog.newest(Attempt)\n")
+    assert attempt_type_tests(source) == [2, 3, 4]
+
+
 # metrics.jsonl's rows (launcher/core/metrics.py): the codec turns a line into a typed row and a row into a line;
 # the run directory's readers and writer of the file and the growing file's reader (launcher/status/tails.py) go
 # through it. A row is a line's object again only where it leaves as one: the console's JSON over SSH, ``describe
@@ -308,15 +345,12 @@ def test_the_service_neither_prints_nor_parses_arguments(path):
 # does (launcher/console/readers.py).
 ROW_CODEC = {"launcher/core/metrics.py", "launcher/core/rundir.py", "launcher/status/tails.py"}
 ROW_LINES = {"launcher/remote/agent.py", "launcher/service/describe.py", "launcher/console/readers.py"}
-# Still to convert: these read rows as their lines' objects by key.
-ROWS_STILL_READ_BY_KEY = {"launcher/job/recovery.py"}
 LINE_CODEC = {"encode", "decode", "parse"}
 JSON_READERS = {("json", "loads"), ("json", "load"), (None, "read_jsonl"), (None, "numbered_jsonl")}
 
 
 def row_place(path: Path) -> str:
-    relative = str(path.relative_to(REPO))
-    return next((place for place in ROWS_STILL_READ_BY_KEY if relative.startswith(place)), relative)
+    return str(path.relative_to(REPO))
 
 
 def row_line_codec_users(source: str) -> Set[str]:
@@ -334,7 +368,7 @@ def test_only_the_codec_turns_metrics_lines_into_rows_and_back():
     """A module reads a row's fields: it never holds a row as a line's object, so it cannot read one by key."""
     found = {row_place(path): row_line_codec_users(path.read_text()) for path in SOURCES}
     outside = {place: sorted(used) for place, used in found.items() if used
-               and place not in ROW_CODEC | ROW_LINES | ROWS_STILL_READ_BY_KEY}
+               and place not in ROW_CODEC | ROW_LINES}
     assert not outside, f"these turn metrics rows into lines or back outside launcher/core/metrics.py: {outside}"
 
 

@@ -8,7 +8,8 @@ from launcher.core.events import Attempt, Fault, Finished, Requeued, decode
 from launcher.core.failures import classify
 from launcher.core.heartbeats import EXIT_STALLED, Pulse
 from launcher.job.attempts import Cause, attribute
-from launcher.job.recovery import Decision, batch_end, decide, exit_status, schedulable, trained
+from launcher.job.policy import Decision, decide, schedulable
+from launcher.job.recovery import batch_end, exit_status, trained
 from launcher.slurm.output import TaskEnd, expand_ranks, srun_lost_nodes, srun_task_ends
 from support.helpers import events as lines, run_launcher
 
@@ -154,7 +155,7 @@ def test_the_batch_shell_requeues_after_the_ranks_saved(tmp_path, monkeypatch):
     """On the host, not in a rank (which may run in a container without scontrol): the requeue the ranks asked
     for is made by the batch script's last step."""
     from launcher.core.rundir import append_event, read_events
-    from launcher.job.recovery import requeue, requeue_asked
+    from launcher.job.requeue import requeue, requeue_asked
 
     calls = requeue_scene(tmp_path, monkeypatch, "exit 0")
     append_event(tmp_path, Attempt(attempt=1, job_id="9"))
@@ -170,7 +171,7 @@ def test_the_batch_shell_requeues_after_the_ranks_saved(tmp_path, monkeypatch):
 def test_a_requeue_the_controller_refuses_is_recorded_as_an_infrastructure_failure(tmp_path, monkeypatch):
     from launcher.core.rundir import append_event, read_events
     from launcher.job.attempts import attribute
-    from launcher.job.recovery import Clock, requeue
+    from launcher.job.requeue import Clock, requeue
 
     calls = requeue_scene(tmp_path, monkeypatch,
                           'echo "scontrol: error: Unable to contact slurm controller" >&2; exit 1')
@@ -188,7 +189,7 @@ def test_a_requeue_the_controller_refuses_is_recorded_as_an_infrastructure_failu
 
 def test_requeues_without_progress_are_counted_and_end_the_run(tmp_path, monkeypatch):
     from launcher.core.rundir import append_event, read_events
-    from launcher.job.recovery import requeue
+    from launcher.job.requeue import requeue
 
     calls = requeue_scene(tmp_path, monkeypatch, "exit 0", max_requeues=2)
     for _ in range(3):  # two earlier attempts ended at step 40, and this third one again

@@ -12,7 +12,7 @@ from launcher.core.dataset import DatasetError
 from launcher.core.events import Fault
 from launcher.core.failures import THIRD_PARTY, classify, failure_event
 from launcher.job.entry import NoTorch
-from launcher.job.recovery import POLICY
+from launcher.job.policy import POLICY
 from launcher.slurm.output import SlurmError
 from launcher.train.checkpoint import CheckpointSaveError
 from launcher.train.faults import InjectedFault
@@ -69,7 +69,7 @@ def test_a_failure_event_carries_the_kind_the_type_and_the_step(monkeypatch, tmp
     monkeypatch.setenv("SLURMD_NODENAME", "n3")
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     event = failure_event(OSError(errno.ENOSPC, "No space left on device: hf_secret"), 17, tmp_path, ["HF_TOKEN"])
-    assert (event.rank, event.node, event.step, event.fault, event.exception) == ("2", "n3", 17, Fault.DISK_FULL,
+    assert (event.rank, event.node, event.step, event.fault, event.exception) == (2, "n3", 17, Fault.DISK_FULL,
                                                                                    "OSError")
     assert event.error == "OSError: [Errno 28] No space left on device: ***"
     whole = failure_event(NoTorch("/usr/bin/python3"), None, tmp_path)
@@ -89,9 +89,9 @@ def test_a_failure_before_training_names_no_step_and_one_from_another_rank_names
     full = CheckpointSaveError("saving the checkpoint of step 120 failed: rank 0: [Errno 28] No space left on "
                                "device", rank=0, disk_full=True)
     event = failure_event(full, 120, tmp_path)
-    assert (event.rank, event.node, event.step, event.fault) == ("0", None, 120, Fault.DISK_FULL)
+    assert (event.rank, event.node, event.step, event.fault) == (0, None, 120, Fault.DISK_FULL)
     own = failure_event(CheckpointSaveError("saving ... failed: [Errno 5] Input/output error", rank=1), 120, tmp_path)
-    assert (own.rank, own.node, own.fault) == ("1", "n2", Fault.INFRASTRUCTURE)
+    assert (own.rank, own.node, own.fault) == (1, "n2", Fault.INFRASTRUCTURE)
 
 
 def test_a_controller_that_did_not_answer_is_told_from_one_that_refused():

@@ -64,14 +64,14 @@ def test_a_task_whose_python_has_no_torch_records_the_cause_in_one_line_and_is_n
                             env=env)
     assert result.returncode == 0 and result.stdout.strip() == sys.executable, result.stderr
     (event,) = read_events(run_dir)
-    assert {k: event[k] for k in ("event", "rank", "node", "short")} == {"event": "failed", "rank": "1",
+    assert {k: event[k] for k in ("event", "rank", "node", "short")} == {"event": "failed", "rank": 1,
                                                                           "node": "node7", "short": "no torch"}
     assert event["error"] == (f"the tasks' Python {sys.executable} has no torch: install 'slurm-gpt-launcher[train]' "
                               "there (cluster.python, or cluster.container.python in a container)")
 
     from launcher.core.events import decode
     from launcher.job.attempts import attribute
-    from launcher.job.recovery import decide
+    from launcher.job.policy import decide
 
     cause = attribute([decode(event)], [], [])
     assert cause.text == f"rank 1 on node7: {event['error']}" and cause.short == "no torch"
