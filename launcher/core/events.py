@@ -264,8 +264,8 @@ class Signalled(Event):
 
 @dataclass(kw_only=True)
 class Requeued(Event):
-    """The job is to start again: the ranks saved on Slurm's signal (``by`` signal, at ``step``), or submitit
-    requeued it."""
+    """The job is to start again: the ranks saved on Slurm's signal (``by`` signal, at ``step``). A record a run of an
+    older launcher wrote may have no ``by``: submitit's handler requeued its job."""
     kind: ClassVar[str] = "requeued"
     job_id: Optional[str] = None
     step: Optional[int] = None

@@ -26,7 +26,8 @@ _heard = False
 
 
 def listen() -> None:
-    """From now on, note the signal instead of letting submitit act on it."""
+    """From now on, note the signal instead of dying of it (USR2's default action); the task's first line
+    (launcher/job/task.py), until training listens itself (launcher/train/interrupt.py)."""
     signal.signal(SIGNAL, _hear)
 
 

@@ -32,7 +32,7 @@ def requeue_cause(requeued: Requeued) -> str:
     if requeued.by == "signal":
         saved = f" at step {requeued.step}, saved" if requeued.step is not None else ""
         return f"time limit or preemption signal{saved}"
-    return "requeued by submitit"
+    return "requeued by submitit"  # a record of an older launcher's run (launcher/core/events.py Requeued)
 
 
 def requeue_asked(since: List[Event]) -> Optional[int]:

@@ -1,10 +1,10 @@
 """Lose nothing to a time limit, a preemption, a user's stop, or Slurm's end of the job when there is time.
 
 Slurm sends USR2 to every task ``cluster.signal_delay_s`` before the time limit (and on preemption, where
-the site sends it). submitit's own handler checkpoints and requeues from rank 0 alone, while the other ranks
-die of their lost peer: the steps since the last periodic checkpoint are gone. Instead, every rank notes the
-signal; at step boundaries the ranks agree (an all-reduce of a few flags) whether any heard it, then all of
-them save a checkpoint of the step just done and end (:class:`Interrupted`). They agree at every save, and between
+the site sends it). A handler that checkpoints and requeues from rank 0 alone (submitit's ``Checkpointable``)
+would leave the other ranks to die of their lost peer, and the steps since the last periodic checkpoint lost.
+Instead, every rank notes the signal; at step boundaries the ranks agree (an all-reduce of a few flags) whether
+any heard it, then all of them save a checkpoint of the step just done and end (:class:`Interrupted`). They agree at every save, and between
 saves after as many steps as take :func:`within_s` (10 s, less if Slurm's warning is short) at the step time
 measured since the last agreement (growing by doubling from one step): on a GPU an agreement is a host sync
 (launcher/train/host_sync.py), too costly for every step, and 10 s is well inside the warning, less the time a
@@ -86,8 +86,8 @@ class Interrupt:
         self._flags = torch.zeros(len(FLAGS), dtype=torch.float64, device=env.device)
         self._last: tuple[int, float] | None = None  # the step boundary of the last agreement, and when
         self._every, self._next = 1, 0  # steps between agreements; the ranks agree at the first boundary from _next
-        signal.signal(preemption.SIGNAL, self._hear)  # replaces submitit's rank-0-only checkpoint-and-requeue
-        signal.signal(signal.SIGTERM, self._hear_term)  # replaces submitit's, which only logs it
+        signal.signal(preemption.SIGNAL, self._hear)  # replaces the task's start-up listener (launcher/job/task.py)
+        signal.signal(signal.SIGTERM, self._hear_term)  # replaces the task's, which only logs it
 
     def _hear(self, signum: int, frame: object) -> None:
         self.heard = True
