@@ -4,7 +4,8 @@ Slurm sends USR2 to every task ``cluster.signal_delay_s`` before the time limit 
 the site sends it). A handler that checkpoints and requeues from rank 0 alone (submitit's ``Checkpointable``)
 would leave the other ranks to die of their lost peer, and the steps since the last periodic checkpoint lost.
 Instead, every rank notes the signal; at step boundaries the ranks agree (an all-reduce of a few flags) whether
-any heard it, then all of them save a checkpoint of the step just done and end (:class:`Interrupted`). They agree at every save, and between
+any heard it, then all of them save a checkpoint of the step just done and end (:class:`Interrupted`). They agree
+at every save, and between
 saves after as many steps as take :func:`within_s` (10 s, less if Slurm's warning is short) at the step time
 measured since the last agreement (growing by doubling from one step): on a GPU an agreement is a host sync
 (launcher/train/host_sync.py), too costly for every step, and 10 s is well inside the warning, less the time a
