@@ -18,6 +18,10 @@ from launcher.slurm.output import JobRow, Node
 
 # Codes that need the partition's GPUs in use to be told (one sinfo per cluster, asked only for them).
 NEEDS_NODES = ("Resources",)
+# Codes of a pending job that Slurm does not consider for a start yet, so it stands ahead of no other job: a job
+# held, one waiting for its begin time, and one waiting for others to end (the launcher's 0-GPU watcher of each
+# run among them: it waits, afternotok, for the run's job).
+NOT_ELIGIBLE = ("Dependency", "BeginTime", "JobHeldUser", "JobHeldAdmin")
 # A limit's name in a code, in words: QOSMaxGRESPerUser is the QOS's per-user limit on GRES.
 _WHOSE = {"QOS": "your QOS (cluster.qos)", "Assoc": "your account (cluster.account)"}
 _WHAT = {"GRES": "GPUs", "Cpu": "CPUs", "Node": "nodes", "Mem": "memory", "Jobs": "jobs", "SubmitJob": "jobs",
@@ -37,9 +41,11 @@ class Queue:
         return [r for r in self.rows if r.user == row.user and r.job_id != row.job_id and r.state == "RUNNING"]
 
     def ahead_of(self, row: JobRow) -> List[JobRow]:
-        """The pending jobs of the same partition that Slurm ranks before this one."""
+        """The pending jobs of the same partition that Slurm ranks before this one and would start first: not those
+        it does not consider yet (:data:`NOT_ELIGIBLE`)."""
         return [r for r in self.rows if r.state == "PENDING" and r.partition == row.partition
-                and r.job_id != row.job_id and r.priority > row.priority]
+                and r.job_id != row.job_id and r.priority > row.priority
+                and r.reason.partition(",")[0].strip() not in NOT_ELIGIBLE]
 
 
 def in_words(row: JobRow, queue: Queue, now: Optional[float] = None) -> str:
@@ -73,7 +79,7 @@ def _plural(count: int, word: str) -> str:
 
 def _explain(row: JobRow, queue: Queue) -> str:
     if row.reason in ("", "None", "(null)"):  # just submitted: the scheduler has not looked at it yet
-        return "waiting (Slurm gives no reason yet)"
+        return "waiting: Slurm gives no reason yet"  # no parentheses: `runs` shows a reason inside its own
     code, _, detail = (part.strip() for part in row.reason.partition(","))
     fixed = _FIXED.get(code)
     if fixed:

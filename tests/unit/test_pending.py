@@ -91,4 +91,13 @@ def test_each_code_users_meet_is_a_sentence_and_an_unknown_one_is_slurms(code, w
 @pytest.mark.parametrize("code", ["", "None", "(null)"])
 def test_no_reason_at_all_says_slurm_gives_none_yet(code):
     pending = job(reason=code)
-    assert in_words(pending, Queue([pending]), NOW) == "waiting (Slurm gives no reason yet)"
+    assert in_words(pending, Queue([pending]), NOW) == "waiting: Slurm gives no reason yet"
+
+
+def test_jobs_slurm_does_not_consider_yet_stand_ahead_of_no_one():
+    """The launcher's 0-GPU watcher of each run waits on a dependency, as a held job waits for its release: neither is
+    counted among the jobs of higher priority."""
+    mine = job(priority=0.5, reason="Priority")
+    queue = Queue([mine, job("1", priority=0.9, gpus=0, reason="Dependency"),
+                   job("2", priority=0.8, reason="JobHeldUser"), job("3", priority=0.7, reason="Resources")])
+    assert in_words(mine, queue, NOW) == "behind 1 job of higher priority on partition 'gpu'"
