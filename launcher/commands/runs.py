@@ -89,15 +89,13 @@ def table_row(row: RunRow) -> list:
 
 def render(found: Listing, as_json: bool, roots: Sequence[Path] = ()) -> str:
     """The listing; for a search's sweep, each trial's columns and, under the table, the best trial so far and
-    the study's progress (--json: the rows only, each trial's fields in its row). No runs: which ``roots`` were
-    looked in, so a user whose runs are elsewhere knows where to point ``--root``."""
+    the study's progress (--json: the rows only, each trial's fields in its row). No runs: :func:`none_listed`."""
     rows, search = found.rows, found.search
     if as_json:
         return json_rows(rows)
     lines = [f"Search {search.search.id}: {progress_line(search)}", best_line(search)] if search else []
     if not rows:
-        looked = f" (looked in {', '.join(map(str, roots))}; --root names another)" if roots else ""
-        return "\n".join([f"No runs{looked}.", *lines])
+        return "\n".join([none_listed(found, roots), *lines])
     from tabulate import tabulate  # lazy: keeps tabulate out of start-up
 
     if search is None:
@@ -106,6 +104,16 @@ def render(found: Listing, as_json: bool, roots: Sequence[Path] = ()) -> str:
     table = [table_row(row) + trial_cells(row, params) for row in rows]
     headers = [*HEADERS, "TRIAL", "TRIAL STATE", *param_names(p.key for p in params).values(), search.metric]
     return "\n".join([tabulate(table, headers=headers, disable_numparse=True), *lines])
+
+
+def none_listed(found: Listing, roots: Sequence[Path]) -> str:
+    """Why nothing is listed: runs in other states than ``--status`` asks for (how many of each), or none in the
+    ``roots`` looked in, so a user whose runs are elsewhere knows where to point ``--root``."""
+    where = ", ".join(map(str, roots))
+    if found.left_out:
+        states = ", ".join(f"{count} {state}" for state, count in sorted(found.left_out.items()))
+        return f"No runs in the states --status asks for; {'in ' + where if where else 'there are'}: {states}."
+    return f"No runs (looked in {where}; --root names another)." if where else "No runs."
 
 
 def trial_cells(row: RunRow, params: Sequence["Param"]) -> list:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 from launcher.core.damage import DamagedRun
-from launcher.core.metrics import Row
+from launcher.core.metrics import FinalRow, Row
 from launcher.core.rundir import search_ids
 from launcher.core.run_index import RunRecord, load_or_damage, record_names, unique_prefix
 from launcher.errors import LaunchError
@@ -70,6 +71,9 @@ class RunRow:
     run_dir: str
     state_source: str
     attempts: int  # starts of the run's job: the first, and each requeue or retry (launcher/job/recovery.py)
+    # What tokens_per_s and mfu are: "interval", the newest logged interval's; "attempt", the mean of the attempt
+    # that ended (its final row); None before the first row.
+    rates_over: Optional[str] = None
     # A search's trial, listed with --sweep: its number, drawn parameters (by key), state in the study (RUNNING,
     # COMPLETE, FAIL, PRUNED, WAITING) and value. A row that is no such trial has none of these keys in --json.
     trial: Optional[int] = None
@@ -96,6 +100,7 @@ def build_row(rec: RunRecord, state: JobState) -> RunRow:
         submitted_at=rec.submitted_at, elapsed_s=elapsed, eta_s=eta, sweep=rec.sweep, run_dir=rec.run_dir,
         state_source=state.source,
         attempts=files.attempts.count,
+        rates_over=None if latest is None else "attempt" if isinstance(latest, FinalRow) else "interval",
     )
 
 
@@ -131,8 +136,9 @@ def row_dict(row: RunRow) -> Dict[str, Any]:
     return fields if row.trial_state is not None else {k: v for k, v in fields.items() if k not in TRIAL_FIELDS}
 
 
-def select(roots: List[Path], chosen: Filters) -> List[RunRow]:
-    """This machine's runs the filters choose, newest first, at most ``limit`` unless ``all``.
+def select(roots: List[Path], chosen: Filters) -> Listing:
+    """This machine's runs the filters choose, newest first, at most ``limit`` unless ``all``, and how many of each
+    state ``status`` left out (so that an empty listing can say runs exist, only in other states).
 
     A damaged run (its record cannot be read) is listed whatever ``model`` and ``gpus`` say, as they
     cannot be known; only a ``status`` without DAMAGED, or a sweep (also unknown), leaves it out."""
@@ -156,19 +162,21 @@ def select(roots: List[Path], chosen: Filters) -> List[RunRow]:
             if limit is not None and not chosen.status and len(runs) >= limit:
                 break
     rows = rows_for(runs)
-    if chosen.status:
-        rows = [row for row in rows if row.status in chosen.status]
-    return rows if limit is None else rows[:limit]
+    left_out = Counter(row.status for row in rows if chosen.status and row.status not in chosen.status)
+    rows = [row for row in rows if row.status in chosen.status] if chosen.status else rows
+    return Listing(rows if limit is None else rows[:limit], left_out=dict(left_out))
 
 
 @dataclass
 class Listing:
-    """The rows a listing found, why each remote cluster that did not answer did not (its rows are missing), and
-    for a search's sweep its study."""
+    """The rows a listing found, why each remote cluster that did not answer did not (its rows are missing), for a
+    search's sweep its study, and the states of this machine's runs that ``status`` left out, with how many of
+    each."""
 
     rows: List[RunRow]
     unanswered: List[str] = field(default_factory=list)
     search: Optional["SearchView"] = None
+    left_out: Dict[str, int] = field(default_factory=dict)
 
 
 def gather(roots: List[Path], chosen: Filters) -> Listing:
@@ -178,8 +186,9 @@ def gather(roots: List[Path], chosen: Filters) -> Listing:
     far = [] if chosen.local_only else [r for r in remotes() if not chosen.cluster or r.cluster == chosen.cluster]
     here = not (chosen.cluster and far)  # a cluster naming a remote cluster: only its runs
     asking = remote_rows(far, chosen)  # the clusters answer while this machine's runs are read
-    found = Listing([row for row in select(roots, chosen) if not chosen.cluster or row.cluster == chosen.cluster]
-                    if here else [])
+    found = select(roots, chosen) if here else Listing([])
+    # a damaged run's cluster is not known: a cluster chosen leaves it out
+    found.rows = [row for row in found.rows if not chosen.cluster or row.cluster == chosen.cluster]
     if not far:
         return found
     for answer in asking():
@@ -228,8 +237,9 @@ def remote_rows(far: List[Remote], chosen: Filters) -> Callable[[], List[Union[s
 
 
 def wanted(rec: RunRecord, chosen: Filters) -> bool:
-    """Whether the record passes ``model`` and ``gpus``."""
-    return (not chosen.model or rec.model == chosen.model) and (not chosen.gpus or rec.gpus == chosen.gpus)
+    """Whether the record passes ``cluster``, ``model`` and ``gpus``."""
+    return ((not chosen.cluster or rec.cluster == chosen.cluster) and (not chosen.model or rec.model == chosen.model)
+            and (not chosen.gpus or rec.gpus == chosen.gpus))
 
 
 def statuses(text: str) -> set:
