@@ -16,13 +16,13 @@ from typing import List, Optional, Sequence
 
 from launcher.core.checkpoints import latest_checkpoint, step_of
 from launcher.core.events import Resubmitted
-from launcher.core.metrics import FinalRow
+from launcher.core.metrics import FinalRow, Row
 from launcher.core.rundir import append_event, last_metrics
 from launcher.core.run_index import RunRecord
 from launcher.errors import LaunchError
 from launcher.job.submission import resubmit, watch
 from launcher.slurm.client import SlurmError
-from launcher.status.job_state import JobState, job_states
+from launcher.status.job_state import ACTIVE, JobState, job_states
 from launcher.views.lookup import changeable, lookup
 
 
@@ -61,12 +61,9 @@ def ready(roots: Sequence[Path], name: str, layout: Sequence[str] = ()) -> Resum
     (rec,) = changeable([lookup(roots, name)])
     run_dir = Path(rec.run_dir)
     state = job_states([rec])[rec.name]
-    if state.active:
-        raise LaunchError(f"{rec.name} is {state.state} (job {rec.job_id}); nothing to resume "
-                          f"(stop it first to restart it)")
-    final = last_metrics(run_dir)
-    if isinstance(final, FinalRow) and final.step >= rec.steps:
-        raise LaunchError(f"{rec.name} already trained all {rec.steps} steps; nothing to resume")
+    refused = unresumable(rec.name, rec.job_id, state.state, rec.steps, last_metrics(run_dir))
+    if refused:
+        raise LaunchError(refused)
     resuming = Resuming(rec, state, latest_checkpoint(run_dir))
     if layout:
         from launcher.job.secret_store import secrets_dir, store_secrets  # lazy: only a new layout checks data
@@ -75,6 +72,17 @@ def ready(roots: Sequence[Path], name: str, layout: Sequence[str] = ()) -> Resum
         store_secrets(secrets_dir())  # a bucket's data is checked again, with the credentials its tasks will have
         resuming.layout, resuming.warnings = relayout(rec, gpus_asked(list(layout)))
     return resuming
+
+
+def unresumable(name: str, job_id: Optional[str], state: str, steps: int, newest: Optional[Row]) -> Optional[str]:
+    """Why a run in ``state`` whose newest metrics row is ``newest`` cannot be resumed (its job is active, or it
+    trained all its ``steps``), in the words ``resume`` refuses it with (the console's Resume says them before it
+    is pressed); None when it can be."""
+    if state in ACTIVE:
+        return f"{name} is {state} (job {job_id}); nothing to resume (stop it first to restart it)"
+    if isinstance(newest, FinalRow) and newest.step >= steps:
+        return f"{name} already trained all {steps} steps; nothing to resume"
+    return None
 
 
 def submit(resuming: Resuming) -> Resumed:

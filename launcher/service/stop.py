@@ -31,7 +31,7 @@ from launcher.core.rundir import TRIAL, append_event, is_search, read_events, se
 from launcher.core.run_index import RunRecord
 from launcher.errors import LaunchError
 from launcher.slurm.client import Slurm, SlurmError, user_name
-from launcher.status.job_state import JobState, job_states
+from launcher.status.job_state import ACTIVE, JobState, job_states
 from launcher.views.lookup import changeable, chosen_runs
 from launcher.views.search_summary import trials_text
 
@@ -42,6 +42,16 @@ WAIT_S = 300
 SETTLE_S = 60  # once its ranks saved, how much longer the job may take to end (the batch script's last step)
 POLL_S = 1.0  # how often the run's record is read while waiting (one file on the login node, not the ranks')
 ALIVE_EVERY = 5  # and every so many reads, Slurm is asked whether the job is still there
+
+
+def unstoppable(name: str, job_id: Optional[str], state: str) -> Optional[str]:
+    """Why a run in ``state`` has nothing to stop (its job is not active), in the words a stop of it ends with (the
+    console's Stop says them before it is pressed); None when it has."""
+    return None if state in ACTIVE else nothing_to_stop(name, job_id)
+
+
+def nothing_to_stop(name: str, job_id: Optional[str]) -> str:
+    return f"{name} (job {job_id}) is not active; nothing to stop."
 
 
 def cancel(records: Sequence[RunRecord]) -> List[RunRecord]:
@@ -160,7 +170,7 @@ class RunStopped:
         rec, asked = self.rec, self.asked
         head = f"Stopped {rec.name} (job {rec.job_id})"
         if not self.active:
-            return f"{rec.name} (job {rec.job_id}) is not active; nothing to stop."
+            return nothing_to_stop(rec.name, rec.job_id)
         if asked is None:
             return f"{head}."
         if asked.stopped is not None:
