@@ -1,6 +1,7 @@
 """The clusters survey, for ``launcher clusters`` and the console's clusters page: every configured cluster (the
 cluster files of every config layer), each partition's GPUs and how much of them is free, whether the cluster
-answers at all, and where each cluster file comes from.
+answers at all, and where each cluster file comes from; for the console, also the user's jobs in a cluster's queue
+with the run behind each and why it waits.
 
 Clusters are asked at once, each with short timeouts, so one that is down shows as unreachable within
 seconds. Clusters that resolve to the same slurm.conf are asked once and shown as one.
@@ -16,8 +17,11 @@ from launcher.compose.catalog import beside, default_cluster, option_files, orig
 from launcher.errors import LaunchError
 from launcher.remote.ship import call
 from launcher.remote.ssh import Remote
-from launcher.slurm.client import Slurm, SlurmError, slurm_conf_for
+from launcher.slurm.batch import WATCHER_SUFFIX
+from launcher.slurm.client import Slurm, SlurmError, slurm_conf_for, user_name
 from launcher.slurm.limits import SiteRules, largest_run
+from launcher.slurm.output import JobRow
+from launcher.status.pending import Queue, in_words
 from launcher.status.usage import PartitionUsage, usage
 
 SINFO_TIMEOUT_S = 5
@@ -132,8 +136,55 @@ def _yours(rules: Optional[SiteRules], part: PartitionUsage) -> str:
 
 
 def to_json(entry: ClusterUsage) -> dict:
-    """The cluster as ``clusters --json`` writes it and the console's page reads it: whether it is the default."""
-    data = {**asdict(entry), "default": default_cluster()[0] in (entry.cluster, *entry.also)}
+    """The cluster as ``clusters --json`` writes it and the console's page reads it: whether it is the default, and
+    which of its names is (one slurm.conf may be configured under several)."""
+    default = default_cluster()[0]
+    mine = default in (entry.cluster, *entry.also)
+    data = {**asdict(entry), "default": mine, "default_name": default if mine else None}
     for part in data["partitions"]:
         part.pop("free_per_node")
     return data
+
+
+LIVE = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")  # a job still in the user's queue
+
+
+@dataclass(frozen=True)
+class YourJob:
+    """One of the user's jobs in a cluster's queue: its name in Slurm (a run's, a sweep's job array's), the run or
+    sweep it watches where it is the launcher's 0-GPU watcher (launcher/slurm/batch.py ``watcher``), and why it
+    waits, in words ("" for a job that runs)."""
+
+    job_id: str
+    state: str
+    partition: str
+    gpus: int
+    name: str
+    watches: Optional[str]
+    reason: str
+
+
+def your_jobs(slurm_conf: Optional[str]) -> List[YourJob]:
+    """The user's jobs still in the cluster's queue, the launcher's watchers last: one squeue of the whole queue (a
+    pending reason needs the jobs ahead) and one of the user's jobs' names. SlurmError where Slurm cannot be asked."""
+    slurm = Slurm(slurm_conf)
+    rows, user = slurm.squeue(), user_name()
+    names = slurm.job_names(user)
+    queue = Queue(rows, nodes=slurm.nodes)
+    jobs = [your_job(row, names.get(row.job_id, ""), queue) for row in rows if row.user == user and row.state in LIVE]
+    return sorted(jobs, key=lambda job: job.watches is not None)
+
+
+def your_job(row: JobRow, name: str, queue: Queue) -> YourJob:
+    """The job of ``row``, named ``name``: a watcher says what it waits for; a pending job why, in words; a running
+    one nothing (Slurm's reason for it is "None")."""
+    watches = name[:-len(WATCHER_SUFFIX)] if name.endswith(WATCHER_SUFFIX) else None
+    if watches is not None:
+        reason = (f"the launcher's watcher of {watches}: it starts only if {watches}'s job fails, to judge its "
+                  "attempt" if row.state == "PENDING" else f"the launcher's watcher of {watches}: judging the attempt "
+                  f"of {watches}'s job, which ended without completing")
+    elif row.state == "PENDING":
+        reason = in_words(row, queue)
+    else:
+        reason = "" if row.reason in ("", "None", "(null)") else row.reason
+    return YourJob(row.job_id, row.state, row.partition, row.gpus, name, watches, reason)

@@ -202,6 +202,7 @@ def host_end(cfg: RunConfig, where: str) -> list:
 
 
 WATCHER_MINUTES = 10  # the watcher reads the run's record and Slurm's account of the job, and may submit a retry
+WATCHER_SUFFIX = ".watch"  # a watcher's job name: its run's (or job array's) name and this
 
 
 def watcher(cfg: RunConfig, watched: Sequence[Tuple[Path, str]], after: str, name: str,
@@ -220,7 +221,7 @@ def watcher(cfg: RunConfig, watched: Sequence[Tuple[Path, str]], after: str, nam
         where = shlex.quote(str(Path(run_dir).absolute()))
         lines += [_frozen_code_export(where),
                   f"{host_python(cluster)} -m launcher.job.recovery watch {where} {_token('job id', job_id)}"]
-    flags = [f"--job-name={name}.watch", f"--dependency=afternotok:{after}", "--kill-on-invalid-dep=yes",
+    flags = [f"--job-name={name}{WATCHER_SUFFIX}", f"--dependency=afternotok:{after}", "--kill-on-invalid-dep=yes",
              "--ntasks=1", f"--time={WATCHER_MINUTES}", "--no-requeue", f"--comment=launcher-watch:{name}",
              f"--output={Path(output).absolute()}", "--open-mode=append"]
     for key in ("partition", "account", "qos", "wckey"):

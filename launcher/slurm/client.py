@@ -25,8 +25,8 @@ from launcher.core.store import CREDENTIAL_VARIABLES
 from launcher.slurm.limits import (ASSOC_FIELDS, QOS_FIELDS, SiteRules, cached, enforce_words, parse_associations,
                                    parse_partition_rules, parse_qos)
 from launcher.slurm.output import (NODE_FIELDS, SACCT_FIELDS, SQUEUE_FIELDS, JobRow, Node, NoPartition, Partition,
-                                   SlurmError, Unreachable, field_list, field_rows, parse_nodes, parse_sacct,
-                                   parse_squeue, partitions_of, sbatch_reason, srun_lost_nodes, unusable)
+                                   SlurmError, Unreachable, array_elements, field_list, field_rows, parse_nodes,
+                                   parse_sacct, parse_squeue, partitions_of, sbatch_reason, srun_lost_nodes, unusable)
 
 LOCAL_SLURM_CONF = SOURCE_ROOT / ".slurm" / "etc" / "slurm.conf"
 LOCAL_UP = SOURCE_ROOT / "slurm" / "up.sh"  # what starts the local cluster, in a checkout only
@@ -246,6 +246,15 @@ class Slurm:
         given (a site's queue may hold tens of thousands of others)."""
         mine = ["-u", user] if user else []
         return parse_squeue(self.run(["squeue", "-h", "-a", "--states=all", *mine, "-O", field_list(SQUEUE_FIELDS)]))
+
+    def job_names(self, user: str) -> Dict[str, str]:
+        """The names of ``user``'s jobs still in the controller's memory, by job (``123``, ``123_4``): the launcher
+        names a run's job after the run, a job array after its sweep, and a watcher after either
+        (launcher/slurm/batch.py ``WATCHER_SUFFIX``)."""
+        fields = ("JobArrayID", "Name")  # the name last: a name holding the separator cuts only itself
+        rows = field_rows(self.run(["squeue", "-h", "-a", "--states=all", "-u", user, "-O", field_list(fields)]),
+                          fields)
+        return {element: row["Name"] for row in rows for element in array_elements(row["JobArrayID"])}
 
     def job_end(self, job_id: str) -> Optional[JobRow]:
         """sacct's account of how a job ended: its state and exit code (``0:9``: killed by signal 9), with the node
