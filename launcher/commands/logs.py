@@ -1,5 +1,6 @@
 """``launcher logs RUN``: a rank's output (rank 0 by default, and the end of each rank the attempt blamed for its
-failure: at 1,024 ranks, the few logs worth reading), optionally followed until the job ends."""
+failure: at 1,024 ranks, the few logs worth reading), each attempt's part marked where it begins
+(launcher/status/tails.py ``with_attempts``), optionally followed until the job ends."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,7 @@ from launcher.core.rundir import read_events
 from launcher.core.run_index import RunRecord
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.status.job_state import JobState, job_states
-from launcher.status.tails import rank_log
+from launcher.status.tails import rank_log, with_attempts
 
 
 def log_file(rec: RunRecord, rank: int, err: bool) -> Path:
@@ -74,7 +75,7 @@ def follow(rec: RunRecord, files: Dict[int, Path], offsets: Offsets, err: bool) 
                 chunk = f.read()
                 offsets[(rank, str(path))] = f.tell()
             if chunk:
-                sys.stdout.write(chunk)
+                sys.stdout.write(with_attempts(chunk, Path(rec.run_dir)))
                 sys.stdout.flush()
         if not active:
             return
@@ -134,7 +135,7 @@ def main(args: argparse.Namespace) -> int:
             continue
         count = args.tail if args.tail is not None else FAILED_RANK_LINES if rank in failed else None
         text = tail_lines(path, count) if count is not None else path.read_text(errors="replace")
-        sys.stdout.write(text)
+        sys.stdout.write(with_attempts(text, Path(rec.run_dir)))
         offsets[(rank, str(path))] = path.stat().st_size
         if not args.follow:
             print_early_error(rec, rank, path, args.err)
