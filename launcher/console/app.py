@@ -140,10 +140,10 @@ class Pages:
                                 number(request, "offset", None))
 
     def sweep(self, request: Request) -> Dict[str, Any]:
-        return readers.sweep_page(self.console.roots, request.path_params["sweep"])
+        return readers.sweep_page(self.console.roots, request.path_params["sweep"], self.console.tails)
 
     def clusters(self, request: Request) -> List[Dict[str, Any]]:
-        return self.console.shared_page("clusters", readers.clusters_page)
+        return self.console.shared_page("clusters", lambda: readers.clusters_page(self.console.roots))
 
     def load(self, request: Request) -> Dict[str, Any]:
         return {"slurm_calls": SHARED.calls, "slurm_every_s": SHARED.max_age_s}

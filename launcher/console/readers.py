@@ -2,9 +2,11 @@
 
 The runs page is the runs listing ``launcher runs`` prints (its rows, filters, remote clusters and pending reasons in
 words); a run's page is the description ``launcher describe`` prints, with its curves and its log tail beside; the
-clusters page is the survey ``launcher clusters`` prints, and the user's queue: each read through the service both
-front ends share (launcher/service/). A sweep's page is ``launcher compare``'s figures and, for a search, its study
-as ``describe`` shows it.
+clusters page is the survey ``launcher clusters`` prints, and the user's queue with the run behind each job: each
+read through the service both front ends share (launcher/service/). A sweep's page is ``launcher compare``'s figures
+and its runs' loss curves and, for a search, its study as ``describe`` shows it. A run's page says, for Stop and
+Resume, why each cannot act on the run as it is (the words the service would refuse it with), so that the page
+offers only what can act.
 
 A run's files grow while it trains: :class:`Tails` keeps, per file, the offset it has read to and what it parsed,
 so a refresh reads only the bytes written since (a 100,000-step run's metrics are read once, then a line at a
@@ -19,9 +21,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import yaml
+
 from launcher.core.config import load_run_config
-from launcher.core.metrics import Row, encode
+from launcher.core.metrics import Row, decode, encode
 from launcher.core.plan import read_plan
+from launcher.core.run_index import is_run
 from launcher.core.rundir import CONFIG, METRICS, read_events
 from launcher.forecast.estimate import estimate
 from launcher.remote.clusters import remotes
@@ -29,28 +34,30 @@ from launcher.remote.ssh import Remote
 from launcher.remote.ship import call, remote_error, run_launcher
 from launcher.forecast.target import GIB, hardware_for, precision_of
 from launcher.errors import LaunchError
-from launcher.service.clusters import configured, survey, to_json
+from launcher.service.clusters import configured, survey, to_json, your_jobs
 from launcher.service.describe import describe
+from launcher.service.resume import unresumable
 from launcher.service.runs import Filters, gather, row_dict, statuses
-from launcher.slurm.client import Slurm, SlurmError, user_name
+from launcher.service.stop import unstoppable
+from launcher.slurm.client import SlurmError
 from launcher.status.goodput import goodput
-from launcher.status.job_state import DAMAGED
-from launcher.status.pending import Queue, in_words
+from launcher.status.job_state import ACTIVE, DAMAGED
 from launcher.status.scaling import compare
-from launcher.status.tails import log_from, new_rows, rank_log
+from launcher.status.tails import log_from, new_rows, rank_log, with_attempts
 from launcher.views.lookup import lookup, sweep_runs
 from launcher.views.search_summary import search_of
 
 PER_PAGE = 50
 # The curves a run's page draws, by their key in metrics.jsonl; tokens/s per GPU is derived where a record lacks it.
 CURVES = ("loss", "eval_loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_mem_gb")
-LIVE = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")  # a job still in the user's queue
+SWEEP_POINTS = 300  # the most points each run's loss curve is sent with on a sweep's page
 
 
 def runs_page(roots: List[Path], query: Dict[str, str], tails: Optional["Tails"] = None) -> Dict[str, Any]:
     """A page of ``launcher runs``: the filters (cluster, status, sweep, name) and the page number of the query,
-    newest first, with each remote cluster that did not answer as a banner; with ``tails``, each of this machine's
-    runs also with its goodput (``describe``'s), from its metrics read incrementally."""
+    newest first, with each remote cluster that did not answer as a banner, and how many runs of each other state
+    the status left out (``left_out``, where it left any); with ``tails``, each of this machine's runs also with its
+    goodput (``describe``'s), from its metrics read incrementally."""
     page = _number(query.get("page", "0"), "page")
     name = query.get("name", "").strip()
     found = gather(roots, Filters(cluster=query.get("cluster") or None, sweep=query.get("sweep") or None,
@@ -64,14 +71,15 @@ def runs_page(roots: List[Path], query: Dict[str, str], tails: Optional["Tails"]
         if not row["remote"] and row["status"] != DAMAGED:
             measured = goodput(read_events(Path(row["run_dir"])), tails.rows(Path(row["run_dir"])), time.time())
             row["goodput"] = None if measured is None else round(measured.fraction, 3)
-    return {"rows": listed, "page": page, "more": len(rows) > (page + 1) * PER_PAGE,
-            "banners": found.unanswered}
+    return {"rows": listed, "page": page, "more": len(rows) > (page + 1) * PER_PAGE, "banners": found.unanswered,
+            **({"left_out": found.left_out} if found.left_out else {})}
 
 
 def run_page(roots: List[Path], name: str) -> Dict[str, Any]:
     """``launcher describe NAME --json``, with the command that runs it again."""
     rec = lookup(roots, name)
     info = describe(rec).to_dict()
+    info["refused"] = refusals(info, rec.steps)
     run_file = Path(rec.run_dir) / "run.yaml"
     info["again"] = f"launcher -f {run_file}"
     info["run_file"] = run_file.read_text() if run_file.is_file() else None
@@ -94,9 +102,20 @@ def remote_run_page(remote: Remote, name: str, tails: Tails, rank: int, log_offs
                                      "rank": rank, "log_offset": log_offset}, timeout=max(30.0, 4 * remote.timeout_s))
     records = tails.add(key, answer["metrics"], answer["metrics_offset"], answer["again"])
     run_file = info["paths"]["run_dir"] + "/run.yaml"
-    return {**info, "curves": curves(records, info["plan"]["gpus"], points), "log": answer["log"],
+    steps = int(((yaml.safe_load(info["config"]) or {}).get("train") or {}).get("steps") or 0)
+    return {**info, "refused": refusals(info, steps), "curves": curves(records, info["plan"]["gpus"], points),
+            "log": answer["log"],
             "again": f"launcher -f {run_file}  (on {remote.cluster})", "run_file": None, "predicted": None,
             "remote": remote.cluster}
+
+
+def refusals(info: Dict[str, Any], steps: int) -> Dict[str, Optional[str]]:
+    """Why Stop and Resume cannot act on the run ``info`` (``describe --json``) describes, in the service's words
+    (None: it can); Delete always can."""
+    name, job_id, state = info["name"], info["job_id"], info["state"]
+    final = decode(info["final_metrics"]) if info.get("final_metrics") else None
+    return {"stop": unstoppable(name, job_id, state), "resume": unresumable(name, job_id, state, steps, final),
+            "delete": None}
 
 
 def remote_named(cluster: Optional[str]) -> Optional[Remote]:
@@ -174,41 +193,46 @@ def curves(records: Sequence[dict], gpus: int, points: int) -> Dict[str, Any]:
 
 
 def log_tail(roots: List[Path], name: str, rank: int, offset: Optional[int]) -> Dict[str, Any]:
-    """Rank ``rank``'s log from ``offset`` (None: its last 64 KB), and the offset to ask from next."""
+    """Rank ``rank``'s log from ``offset`` (None: its last 64 KB), each attempt's part marked, and the offset to ask
+    from next."""
     rec = lookup(roots, name)
-    return log_from(rank_log(Path(rec.run_dir), rec.job_id, rank), offset)
+    tail = log_from(rank_log(Path(rec.run_dir), rec.job_id, rank), offset)
+    return {**tail, "text": with_attempts(tail["text"], Path(rec.run_dir))}
 
 
-def sweep_page(roots: List[Path], sweep: str) -> Dict[str, Any]:
+def sweep_page(roots: List[Path], sweep: str, tails: Tails) -> Dict[str, Any]:
     """A sweep's runs, ``launcher compare``'s figures of them (speedup and efficiency against the fewest GPUs),
-    and a search's study as ``describe SWEEP`` gives it."""
+    each run's loss curve (at most SWEEP_POINTS, read through ``tails``), whether any of its runs is active (what
+    a stop of the sweep would act on), and a search's study as ``describe SWEEP`` gives it."""
     records = sweep_runs(roots, sweep)
     search = search_of(roots, records[0].sweep if records else sweep)
     if not records and search is None:
         raise LaunchError(f"no sweep or search '{sweep}'")
-    return {"id": records[0].sweep if records else search.search.id, "runs": [asdict(s) for s in compare(records)],
+    runs = [asdict(s) for s in compare(records)]
+    losses = {rec.name: curves(tails.metrics(Path(rec.run_dir)), rec.gpus, SWEEP_POINTS) for rec in records}
+    return {"id": records[0].sweep if records else search.search.id, "runs": runs,
+            "losses": {name: {"step": got["step"], "loss": got["loss"]} for name, got in losses.items()},
+            "active": sum(run["status"] in ACTIVE for run in runs),
             "search": None if search is None else {**search.to_dict(), "metric": search.metric}}
 
 
-def clusters_page() -> List[Dict[str, Any]]:
-    """``launcher clusters --json``, and on each local cluster the user's own jobs with their pending reasons in
-    words."""
+def clusters_page(roots: List[Path]) -> List[Dict[str, Any]]:
+    """``launcher clusters --json``, and on each local cluster the user's own jobs, each with the run or sweep
+    behind it (``run``: one of ``roots``, whose page it links to) and why it waits, in words."""
     entries = [to_json(entry) for entry in survey(configured())]
     for entry in entries:
-        entry["queue"] = _queue(entry) if entry["reachable"] and not entry.get("ssh") else []
+        entry["queue"] = _queue(entry["slurm_conf"], roots) if entry["reachable"] and not entry.get("ssh") else []
     return entries
 
 
-def _queue(entry: Dict[str, Any]) -> List[Dict[str, str]]:
-    slurm = Slurm(entry["slurm_conf"])
+def _queue(slurm_conf: Optional[str], roots: List[Path]) -> List[Dict[str, Any]]:
     try:
-        rows = slurm.squeue()  # the whole queue: the same question as the runs' states, and a reason needs it
+        jobs = your_jobs(slurm_conf)
     except SlurmError as err:
-        return [{"job_id": "", "state": "UNKNOWN", "partition": "", "gpus": 0, "reason": str(err)}]
-    queue = Queue(rows, nodes=slurm.nodes)
-    return [{"job_id": row.job_id, "state": row.state, "partition": row.partition, "gpus": row.gpus,
-             "reason": in_words(row, queue) if row.state == "PENDING" else row.reason}
-            for row in rows if row.user == user_name() and row.state in LIVE]
+        return [{"job_id": "", "state": "UNKNOWN", "partition": "", "gpus": 0, "name": "", "watches": None,
+                 "run": False, "reason": str(err)}]
+    return [{**asdict(job), "run": any(is_run(root / job.name) for root in roots) if job.name else False}
+            for job in jobs]
 
 
 def _number(text: str, what: str) -> int:

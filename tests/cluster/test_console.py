@@ -1,6 +1,7 @@
 """``launcher ui`` in a real browser (Debian's Chromium, driven by Playwright, which downloads nothing) against the
-local cluster: the token, a second Unix user, a running run's row, curve, log and stop button, a held run's
-reason, a search's best trial, an unreachable cluster's banner, and the load three tabs put on Slurm."""
+local cluster: the token, a second Unix user, a running run's row, curve, log and buttons (each enabled only where it
+can act, asking first, saying what happened), a held run's reason, a grid sweep's page and its stop, the clusters
+page's jobs, a search's best trial, an unreachable cluster's banner, and the load three tabs put on Slurm."""
 import json
 import os
 import re
@@ -45,12 +46,17 @@ def browser(console):
 @pytest.fixture
 def page(browser, console):
     tab = browser.new_page(viewport={"width": 1300, "height": 1000})
-    errors = []
+    errors, ASKED[tab] = [], []
     tab.on("pageerror", lambda err: errors.append(str(err)))
+    tab.on("dialog", lambda dialog: (ASKED[tab].append(dialog.message), dialog.accept()))  # a user who says yes
     tab.goto(console[0])
     yield tab
+    del ASKED[tab]
     tab.close()
     assert not errors, errors
+
+
+ASKED: dict = {}  # each tab's questions before it acted (confirm), in order
 
 
 def launcher(console, *args, env=None):
@@ -101,12 +107,29 @@ def test_a_running_run_is_listed_its_curve_grows_its_log_shows_and_stop_cancels_
     wait_for(lambda: int(chart.get_attribute("data-points")) > first, 60, "the loss curve gaining points")
     wait_for(lambda: "rank0 INFO" in page.locator("#log").inner_text(), 30, "rank 0's lines in the log tail")
     page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
+    assert f"==== attempt 1 (job {job}) ====" in page.locator("#log").inner_text()  # where its attempt begins
+    assert page.locator("#resume").is_disabled() and "is RUNNING" in page.locator("#resume").get_attribute("title")
+    for _ in range(4):  # left while its refresh still reads curves and log: nothing is drawn into the page left
+        page.evaluate("location.hash = '#/'")
+        wait_for(lambda: row.locator(".which").count() and "last" in row.locator(".which").first.inner_text(), 30,
+                 "its tokens/s marked as the newest interval's")
+        page.evaluate(f"location.hash = '#/run/{name}'")
+        page.locator("#run-page").wait_for(timeout=30_000)
 
     page.locator("#stop").click()
     wait_for(lambda: re.search(rf"Stopped {name} \(job {job}\) at step \d+: every rank saved it",
                                page.locator("#said").inner_text()), 60, "stop's own words, once it saved")
     wait_for(lambda: "CANCELLED" in page.locator("#run-head .status").inner_text(), 60, "CANCELLED on its page")
     assert runs_json(slurm, console[1], env=console[2])[name]["status"] == "CANCELLED"
+    assert ASKED[page] == [f"Stop {name}? Its ranks save the step they are at, then its job {job} ends (cancelled if "
+                           "they have not saved in time); Resume goes on from there."]
+    wait_for(lambda: page.locator("#stop").is_disabled() and page.locator("#resume").is_enabled(), 30,
+             "Stop off and Resume on once it ended")
+    assert page.locator("#stop").get_attribute("title") == f"{name} (job {job}) is not active; nothing to stop."
+    page.locator("#delete").click()
+    page.locator("#notice").wait_for(timeout=60_000)  # on the runs page the Delete led to
+    assert page.locator("#notice").inner_text() == f"Deleted {name}."
+    assert ASKED[page][-1].startswith(f"Delete run {name}? Its job is cancelled if active")
 
 
 def test_a_waiting_run_shows_its_reason_in_the_words_of_launcher_runs(console, page, own_cluster):
@@ -124,6 +147,35 @@ def test_a_waiting_run_shows_its_reason_in_the_words_of_launcher_runs(console, p
         assert row.locator(".status").inner_text() == "PENDING"
     finally:
         own_cluster.run("scancel", hog, check=False)
+
+
+def test_a_grid_sweeps_page_refreshes_overlays_its_losses_stops_it_and_its_jobs_are_named(console, page, slurm):
+    res = launcher(console, "-m", "gpus=1,2", "model=gpt_tiny", "train.steps=100000", "train.log_every=2",
+                   env=UNTIL_STOPPED)
+    assert res.returncode == 0, res.stderr
+    sweep = re.search(r"Submitted sweep (\S+):", res.stdout).group(1)
+    page.goto(base_of(console[0]) + f"/#/sweep/{sweep}")
+    page.locator("#chart-scaling").wait_for(timeout=120_000)  # both runs measured
+    assert page.locator("#chart-scaling").get_attribute("data-ticks") == "1,2"  # a tick at each GPU count only
+    assert page.locator("#chart-losses").count() == 1 and "null" not in page.locator("#view").inner_text()
+    stamp = page.locator("#updated").inner_text()
+    wait_for(lambda: page.locator("#updated").inner_text() != stamp, 30, "the sweep's page refreshed")
+
+    page.goto(base_of(console[0]) + "/#/clusters")
+    jobs = page.locator('section[data-cluster="local"] table.queue')
+    jobs.wait_for(timeout=30_000)
+    named = jobs.locator("td.behind").all_inner_texts()  # the suite's other jobs are the same user's too
+    for run in [row["name"] for row in runs_json(slurm, console[1], env=console[2]).values() if row["sweep"] == sweep]:
+        job = jobs.locator("tr", has=page.locator("td.behind", has_text=re.compile(f"^{re.escape(run)}$")))
+        assert job.locator(".status").inner_text() == "RUNNING" and job.locator("td.why").inner_text() == ""  # not None
+        assert f"watcher of {run}" in named, named
+
+    page.goto(base_of(console[0]) + f"/#/sweep/{sweep}")
+    page.locator("#stop-sweep:enabled").click()
+    wait_for(lambda: page.locator("#said").inner_text().count("Stopped ") == 2, 90, "each run's stop words")
+    assert ASKED[page] == [f"Stop sweep {sweep}? Its 2 active runs each save the step they are at and end (one "
+                           "still waiting is cancelled at once)."]
+    wait_for(lambda: page.locator("#stop-sweep").is_disabled(), 30, "nothing left to stop")
 
 
 def test_a_searchs_page_marks_the_best_trial_as_describe_does(console, page, slurm):

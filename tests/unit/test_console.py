@@ -7,6 +7,7 @@ import os
 import re
 import stat
 import threading
+import time
 
 import pytest
 from starlette.testclient import TestClient
@@ -222,3 +223,77 @@ def test_a_bad_option_is_one_line_and_serves_nothing(flags, error, tmp_path):
                          env={**os.environ, "LAUNCHER_HOME": str(tmp_path)}, timeout=60)
     assert res.returncode == 2 and res.stderr.startswith(error) and res.stderr.count("\n") == 1, res.stderr
     assert not (tmp_path / "console").exists()  # no token written for a console that never served
+
+
+def test_an_empty_listing_says_how_many_runs_are_in_which_other_states(tmp_path, capsys):
+    """``runs --status running`` right after a resume: runs exist, only in other states; and a row's tokens/s says
+    whether it is the newest interval's or an ended attempt's mean."""
+    from launcher import cli
+
+    planted(tmp_path, 3)
+    assert readers.runs_page([tmp_path], {"status": "RUNNING"})["left_out"] == {"COMPLETED": 3}
+    assert readers.runs_page([tmp_path], {})["rows"][0]["rates_over"] == "interval"  # no final row planted
+    assert cli.main(["runs", "--root", str(tmp_path), "--status", "running,pending"]) == 0
+    assert capsys.readouterr().out == f"No runs in the states --status asks for; in {tmp_path}: 3 COMPLETED.\n"
+
+
+def test_stop_and_resume_are_offered_only_where_the_commands_would_act():
+    running = {"name": "r", "job_id": "7", "state": "RUNNING", "final_metrics": None}
+    assert readers.refusals(running, 100) == {
+        "stop": None, "resume": "r is RUNNING (job 7); nothing to resume (stop it first to restart it)", "delete": None}
+    done = {**running, "state": "COMPLETED", "final_metrics": {"step": 100, "final": True, "loss": 2.0}}
+    assert readers.refusals(done, 100) == {"stop": "r (job 7) is not active; nothing to stop.",
+                                           "resume": "r already trained all 100 steps; nothing to resume",
+                                           "delete": None}
+    stopped = {**done, "state": "CANCELLED", "final_metrics": {"step": 40, "final": True, "loss": 2.5}}
+    assert readers.refusals(stopped, 100)["resume"] is None
+
+
+def test_the_clusters_page_names_the_default_the_run_behind_each_job_and_the_watchers(monkeypatch):
+    from launcher.service import clusters
+    from launcher.slurm.client import Slurm
+    from launcher.slurm.output import JobRow
+    from launcher.status.pending import Queue
+
+    monkeypatch.setattr(clusters, "default_cluster", lambda: ("site", "config.yaml"))
+    entry = clusters.ClusterUsage("local", ["site"], "/etc/slurm.conf", reachable=True)
+    assert clusters.to_json(entry)["default_name"] == "site"
+    assert clusters.to_json(clusters.ClusterUsage("ghost", [], None))["default_name"] is None
+    monkeypatch.setattr(Slurm, "run", lambda self, args, timeout=None: "12|r1|\n13_[1-2]|sw0|\n14|r1.watch|\n")
+    assert Slurm(None).job_names("ana") == {"12": "r1", "13_1": "sw0", "13_2": "sw0", "14": "r1.watch"}
+
+    def row(job_id, state, reason, gpus=2):
+        return JobRow(job_id, state, reason, "", "N/A", source="squeue", user="ana", partition="gpu", gpus=gpus)
+    queue = Queue([row("12", "RUNNING", "None"), row("14", "PENDING", "Dependency", 0)])
+    running = clusters.your_job(row("12", "RUNNING", "None"), "r1", queue)
+    assert (running.name, running.watches, running.reason) == ("r1", None, "")  # not Slurm's "None"
+    watcher = clusters.your_job(row("14", "PENDING", "Dependency", 0), "r1.watch", queue)
+    assert watcher.watches == "r1"
+    assert watcher.reason.startswith("the launcher's watcher of r1: it starts only if r1's job fails")
+    waiting = clusters.your_job(row("15", "PENDING", ""), "r2", queue)
+    assert waiting.reason == "waiting: Slurm gives no reason yet"
+
+
+def test_a_rank_log_marks_where_each_attempt_begins(tmp_path):
+    from launcher.core.events import Attempt
+    from launcher.core.rundir import append_event
+    from launcher.status.tails import with_attempts
+
+    def at(stamp):
+        return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+    append_event(tmp_path, Attempt(attempt=1, job_id="7", time=at("2026-12-06 04:01:18")))
+    append_event(tmp_path, Attempt(attempt=2, job_id="7", restart=1, time=at("2026-12-06 04:02:17")))
+    start = "{} rank0 INFO launcher.train.dist: rank 0/2 local 0 node n1 device cpu threads 1 allreduce 3 ok\n"
+    text = (start.format("2026-12-06 04:01:19,233") + "step 10\n" + start.format("2026-12-06 04:02:18,405")
+            + "step 20\n")
+    assert with_attempts(text, tmp_path).splitlines() == [
+        "==== attempt 1 (job 7) ====", start.format("2026-12-06 04:01:19,233").strip(), "step 10",
+        "==== attempt 2 (job 7, Slurm's restart 1) ====", start.format("2026-12-06 04:02:18,405").strip(), "step 20"]
+    assert with_attempts("step 30\n", tmp_path / "absent") == "step 30\n"  # no start in it: no events read
+
+
+def test_a_sweeps_page_sends_each_runs_loss_and_whether_it_has_anything_to_stop(tmp_path):
+    names = planted(tmp_path, 3)
+    page = readers.sweep_page([tmp_path], "sweep000", readers.Tails())
+    assert sorted(page["losses"]) == sorted(names) and page["active"] == 0
+    assert page["losses"][names[0]]["step"] == list(range(10, 101, 10))
