@@ -130,8 +130,6 @@ function ticks(values) {
   }
   return values.map(v => tick(v, 6));
 }
-// A scale that shows a single point: uPlot spans none around it (log: a decade each side, linear: 1).
-const around = log => (u, min, max) => min !== max ? [min, max] : log ? [min / 10, max * 10] : [min - 1, max + 1];
 
 // A chart as wide as its panel, its y labels readable, its legend the series' names (the values are on the curve).
 function plot(holder, options, data) {
@@ -150,7 +148,7 @@ function drawCharts(box, curves) {
     const holder = h("div", {class: "chart", id: `chart-${id}`}, h("h3", {}, title));
     box.append(holder);
     // points drawn where the curve is sparse (uPlot's own rule): a curve of one point is a dot, not empty axes
-    charts[id] = plot(holder, {cursor: {drag: {x: true, y: false}}, scales: {x: {time: false, range: around(false)}},
+    charts[id] = plot(holder, {cursor: {drag: {x: true, y: false}}, scales: {x: {time: false}},
       series: [{label: "step"}, ...keys.map((k, i) => ({label: k, stroke: COLOURS[i], spanGaps: true}))]}, data);
     holder.dataset.points = String(curves.step.length);
   }
@@ -333,8 +331,7 @@ function scalingChart(box, runs) {
     if (u.root.parentNode) u.root.parentNode.dataset.ticks = splits.join(",");
     return splits.map(String);
   };
-  keptChart(box, "scaling", "Tokens/s against GPUs (dashed: ideal)", {height: 260,
-    scales: {x: {time: false, range: around(false)}},
+  keptChart(box, "scaling", "Tokens/s against GPUs (dashed: ideal)", {height: 260, scales: {x: {time: false}},
     axes: [{splits: counts, values: labels}, {size: 64, values: (u, values) => ticks(values)}],
     series: [{label: "GPUs"}, {label: "measured", stroke: COLOURS[0]},
              {label: "ideal", stroke: "#6e7781", dash: [6, 4]}]}, [gpus, sized.map(r => r.tokens_per_s), ideal]);
@@ -349,7 +346,7 @@ function lossChart(box, losses) {
     const steps = [...byStep.keys()].sort((a, b) => a - b);
     return [steps, steps.map(step => byStep.get(step))];
   });
-  keptChart(box, "losses", "Loss of each run", {scales: {x: {time: false, range: around(false)}},
+  keptChart(box, "losses", "Loss of each run", {scales: {x: {time: false}},
     series: [{label: "step"}, ...names.map((name, i) => ({label: name, stroke: colour(i), spanGaps: true}))]},
     uPlot.join(tables));
 }
@@ -373,7 +370,7 @@ function paramCharts(box, search) {
       .sort((a, b) => a.params[p.key] - b.params[p.key]);
     if (!done.length) continue;
     keptChart(box, `param-${p.key}`, `${search.metric} against ${p.key}`,
-      {scales: {x: {time: false, distr: p.log ? 3 : 1, range: around(p.log)}},
+      {scales: {x: {time: false, distr: p.log ? 3 : 1}},
       axes: [{values: (u, values) => ticks(values)}, {size: 64, values: (u, values) => ticks(values)}],
       series: [{label: p.key}, {label: search.metric, stroke: COLOURS[0], paths: () => null,
                                 points: {show: true, size: 8}}]},
