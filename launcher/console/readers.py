@@ -27,7 +27,7 @@ from launcher.forecast.estimate import estimate
 from launcher.remote.clusters import remotes
 from launcher.remote.ssh import Remote
 from launcher.remote.ship import call, remote_error, run_launcher
-from launcher.forecast.target import GIB, hardware_for, precision_of
+from launcher.forecast.target import hardware_for, precision_of
 from launcher.errors import LaunchError
 from launcher.service.clusters import configured, survey, to_json
 from launcher.service.describe import describe
@@ -71,12 +71,13 @@ def runs_page(roots: List[Path], query: Dict[str, str], tails: Optional["Tails"]
 def run_page(roots: List[Path], name: str) -> Dict[str, Any]:
     """``launcher describe NAME --json``, with the command that runs it again."""
     rec = lookup(roots, name)
-    info = describe(rec).to_dict()
+    described = describe(rec)
+    info = described.to_dict()
     run_file = Path(rec.run_dir) / "run.yaml"
     info["again"] = f"launcher -f {run_file}"
     info["run_file"] = run_file.read_text() if run_file.is_file() else None
     info["gpus"] = rec.gpus
-    info["predicted"] = predicted(Path(rec.run_dir))
+    info["predicted"] = predicted(Path(rec.run_dir), described.latest_metrics)
     return info
 
 
@@ -104,15 +105,24 @@ def remote_named(cluster: Optional[str]) -> Optional[Remote]:
     return next((remote for remote in remotes() if remote.cluster == cluster), None) if cluster else None
 
 
-def predicted(run_dir: Path) -> Dict[str, Any]:
+def predicted(run_dir: Path, measured: Optional[Row] = None) -> Dict[str, Any]:
     """What ``launcher plan`` predicts for the run (memory per GPU, step time, tokens/s, MFU), beside which the
-    page shows what was measured. The local cluster's CPUs are planned as a stand-in GPU, so there the figures
-    say what that GPU would do."""
+    page shows what was measured (``measured``, the newest row), and a note saying what the figures are of. There
+    is no speed where the GPU's type is not known, and virtual GPUs are planned as a stand-in GPU, whose speed is
+    not set beside a measurement on CPUs (a row without MFU): the two would not be comparable."""
     cfg = load_run_config(run_dir / CONFIG)
-    est = estimate(cfg, read_plan(run_dir), hardware_for(cfg.cluster, precision_of(cfg))).to_dict()
-    return {"memory_gb": est["mem_per_gpu_gib"] * GIB / 1e9, "step_time_s": est["step_time_s"],
-            "tokens_per_s": est["tokens_per_s_per_gpu"] * est["gpus"], "mfu": est["predicted_mfu"],
-            "gpu": est["gpu"]["type"]}
+    hw = hardware_for(cfg.cluster, precision_of(cfg))
+    est = estimate(cfg, read_plan(run_dir), hw)
+    on_cpus = hw.stand_in and measured is not None and measured.mfu is None
+    note = hw.unforecast
+    if hw.stand_in:
+        note = (f"planned for an {hw.gpu_type}: the cluster's GPUs are virtual"
+                + ("; its ranks train on CPUs, so no stand-in's speed is set beside theirs" if on_cpus else ""))
+    t = est.timing if not on_cpus else None
+    tokens = t.tokens_per_s_per_gpu if t else None
+    return {"memory_gb": est.memory.total / 1e9, "step_time_s": t.step_s if t else None,
+            "tokens_per_s": None if tokens is None else tokens * est.plan.gpus, "mfu": t.mfu if t else None,
+            "gpu": hw.gpu_type, "stand_in": hw.stand_in, "note": note}
 
 
 class Tails:

@@ -130,11 +130,14 @@ function planTable(info) {
   const p = info.predicted || {}, m = info.latest_metrics || {};
   const rows = [["Memory per GPU (GB)", p.memory_gb, m.peak_mem_gb, 3], ["Step time (s)", p.step_time_s, m.step_time, 4],
                 ["Tokens/s", p.tokens_per_s, m.tokens_per_s, 0], ["MFU", p.mfu, m.mfu, null]];
-  const cell = (v, digits) => h("td", {class: "num"}, digits === null ? pct(v) : num(v, digits));
-  return h("table", {id: "plan"}, h("thead", {}, h("tr", {}, ["", `planned (${p.gpu || "?"})`, "measured"]
+  // No figure is a dash: a speed the plan does not forecast (GPU type unknown, or a stand-in beside CPUs).
+  const cell = (v, digits) => h("td", {class: "num"}, v === null || v === undefined ? "-"
+    : digits === null ? pct(v) : num(v, digits));
+  const table = h("table", {id: "plan"}, h("thead", {}, h("tr", {}, ["", `planned (${p.gpu || "?"})`, "measured"]
       .map((t, i) => h("th", {class: i ? "num" : null}, t)))),
     h("tbody", {}, rows.map(([what, planned, measured, digits]) => h("tr", {}, h("td", {}, what),
       cell(planned, digits), cell(measured, digits)))));
+  return h("div", {}, table, p.note ? h("p", {id: "plan-note"}, p.note) : null);
 }
 
 function cellText(key, value) {
