@@ -19,7 +19,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from launcher.core.attempt_log import AttemptLog, Current
+from launcher.core.checkpoints import saved_steps
 from launcher.core.config import load_run_config
+from launcher.core.events import decode
 from launcher.core.metrics import Row, encode
 from launcher.core.plan import read_plan
 from launcher.core.rundir import CONFIG, METRICS, read_events
@@ -62,7 +65,8 @@ def runs_page(roots: List[Path], query: Dict[str, str], tails: Optional["Tails"]
     listed = [{**row_dict(row), "remote": row.cluster in far, "goodput": None} for row in shown]
     for row in listed if tails is not None else []:
         if not row["remote"] and row["status"] != DAMAGED:
-            measured = goodput(read_events(Path(row["run_dir"])), tails.rows(Path(row["run_dir"])), time.time())
+            run_dir = Path(row["run_dir"])
+            measured = goodput(read_events(run_dir), tails.rows(run_dir), time.time(), saved_steps(run_dir))
             row["goodput"] = None if measured is None else round(measured.fraction, 3)
     return {"rows": listed, "page": page, "more": len(rows) > (page + 1) * PER_PAGE,
             "banners": found.unanswered}
@@ -82,7 +86,7 @@ def run_page(roots: List[Path], name: str) -> Dict[str, Any]:
 
 
 def remote_run_page(remote: Remote, name: str, tails: Tails, rank: int, log_offset: Optional[int],
-                    points: int) -> Dict[str, Any]:
+                    points: int, earlier: bool = False) -> Dict[str, Any]:
     """A run on a cluster reached over SSH: ``launcher describe NAME --json`` there, and what its metrics and rank
     log gained since the last refresh (launcher/remote/agent.py ``follow``): two SSH commands a refresh, each over
     the CLI's master connection."""
@@ -95,7 +99,8 @@ def remote_run_page(remote: Remote, name: str, tails: Tails, rank: int, log_offs
                                      "rank": rank, "log_offset": log_offset}, timeout=max(30.0, 4 * remote.timeout_s))
     records = tails.add(key, answer["metrics"], answer["metrics_offset"], answer["again"])
     run_file = info["paths"]["run_dir"] + "/run.yaml"
-    return {**info, "curves": curves(records, info["plan"]["gpus"], points), "log": answer["log"],
+    current = AttemptLog([decode(line) for line in info["events"]]).current()
+    return {**info, "curves": curves(records, info["plan"]["gpus"], points, current, earlier), "log": answer["log"],
             "again": f"launcher -f {run_file}  (on {remote.cluster})", "run_file": None, "predicted": None,
             "remote": remote.cluster}
 
@@ -168,11 +173,32 @@ class Tails:
             return list(lines)
 
 
-def curves(records: Sequence[dict], gpus: int, points: int) -> Dict[str, Any]:
-    """The run's curves against the step, at most ``points`` each: a longer run is cut into that many buckets of
-    logged records, and a bucket's point is its last step with each curve's last value in it (an evaluation,
-    logged every few hundred steps, is kept in its bucket; the newest values are always the last point)."""
+def run_curves(roots: List[Path], name: str, tails: Tails, points: int, earlier: bool) -> Dict[str, Any]:
+    """The curves of this machine's run ``name`` (:func:`curves`), its metrics read incrementally."""
+    rec = lookup(roots, name)
+    current = AttemptLog(read_events(Path(rec.run_dir))).current()
+    return curves(tails.metrics(Path(rec.run_dir)), rec.gpus, points, current, earlier)
+
+
+def curves(records: Sequence[dict], gpus: int, points: int, current: Current = Current(),
+           earlier: bool = False) -> Dict[str, Any]:
+    """The current attempt's curves against the step, from the step it resumed at (launcher/core/attempt_log.py
+    ``Current``), at most ``points`` each (:func:`bucketed`); ``earlier_rows``: how many rows earlier attempts
+    logged, which the page offers to draw, and with ``earlier`` their curves beside (``earlier``, as one line:
+    :func:`one_line`), so that a run that restarted never draws a loop."""
     logged = [r for r in records if not r.get("final") and isinstance(r.get("step"), int)]
+    mine = [r for r in logged if current.holds(r.get("time"))]
+    older = [r for r in logged if not current.holds(r.get("time"))]
+    out = {**bucketed(mine, gpus, points), "earlier_rows": len(older), "resumed_at": current.resumed_at}
+    if earlier and older:
+        out["earlier"] = bucketed(one_line(older), gpus, points)
+    return out
+
+
+def bucketed(logged: Sequence[dict], gpus: int, points: int) -> Dict[str, Any]:
+    """Logged rows as curves of at most ``points`` each: a longer run is cut into that many buckets of rows, and a
+    bucket's point is its last step with each curve's last value in it (an evaluation, logged every few hundred
+    steps, is kept in its bucket; the newest values are always the last point)."""
     size = max(1, -(-len(logged) // points))
     buckets = [logged[i:i + size] for i in range(0, len(logged), size)]
     out: Dict[str, Any] = {"step": [bucket[-1]["step"] for bucket in buckets], "logged": len(logged)}
@@ -181,6 +207,17 @@ def curves(records: Sequence[dict], gpus: int, points: int) -> Dict[str, Any]:
     out["tokens_per_s_per_gpu"] = [v / gpus if isinstance(v, (int, float)) and gpus else None
                                    for v in out["tokens_per_s"]]  # what the page draws, for every run alike
     return out
+
+
+def one_line(older: Sequence[dict]) -> List[dict]:
+    """Earlier attempts' rows as one line, oldest first: from the newest back, a row is kept when its step is below
+    every step kept after it, so that of the steps two attempts both logged (a restart from scratch, or from an
+    earlier checkpoint) the later attempt's are drawn."""
+    kept: List[dict] = []
+    for row in reversed(older):
+        if not kept or row["step"] < kept[-1]["step"]:
+            kept.append(row)
+    return kept[::-1]
 
 
 def log_tail(roots: List[Path], name: str, rank: int, offset: Optional[int]) -> Dict[str, Any]:

@@ -5,7 +5,7 @@
 const REFRESH_MS = 2000;
 const STATES = ["PENDING", "RUNNING", "REQUEUED", "RECOVERING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
                 "UNKNOWN", "DAMAGED"];
-let timer = null, charts = {}, logState = null, runsQuery = {page: 0};
+let timer = null, charts = {}, logState = null, runsQuery = {page: 0}, earlier = false;
 
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
@@ -105,26 +105,42 @@ function plot(holder, options, data) {
                     axes: [{}, {size: 64, values: (u, ticks) => ticks.map(tick)}], ...options}, data, holder);
 }
 
+// The current attempt's series, then (on request) the earlier attempts', each at its steps on the steps of both.
 function chartData(curves, keys) {
-  return [curves.step, ...keys.map(k => curves[k].map(v => v === null || v === undefined ? null : v))];
+  const blocks = curves.earlier ? [curves, curves.earlier] : [curves];
+  const steps = [...new Set(blocks.flatMap(b => b.step))].sort((a, b) => a - b);
+  const at = (block, key) => {
+    const byStep = new Map(block.step.map((step, i) => [step, block[key][i]]));
+    return steps.map(step => byStep.has(step) && byStep.get(step) !== undefined ? byStep.get(step) : null);
+  };
+  return [steps, ...blocks.flatMap(block => keys.map(k => at(block, k)))];
 }
 function drawCharts(box, curves) {
   for (const [id, title, keys] of CHARTS) {
     const data = chartData(curves, keys);
-    if (!keys.some((k, i) => data[i + 1].some(v => v !== null))) continue;
-    if (charts[id]) { charts[id].setData(data); continue; }
+    const chart = charts[id];  // emptied too: a new attempt that logged no step yet
+    if (chart && chart.series.length === data.length) { chart.setData(data); continue; }
+    if (chart) { chart.destroy(); document.getElementById(`chart-${id}`).remove(); delete charts[id]; }
+    if (!data.slice(1).some(series => series.some(v => v !== null))) continue;
     const holder = h("div", {class: "chart", id: `chart-${id}`}, h("h3", {}, title));
     box.append(holder);
+    const earlierSeries = curves.earlier ? keys.map((k, i) => ({label: `${k} (earlier attempts)`, stroke: COLOURS[i],
+      dash: [4, 4], width: 1, spanGaps: true, points: {show: false}})) : [];
     charts[id] = plot(holder, {cursor: {drag: {x: true, y: false}}, scales: {x: {time: false}},
       series: [{label: "step"}, ...keys.map((k, i) => ({label: k, stroke: COLOURS[i], spanGaps: true,
-                                                       points: {show: false}}))]}, data);
+                                                       points: {show: false}})), ...earlierSeries]}, data);
     holder.dataset.points = String(curves.step.length);
   }
   for (const [id] of CHARTS) {
     const holder = document.getElementById(`chart-${id}`);
     if (holder) holder.dataset.points = String(curves.step.length);
   }
+  // The curves are the current attempt's; earlier attempts' rows are drawn on request, dashed.
+  document.getElementById("earlier-box").hidden = !curves.earlier_rows;
+  document.getElementById("curves-note").textContent = !curves.logged ? "this attempt has logged no step yet"
+    : curves.earlier_rows ? `this attempt, from step ${curves.resumed_at}` : "";
 }
+
 
 function planTable(info) {
   const p = info.predicted || {}, m = info.latest_metrics || {};
@@ -180,12 +196,13 @@ async function act(what, name, action, question, cluster) {
 async function runView(view, name, cluster) {
   // a run on a cluster reached over SSH: its record, curves and log tail come in one answer (two SSH commands)
   const far = cluster ? `?cluster=${encodeURIComponent(cluster)}&rank=${logState ? logState.rank : 0}` +
+    (earlier && view.dataset.run === name ? "&earlier=1" : "") +
     (logState && logState.offset !== null && view.dataset.run === name ? `&log_offset=${logState.offset}` : "") : "";
   const info = await api(`/api/run/${encodeURIComponent(name)}${far}`);
   if (info.error) { view.replaceChildren(h("p", {id: "said", class: "error"}, "error: " + info.error)); return; }
   banners([]);
   if (!document.getElementById("run-page") || view.dataset.run !== name) {
-    charts = {}; logState = {rank: 0, offset: null, follow: true};
+    charts = {}; logState = {rank: 0, offset: null, follow: true}; earlier = false;
     view.dataset.run = name;
     view.replaceChildren(h("div", {id: "run-page"},
       h("h2", {}, name), h("div", {id: "run-head"}),
@@ -194,7 +211,10 @@ async function runView(view, name, cluster) {
         h("button", {id: "delete", class: "danger", onclick: () => act("run", name, "delete",
           `Delete run ${name}: cancel its job and remove its directory?`, cluster)}, "Delete")),
       h("div", {id: "said"}), h("h3", {}, "Plan and measured"), h("div", {id: "plan-box"}),
-      h("h3", {}, "Curves"), h("div", {class: "charts", id: "charts"}),
+      h("h3", {}, "Curves"), h("div", {class: "curves-head"}, h("span", {id: "curves-note"}),
+        h("label", {id: "earlier-box", hidden: true}, h("input", {id: "earlier", type: "checkbox",
+          onchange: e => { earlier = e.target.checked; refresh(); }}), " earlier attempts (dashed)")),
+      h("div", {class: "charts", id: "charts"}),
       h("h3", {}, "Attempts"), h("div", {id: "attempts-box"}),
       h("h3", {}, "Log"), h("div", {}, "rank ", h("input", {id: "log-rank", type: "number", min: 0, value: 0,
         onchange: e => { logState = {...logState, rank: Number(e.target.value), offset: null};
@@ -225,7 +245,7 @@ async function runView(view, name, cluster) {
     showLog(info.log);
     return;
   }
-  const curves = await api(`/api/run/${encodeURIComponent(name)}/curves?points=1000`);
+  const curves = await api(`/api/run/${encodeURIComponent(name)}/curves?points=1000${earlier ? "&earlier=1" : ""}`);
   if (!curves.error) drawCharts(document.getElementById("charts"), curves);
   await followLog(name);
 }
@@ -329,6 +349,8 @@ async function clustersView(view) {
 // ---- routing and refresh
 async function refresh() {
   const view = document.getElementById("view");
+  // an answer that is slow to come (Slurm slow to answer the server) says so, rather than an unchanged page
+  const slow = setTimeout(() => { document.getElementById("updated").textContent = "loading…"; }, 500);
   const [, page, path, query] = (location.hash || "#/").match(/^#\/([^/]*)\/?([^?]*)\??(.*)$/) || [];
   const arg = decodeURIComponent(path || "");
   try {
@@ -339,13 +361,15 @@ async function refresh() {
     stamp();
   } catch (err) {
     banners([`the console did not answer: ${err}`]);
+  } finally {
+    clearTimeout(slow);
   }
 }
 
 function route() {
   clearInterval(timer);
   charts = {};
-  document.getElementById("view").replaceChildren();
+  document.getElementById("view").replaceChildren(h("p", {id: "loading", class: "loading"}, "loading…"));
   delete document.getElementById("view").dataset.run;
   refresh();
   const page = (location.hash || "#/").split("/")[1];
