@@ -16,9 +16,10 @@ import os
 import re
 import sys
 import time
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from launcher.compose.catalog import SETTINGS_FILE, default_cluster, option_files, option_path, user_dir
+from launcher.core import gpus
 from launcher.core.rundir import write_atomic
 from launcher.errors import LaunchError
 from launcher.remote.ship import remote_error, run_launcher
@@ -26,6 +27,7 @@ from launcher.remote.ssh import Remote
 from launcher.service.clusters import ClusterUsage, Configured, configured, site_rules, survey, to_json
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.slurm.limits import Request, access
+from launcher.slurm.output import Partition
 
 HEADERS = ["CLUSTER", "PARTITION", "GPU", "GPUS/NODE", "NODES IDLE/ALLOC/DOWN", "GPUS FREE/TOTAL", "MAX RUN NOW",
            "MAX RUN", "YOUR MAX RUN", "TIME LIMIT"]
@@ -57,6 +59,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="with add: replace an existing cluster file")
     parser.add_argument("--ssh", metavar="DEST", help="with add: a cluster reached over SSH (an ~/.ssh/config alias, "
                                                      "user@host or ssh://user@host:port), asked there")
+    parser.add_argument("--gpu-type", metavar="TYPE",
+                        help="with add: the GPUs' type (h100, a100-80gb, ...), where Slurm's gres names none or "
+                             "another name; plans forecast step time, tokens/s and MFU only for a known type")
     parser.add_argument("--python", metavar="PATH",
                         help="with add: the interpreter the tasks run, with this package's [train] extra (default: "
                              "this one if it has torch; with --ssh: the cluster's python3)")
@@ -66,10 +71,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def proposal(name: str, slurm: Slurm, partition: Optional[str], python: Optional[str] = None) -> str:
-    """A cluster file for ``name`` from what Slurm says of the partition: its GPUs per node and their type, CPUs
-    and memory per GPU, MaxTime, whether its GPUs are virtual (the local cluster's nodes say so with the
-    ``virtual_gpus`` feature), and the user's default account."""
+def gpu_entries(part: Partition, virtual: bool, given: Optional[str], notes: List[str]) -> Dict[str, Any]:
+    """The file's GPU keys: the type (``given``, else the partition's gres type) and its memory where the GPU table
+    knows them, and the gres to ask for where the type given is not Slurm's name (``gpu`` for an untyped gres);
+    where neither type nor memory can be known of real GPUs, a note says so and how to name them (virtual ones
+    are planned as a stand-in)."""
+    gpu_type = given or part.gpu_type
+    entries: Dict[str, Any] = {"gpu_type": gpu_type}
+    if given and given != part.gpu_type:
+        entries["gres"] = f"gpu:{part.gpu_type}" if part.gpu_type else "gpu"
+    memory = gpus.memory_gib(gpu_type) if gpu_type else None
+    if memory:
+        entries["gpu_memory_gb"] = memory
+    elif gpu_type:
+        notes.append(f"GPU type {gpu_type} is not in the launcher's GPU table: plans assume its memory and show no "
+                     "step time, tokens/s or MFU; set gpu_memory_gb in the file")
+    elif not virtual:
+        notes.append(f"Slurm names no GPU type on partition {part.name} (gres gpu:{part.gpus_per_node}): plans show "
+                     "no step time, tokens/s or MFU; name it with --gpu-type TYPE (e.g. h100)")
+    return entries
+
+
+def proposal(name: str, slurm: Slurm, partition: Optional[str], python: Optional[str] = None,
+             gpu_type: Optional[str] = None, notes: Optional[List[str]] = None) -> str:
+    """A cluster file for ``name`` from what Slurm says of the partition: its GPUs per node and their type and
+    memory (:func:`gpu_entries`, its notes into ``notes``), CPUs and memory per GPU, MaxTime, whether its GPUs
+    are virtual (the local cluster's nodes say so with the ``virtual_gpus`` feature), and the user's default
+    account."""
     import yaml  # lazy: keeps yaml out of start-up
 
     slurm.ping()
@@ -83,10 +111,11 @@ def proposal(name: str, slurm: Slurm, partition: Optional[str], python: Optional
         under = access(Request(0, 0, 0, None, None, None, part.name), rules)
         account, qos = under if isinstance(under, tuple) else (account, None)
     limit = part.max_time_min
+    virtual = "virtual_gpus" in slurm.features(part.name)
     data = {
         "name": name, "slurm_conf": slurm.conf, "partition": part.name, "account": account, "qos": qos,
-        "gpus_per_node": part.gpus_per_node, "gpu_type": part.gpu_type,
-        "virtual_gpus": "virtual_gpus" in slurm.features(part.name),
+        "gpus_per_node": part.gpus_per_node, **gpu_entries(part, virtual, gpu_type, [] if notes is None else notes),
+        "virtual_gpus": virtual,
         "cpus_per_gpu": max(1, part.cpus_per_node // part.gpus_per_node),
         "mem_per_gpu": f"{part.mem_mb_per_node // part.gpus_per_node}M" if part.mem_mb_per_node else None,
         "time_limit_min": min(limit, 1440) if limit else 1440,
@@ -95,19 +124,22 @@ def proposal(name: str, slurm: Slurm, partition: Optional[str], python: Optional
     said = (f"partition {part.name}: {part.offers()}, MaxTime {part.max_time}; default account "
             f"{account or 'none'}" + (f", default QOS {qos}" if qos else ""))
     return (f"# Written by `launcher clusters add {name}` on {time.strftime('%Y-%m-%d')} from what Slurm said:\n"
-            f"# {said}.\n# Edit freely; every key and its allowed values: docs/configuration.md.\n"
+            f"# {said}.\n# Edit freely: a launch refuses a key it does not know, or a value out of its range.\n"
             + yaml.safe_dump(data, sort_keys=False))
 
 
-def remote_proposal(args: argparse.Namespace) -> str:
+def remote_proposal(args: argparse.Namespace, notes: List[str]) -> str:
     """The cluster file of a cluster reached over SSH: what its Slurm says, asked there by the launcher's own
-    code (``clusters add --print`` run on the cluster with ``--python``), plus how to reach it."""
+    code (``clusters add --print`` run on the cluster with ``--python``; its notes into ``notes``), plus how to
+    reach it."""
     remote = Remote(args.name, args.ssh, python=args.python, slurm_conf=args.cluster_conf)
     asked = ["clusters", "add", args.name, "--print", *(["--partition", args.partition] if args.partition else []),
-             *(["--cluster-conf", args.cluster_conf] if args.cluster_conf else [])]
+             *(["--cluster-conf", args.cluster_conf] if args.cluster_conf else []),
+             *(["--gpu-type", args.gpu_type] if args.gpu_type else [])]
     proc = run_launcher(remote, "launcher", asked, timeout=120)
     if proc.returncode != 0:
         raise LaunchError(remote_error(remote, proc.stderr))
+    notes.extend(line[len("note: "):] for line in proc.stderr.splitlines() if line.startswith("note: "))
     reach = {"ssh": args.ssh, "python": args.python or "python3"}
     import yaml  # lazy: keeps yaml out of start-up
 
@@ -122,13 +154,13 @@ def add(args: argparse.Namespace) -> int:
                           f"{args.name!r}); e.g. launcher clusters add mysite")
     notes: List[str] = []
     if args.ssh:
-        text = remote_proposal(args)
+        text = remote_proposal(args, notes)
     else:
         conf = os.path.abspath(os.path.expanduser(args.cluster_conf)) if args.cluster_conf else \
             os.environ.get("SLURM_CONF")
         python = tasks_python(args.python, notes)
         try:
-            text = proposal(args.name, Slurm(conf), args.partition, python)
+            text = proposal(args.name, Slurm(conf), args.partition, python, args.gpu_type, notes)
         except SlurmError as err:
             raise LaunchError(str(err)) from None
     if args.print_only:
@@ -179,7 +211,8 @@ def tasks_python(given: Optional[str], notes: List[str]) -> Optional[str]:
 def set_default(args: argparse.Namespace) -> int:
     """Write ``cluster: NAME`` into the user's config.yaml (a cluster some layer defines), or say which is the
     default and where that comes from."""
-    if args.partition or args.print_only or args.force or args.ssh or args.python or args.cluster_conf or args.json:
+    if args.partition or args.print_only or args.force or args.ssh or args.python or args.cluster_conf or args.json \
+            or args.gpu_type:
         raise LaunchError("clusters default takes only a NAME")
     if args.name is None:
         name, where = default_cluster()
@@ -208,6 +241,8 @@ def main(args: argparse.Namespace) -> int:
     if args.name or args.partition or args.print_only or args.force or args.ssh or args.python:
         raise LaunchError("NAME, --partition, --print, --force, --ssh and --python go with "
                           "'launcher clusters add NAME' (NAME also with 'launcher clusters default NAME')")
+    if args.gpu_type:
+        raise LaunchError("--gpu-type goes with 'launcher clusters add NAME'")
     clusters = {args.cluster_conf: Configured(args.cluster_conf, "--cluster-conf")} if args.cluster_conf \
         else configured()
     entries = survey(clusters)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Optional
 
 from launcher.core.gpus import DEFAULT_GPU, GPUS
 from launcher.core.config import CHECKPOINTING, LOCAL_CLUSTER
 from launcher.forecast.estimate import Estimate, estimate, set_scaling
 from launcher.job.secret_store import secrets_dir, store_secrets
 from launcher.forecast.host import host_memory, machine_memory, to_fit
-from launcher.forecast.target import GIB, Assumptions, hardware_for, precision_of
+from launcher.forecast.target import GIB, Assumptions, TargetGpu, hardware_for, precision_of
 from launcher.forecast.memory import activation_components, activation_terms, shard_group
 
 if TYPE_CHECKING:
@@ -32,8 +32,9 @@ parameters, gradients and AdamW state, gathered FSDP units, activations, margin)
 memory, the largest micro-batch that fits, FLOPs and step time at a stated MFU, FSDP communication
 and its time, and scaling efficiency across a sweep's GPU counts. A run that does not fit gets the
 changes that would make it fit. GPU memory comes from cluster.gpu_memory_gb, else cluster.gpu_type or
-the partition's gres type; the local cluster's virtual GPUs are planned as {DEFAULT_GPU.upper()} \
-{GPUS[DEFAULT_GPU].memory_gib:g} GiB.
+the partition's gres type, else an assumption it states; step time, tokens/s and MFU need the GPU's type
+(a dash without it); the local cluster's virtual GPUs are planned as an {DEFAULT_GPU.upper()} stand-in \
+({GPUS[DEFAULT_GPU].memory_gib:g} GiB), labelled so.
 Formulas and sources: docs/planning.md."""
 
 EPILOG = """examples:
@@ -118,8 +119,14 @@ def _gib(n: float) -> str:
     return f"{n / GIB:,.2f}"
 
 
-def _time(seconds: float) -> str:
+def _time(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
     return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
+
+
+def _tokens(per_s: Optional[float]) -> str:
+    return "-" if per_s is None else f"{per_s:,.0f}"
 
 
 def _pct(x: float | None) -> str:
@@ -146,7 +153,7 @@ def comparison(estimates: List[Estimate]) -> str:
         rows.append([p.model, f"{p.gpus} ({p.nodes}x{p.tasks_per_node})", est.cfg.parallel.sharding,
                      est.cfg.parallel.activation_checkpointing, f"{p.micro_batch} x {p.grad_accum}",
                      f"{est.memory.total / GIB:,.1f}", f"{est.hardware.memory_gib:g}", _fits(est),
-                     est.max_micro_batch or "-", _time(t.step_s), f"{t.tokens_per_s_per_gpu:,.0f}", _time(t.comm_s),
+                     est.max_micro_batch or "-", _time(t.step_s), _tokens(t.tokens_per_s_per_gpu), _time(t.comm_s),
                      _pct(est.scaling_efficiency)])
     lines = [tabulate(rows, headers=COMPARISON_HEADERS, disable_numparse=True)]
     notes = _notes(estimates)
@@ -158,11 +165,13 @@ def comparison(estimates: List[Estimate]) -> str:
 
 
 def _notes(estimates: List[Estimate]) -> List[str]:
+    """Below the comparison: each GPU and where its figures came from, once, and the assumptions."""
     first = estimates[0]
     a = first.assumptions
     gpus = sorted({f"{e.hardware.gpu_type} {e.hardware.memory_gib:g} GiB ({e.hardware.memory_source})"
                    for e in estimates})
-    return ["", f"GPU: {'; '.join(gpus)}",
+    speeds = [line for line in dict.fromkeys(_speed_note(e.hardware) for e in estimates) if line]
+    return ["", f"GPU: {'; '.join(gpus)}", *speeds,
             f"assumed: MFU {a.mfu:g} on executed FLOPs; NVLink {a.intra_gbps:g} GB/s per GPU; network "
             f"{a.inter_gbps:g} GB/s per node; margin {100 * a.margin:g}% + {a.overhead_gib:g} GiB; "
             "scaling eff. = tok/s/GPU vs the fewest-GPU run with the same other overrides"]
@@ -182,9 +191,17 @@ TIME_ROWS = [
     ("communication / step", "comm_s", _time),
     ("exposed communication", "exposed_comm_s", _time),
     ("step time", "step_s", _time),
-    ("tokens/s/GPU", "tokens_per_s_per_gpu", lambda x: f"{x:,.0f}"),
-    ("predicted MFU", "mfu", lambda x: f"{100 * x:.1f}%"),
+    ("tokens/s/GPU", "tokens_per_s_per_gpu", _tokens),
+    ("predicted MFU", "mfu", lambda x: "-" if x is None else f"{100 * x:.1f}%"),
 ]
+
+
+def _speed_note(hw: TargetGpu) -> Optional[str]:
+    """What a plan's step time, tokens/s and MFU are of: a stand-in's (said so), or none (why, and how to name
+    the GPU); None for a GPU of known type."""
+    if hw.stand_in:
+        return f"step time, tokens/s and MFU: of an {hw.gpu_type} for the virtual GPUs, not this machine's"
+    return hw.unforecast
 
 
 def detail(est: Estimate) -> str:
@@ -207,8 +224,9 @@ def detail(est: Estimate) -> str:
         f"{model.n_heads} heads, seq {model.seq_len}, vocab {model.vocab_size}",
         f"batch: micro-batch {plan.micro_batch} x grad_accum {plan.grad_accum} = {per_rank} sequences per GPU; "
         f"global {plan.global_batch} ({plan.tokens_per_step:,} tokens) per step",
-        f"GPU: {hw.gpu_type}, {hw.memory_gib:g} GiB ({hw.memory_source}); peak {est.precision} "
-        f"{hw.peak_flops / 1e12:g} TFLOP/s ({hw.peak_source})",
+        f"GPU: {hw.gpu_type}, {hw.memory_gib:g} GiB ({hw.memory_source}); "
+        + (f"peak {est.precision} {hw.peak_flops / 1e12:g} TFLOP/s ({hw.peak_source})" if hw.peak_flops else
+           "peak unknown"),
     ]
     memory_rows = [[label, m.formulas[part], _gib(getattr(m, part))] for label, part in MEMORY_ROWS]
     memory_rows[MEMORY_ROWS.index(("activations", "activations"))][0] = f"activations ({level})"
@@ -232,12 +250,14 @@ def detail(est: Estimate) -> str:
         + [f"  {name.replace('_', ' '):<16}{term.formula}" for name, term in terms.items()])
     comm_rows = [[label, fmt(getattr(t, part)), t.formulas[part]] for label, part, fmt in TIME_ROWS]
     comm_rows.append(["scaling efficiency", _pct(est.scaling_efficiency), "vs the fewest-GPU run of the sweep"])
+    speed = _speed_note(hw)
     parts = ["\n".join(head), tabulate(memory_rows, headers=["memory per GPU", "formula", "GiB"],
                                        disable_numparse=True),
              tabulate(act_rows, headers=[f"activations GiB, micro-batch {b}", "layers", "recompute", "final norm",
                                          "loss", "total"], disable_numparse=True)
              + "\n" + act_note,
-             tabulate(comm_rows, headers=["time and communication", "", ""], disable_numparse=True)]
+             tabulate(comm_rows, headers=["time and communication", "", ""], disable_numparse=True)
+             + (f"\n{speed}" if speed else "")]
     if not est.fits:
         parts.append("DOES NOT FIT. To fit:\n" + "\n".join(f"  {s}" for s in est.suggestions)
                      if est.suggestions else "DOES NOT FIT, and no change found up to 4096 GPUs.")

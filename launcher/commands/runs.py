@@ -62,6 +62,9 @@ _SCALARS = {str: json.encoder.encode_basestring_ascii, int: int.__repr__, float:
 # The STATUS column's widest: a long cause (a cluster that is gone, a pending reason in words) is cut there, whole
 # in ``describe`` and ``runs --json``, so that the table still fits a terminal.
 STATUS_WIDTH = 72
+# The reasons said beside any state, not only beside those that always say theirs: a stall, where a trial was
+# pruned, and a last known state's date (Slurm not answering).
+SAID_WHILE_RUNNING = ("stalled", "pruned", "as of")
 HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "TRY", "PROGRESS", "LOSS", "TOK/S", "MFU",
            "SUBMITTED", "ELAPSED/ETA"]
 
@@ -69,7 +72,7 @@ HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "TRY", "PROGR
 def table_row(row: RunRow) -> list:
     status = row.status + (f" ({row.reason})" if row.reason and (row.status in ("PENDING", "RECOVERING", "FAILED",
                                                                                   "UNKNOWN", "REQUEUED", DAMAGED)
-                                                                  or row.reason.startswith(("stalled", "pruned")))
+                                                                  or row.reason.startswith(SAID_WHILE_RUNNING))
                                                                   else "")
     if len(status) > STATUS_WIDTH:
         status = status[:STATUS_WIDTH - 2].rstrip() + "…" + (")" if status.endswith(")") else "")

@@ -128,12 +128,12 @@ class Pages:
             return readers.run_page(console.roots, name)
         rank, offset = number(request, "rank", 0), number(request, "log_offset", None)
         return console.shared_page(f"run?{query}", lambda: readers.remote_run_page(
-            remote, name, console.tails, rank, offset, MAX_POINTS // 2))
+            remote, name, console.tails, rank, offset, MAX_POINTS // 2, earlier=query.get("earlier") == "1"))
 
     def curves(self, request: Request) -> Dict[str, Any]:
-        rec = readers.lookup(self.console.roots, request.path_params["name"])
         points = min(MAX_POINTS, max(10, number(request, "points", MAX_POINTS)))
-        return readers.curves(self.console.tails.metrics(Path(rec.run_dir)), rec.gpus, points)
+        return readers.run_curves(self.console.roots, request.path_params["name"], self.console.tails, points,
+                                  earlier=request.query_params.get("earlier") == "1")
 
     def log(self, request: Request) -> Dict[str, Any]:
         return readers.log_tail(self.console.roots, request.path_params["name"], number(request, "rank", 0),

@@ -23,16 +23,19 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from launcher.core.attempt_log import AttemptLog, Current
+from launcher.core.checkpoints import saved_steps
 from launcher.core.config import load_run_config
-from launcher.core.metrics import Row, decode, encode
+from launcher.core.events import decode
+from launcher.core.metrics import Row, decode as row_of, encode
 from launcher.core.plan import read_plan
-from launcher.core.run_index import is_run
+from launcher.core.run_index import RunRecord, is_run
 from launcher.core.rundir import CONFIG, METRICS, read_events
 from launcher.forecast.estimate import estimate
 from launcher.remote.clusters import remotes
 from launcher.remote.ssh import Remote
 from launcher.remote.ship import call, remote_error, run_launcher
-from launcher.forecast.target import GIB, hardware_for, precision_of
+from launcher.forecast.target import hardware_for, precision_of
 from launcher.errors import LaunchError
 from launcher.service.clusters import configured, survey, to_json, your_jobs
 from launcher.service.describe import describe
@@ -69,7 +72,8 @@ def runs_page(roots: List[Path], query: Dict[str, str], tails: Optional["Tails"]
     listed = [{**row_dict(row), "remote": row.cluster in far, "goodput": None} for row in shown]
     for row in listed if tails is not None else []:
         if not row["remote"] and row["status"] != DAMAGED:
-            measured = goodput(read_events(Path(row["run_dir"])), tails.rows(Path(row["run_dir"])), time.time())
+            run_dir = Path(row["run_dir"])
+            measured = goodput(read_events(run_dir), tails.rows(run_dir), time.time(), saved_steps(run_dir))
             row["goodput"] = None if measured is None else round(measured.fraction, 3)
     return {"rows": listed, "page": page, "more": len(rows) > (page + 1) * PER_PAGE, "banners": found.unanswered,
             **({"left_out": found.left_out} if found.left_out else {})}
@@ -78,18 +82,19 @@ def runs_page(roots: List[Path], query: Dict[str, str], tails: Optional["Tails"]
 def run_page(roots: List[Path], name: str) -> Dict[str, Any]:
     """``launcher describe NAME --json``, with the command that runs it again."""
     rec = lookup(roots, name)
-    info = describe(rec).to_dict()
+    described = describe(rec)
+    info = described.to_dict()
     info["refused"] = refusals(info, rec.steps)
     run_file = Path(rec.run_dir) / "run.yaml"
     info["again"] = f"launcher -f {run_file}"
     info["run_file"] = run_file.read_text() if run_file.is_file() else None
     info["gpus"] = rec.gpus
-    info["predicted"] = predicted(Path(rec.run_dir))
+    info["predicted"] = predicted(Path(rec.run_dir), described.latest_metrics)
     return info
 
 
 def remote_run_page(remote: Remote, name: str, tails: Tails, rank: int, log_offset: Optional[int],
-                    points: int) -> Dict[str, Any]:
+                    points: int, earlier: bool = False) -> Dict[str, Any]:
     """A run on a cluster reached over SSH: ``launcher describe NAME --json`` there, and what its metrics and rank
     log gained since the last refresh (launcher/remote/agent.py ``follow``): two SSH commands a refresh, each over
     the CLI's master connection."""
@@ -102,9 +107,10 @@ def remote_run_page(remote: Remote, name: str, tails: Tails, rank: int, log_offs
                                      "rank": rank, "log_offset": log_offset}, timeout=max(30.0, 4 * remote.timeout_s))
     records = tails.add(key, answer["metrics"], answer["metrics_offset"], answer["again"])
     run_file = info["paths"]["run_dir"] + "/run.yaml"
+    current = AttemptLog([decode(line) for line in info["events"]]).current()
     steps = int(((yaml.safe_load(info["config"]) or {}).get("train") or {}).get("steps") or 0)
-    return {**info, "refused": refusals(info, steps), "curves": curves(records, info["plan"]["gpus"], points),
-            "log": answer["log"],
+    return {**info, "refused": refusals(info, steps),
+            "curves": curves(records, info["plan"]["gpus"], points, current, earlier), "log": answer["log"],
             "again": f"launcher -f {run_file}  (on {remote.cluster})", "run_file": None, "predicted": None,
             "remote": remote.cluster}
 
@@ -113,7 +119,7 @@ def refusals(info: Dict[str, Any], steps: int) -> Dict[str, Optional[str]]:
     """Why Stop and Resume cannot act on the run ``info`` (``describe --json``) describes, in the service's words
     (None: it can); Delete always can."""
     name, job_id, state = info["name"], info["job_id"], info["state"]
-    final = decode(info["final_metrics"]) if info.get("final_metrics") else None
+    final = row_of(info["final_metrics"]) if info.get("final_metrics") else None
     return {"stop": unstoppable(name, job_id, state), "resume": unresumable(name, job_id, state, steps, final),
             "delete": None}
 
@@ -123,15 +129,24 @@ def remote_named(cluster: Optional[str]) -> Optional[Remote]:
     return next((remote for remote in remotes() if remote.cluster == cluster), None) if cluster else None
 
 
-def predicted(run_dir: Path) -> Dict[str, Any]:
+def predicted(run_dir: Path, measured: Optional[Row] = None) -> Dict[str, Any]:
     """What ``launcher plan`` predicts for the run (memory per GPU, step time, tokens/s, MFU), beside which the
-    page shows what was measured. The local cluster's CPUs are planned as a stand-in GPU, so there the figures
-    say what that GPU would do."""
+    page shows what was measured (``measured``, the newest row), and a note saying what the figures are of. There
+    is no speed where the GPU's type is not known, and virtual GPUs are planned as a stand-in GPU, whose speed is
+    not set beside a measurement on CPUs (a row without MFU): the two would not be comparable."""
     cfg = load_run_config(run_dir / CONFIG)
-    est = estimate(cfg, read_plan(run_dir), hardware_for(cfg.cluster, precision_of(cfg))).to_dict()
-    return {"memory_gb": est["mem_per_gpu_gib"] * GIB / 1e9, "step_time_s": est["step_time_s"],
-            "tokens_per_s": est["tokens_per_s_per_gpu"] * est["gpus"], "mfu": est["predicted_mfu"],
-            "gpu": est["gpu"]["type"]}
+    hw = hardware_for(cfg.cluster, precision_of(cfg))
+    est = estimate(cfg, read_plan(run_dir), hw)
+    on_cpus = hw.stand_in and measured is not None and measured.mfu is None
+    note = hw.unforecast
+    if hw.stand_in:
+        note = (f"planned for an {hw.gpu_type}: the cluster's GPUs are virtual"
+                + ("; its ranks train on CPUs, so no stand-in's speed is set beside theirs" if on_cpus else ""))
+    t = est.timing if not on_cpus else None
+    tokens = t.tokens_per_s_per_gpu if t else None
+    return {"memory_gb": est.memory.total / 1e9, "step_time_s": t.step_s if t else None,
+            "tokens_per_s": None if tokens is None else tokens * est.plan.gpus, "mfu": t.mfu if t else None,
+            "gpu": hw.gpu_type, "stand_in": hw.stand_in, "note": note}
 
 
 class Tails:
@@ -177,11 +192,36 @@ class Tails:
             return list(lines)
 
 
-def curves(records: Sequence[dict], gpus: int, points: int) -> Dict[str, Any]:
-    """The run's curves against the step, at most ``points`` each: a longer run is cut into that many buckets of
-    logged records, and a bucket's point is its last step with each curve's last value in it (an evaluation,
-    logged every few hundred steps, is kept in its bucket; the newest values are always the last point)."""
+def run_curves(roots: List[Path], name: str, tails: Tails, points: int, earlier: bool) -> Dict[str, Any]:
+    """The curves of this machine's run ``name`` (:func:`curves`), its metrics read incrementally."""
+    return record_curves(lookup(roots, name), tails, points, earlier)
+
+
+def record_curves(rec: RunRecord, tails: Tails, points: int, earlier: bool = False) -> Dict[str, Any]:
+    """:func:`curves` of this machine's run ``rec``: its current attempt's, its metrics read through ``tails``."""
+    current = AttemptLog(read_events(Path(rec.run_dir))).current()
+    return curves(tails.metrics(Path(rec.run_dir)), rec.gpus, points, current, earlier)
+
+
+def curves(records: Sequence[dict], gpus: int, points: int, current: Current = Current(),
+           earlier: bool = False) -> Dict[str, Any]:
+    """The current attempt's curves against the step, from the step it resumed at (launcher/core/attempt_log.py
+    ``Current``), at most ``points`` each (:func:`bucketed`); ``earlier_rows``: how many rows earlier attempts
+    logged, which the page offers to draw, and with ``earlier`` their curves beside (``earlier``, as one line:
+    :func:`one_line`), so that a run that restarted never draws a loop."""
     logged = [r for r in records if not r.get("final") and isinstance(r.get("step"), int)]
+    mine = [r for r in logged if current.holds(r.get("time"))]
+    older = [r for r in logged if not current.holds(r.get("time"))]
+    out = {**bucketed(mine, gpus, points), "earlier_rows": len(older), "resumed_at": current.resumed_at}
+    if earlier and older:
+        out["earlier"] = bucketed(one_line(older), gpus, points)
+    return out
+
+
+def bucketed(logged: Sequence[dict], gpus: int, points: int) -> Dict[str, Any]:
+    """Logged rows as curves of at most ``points`` each: a longer run is cut into that many buckets of rows, and a
+    bucket's point is its last step with each curve's last value in it (an evaluation, logged every few hundred
+    steps, is kept in its bucket; the newest values are always the last point)."""
     size = max(1, -(-len(logged) // points))
     buckets = [logged[i:i + size] for i in range(0, len(logged), size)]
     out: Dict[str, Any] = {"step": [bucket[-1]["step"] for bucket in buckets], "logged": len(logged)}
@@ -190,6 +230,17 @@ def curves(records: Sequence[dict], gpus: int, points: int) -> Dict[str, Any]:
     out["tokens_per_s_per_gpu"] = [v / gpus if isinstance(v, (int, float)) and gpus else None
                                    for v in out["tokens_per_s"]]  # what the page draws, for every run alike
     return out
+
+
+def one_line(older: Sequence[dict]) -> List[dict]:
+    """Earlier attempts' rows as one line, oldest first: from the newest back, a row is kept when its step is below
+    every step kept after it, so that of the steps two attempts both logged (a restart from scratch, or from an
+    earlier checkpoint) the later attempt's are drawn."""
+    kept: List[dict] = []
+    for row in reversed(older):
+        if not kept or row["step"] < kept[-1]["step"]:
+            kept.append(row)
+    return kept[::-1]
 
 
 def log_tail(roots: List[Path], name: str, rank: int, offset: Optional[int]) -> Dict[str, Any]:
@@ -202,14 +253,14 @@ def log_tail(roots: List[Path], name: str, rank: int, offset: Optional[int]) -> 
 
 def sweep_page(roots: List[Path], sweep: str, tails: Tails) -> Dict[str, Any]:
     """A sweep's runs, ``launcher compare``'s figures of them (speedup and efficiency against the fewest GPUs),
-    each run's loss curve (at most SWEEP_POINTS, read through ``tails``), whether any of its runs is active (what
-    a stop of the sweep would act on), and a search's study as ``describe SWEEP`` gives it."""
+    each run's loss curve (its current attempt's, at most SWEEP_POINTS, read through ``tails``), how many of its
+    runs are active (what a stop of the sweep would act on), and a search's study as ``describe SWEEP`` gives it."""
     records = sweep_runs(roots, sweep)
     search = search_of(roots, records[0].sweep if records else sweep)
     if not records and search is None:
         raise LaunchError(f"no sweep or search '{sweep}'")
     runs = [asdict(s) for s in compare(records)]
-    losses = {rec.name: curves(tails.metrics(Path(rec.run_dir)), rec.gpus, SWEEP_POINTS) for rec in records}
+    losses = {rec.name: record_curves(rec, tails, SWEEP_POINTS) for rec in records}
     return {"id": records[0].sweep if records else search.search.id, "runs": runs,
             "losses": {name: {"step": got["step"], "loss": got["loss"]} for name, got in losses.items()},
             "active": sum(run["status"] in ACTIVE for run in runs),

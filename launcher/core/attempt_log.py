@@ -4,8 +4,9 @@ An attempt is one start of the run's Slurm job (launcher/job/recovery.py records
 a requeue or retry of it. The batch script's steps (which attempt this is, whether it was judged, which nodes
 earlier attempts blamed or left out, how many retries are spent), ``runs`` (how many attempts, whether the last
 one ended COMPLETED), ``describe`` (the attempts table, goodput attempt by attempt), ``logs`` (the ranks the
-newest attempt blamed), a search's trial (whether its outcome is final) and the state shown beside Slurm's
-(launcher/status/job_state.py) all read the record through :class:`AttemptLog`: no other module tests an event
+newest attempt blamed), a search's trial (whether its outcome is final), the state shown beside Slurm's
+(launcher/status/job_state.py) and which metrics rows are the current attempt's (:class:`Current`: ``runs``'
+progress, the console's curves) all read the record through :class:`AttemptLog`: no other module tests an event
 for ``attempt`` or ``attempt_ended`` (tests/unit/test_architecture.py checks it), so what an attempt is has one
 reader. Everything here is pure: typed events (launcher/core/events.py) in, answers out.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Set, Tuple, Type, TypeVar, Union
 
 from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Event, Failed, Finished, Outcome, Requeued,
-                                   Resubmitted, Resumed, Retrying, Stalled, Started, Submitted)
+                                   Resubmitted, Resumed, Retrying, Stalled, Started, Submitted, Watching)
 
 E = TypeVar("E", bound=Event)
 # The events that say where the run stands between attempts: begun, retrying, given up or done.
@@ -24,6 +25,10 @@ STANDING = (Attempt, Retrying, Failed, Finished)
 QUEUED = (Submitted, Retrying, Resubmitted, Requeued, AttemptEnded)
 # The events after which the run goes on: an end recorded before one of them is not the run's.
 GOING_ON = (Submitted, Started, Requeued, Resumed, Retrying, Resubmitted, Attempt)
+# The events after which the run's job waits for an attempt that has not begun: its rows are not the next one's.
+AWAITING = (Retrying, Resubmitted, Requeued)
+# How an attempt ends that recovery answers with a retry or a verdict (launcher/job/recovery.py ``respond``).
+FAILURES = (Outcome.FAILED, Outcome.STALLED, Outcome.LOST, Outcome.PREFLIGHT)
 
 
 @dataclass
@@ -49,6 +54,22 @@ class Span:
     began: Attempt
     during: List[Event] = field(default_factory=list)
     ended: Optional[AttemptEnded] = None
+
+
+@dataclass(frozen=True)
+class Current:
+    """Which metrics rows are the current attempt's: those written since ``since`` (None: every row, a record
+    without attempts), from the step it resumed at (``resumed_at``, 0 from scratch or not yet known). While the
+    run's job waits for its next attempt (a retry, a resume, a requeue), ``since`` is when it began to wait, so no
+    row is the current attempt's until that attempt logs one."""
+
+    since: Optional[float] = None
+    resumed_at: int = 0
+
+    def holds(self, stamp: Optional[float]) -> bool:
+        """Whether a row written at ``stamp`` is the current attempt's (a row without a time, written before rows
+        had one, is taken as the current attempt's: nothing tells)."""
+        return self.since is None or stamp is None or stamp >= self.since
 
 
 class AttemptLog:
@@ -111,6 +132,33 @@ class AttemptLog:
     def retries(self) -> int:
         """The retries spent: those of a node's own fault (``free``) are not counted."""
         return sum(isinstance(e, Retrying) and not e.free for e in self.events)
+
+    def current(self) -> Current:
+        """Which rows are the current attempt's: the newest attempt's since it began, from the step its ranks
+        resumed at; none while the run's job waits for its next attempt (:data:`AWAITING` after the newest one)."""
+        attempt, since = self.this_attempt()
+        if attempt is None:
+            return Current()
+        waiting = next((e for e in since if isinstance(e, AWAITING)), None)
+        if waiting is not None:
+            return Current(since=waiting.time)
+        resumed = next((e for e in since if isinstance(e, Resumed)), None)
+        return Current(since=attempt.time, resumed_at=(resumed.step or 0) if resumed else 0)
+
+    def awaiting_retry(self) -> Optional[AttemptEnded]:
+        """The newest attempt's end when it failed (:data:`FAILURES`) and neither a verdict nor its retry has been
+        recorded yet: recovery is deciding (launcher/job/recovery.py); None otherwise."""
+        _, since = self.this_attempt()
+        ended = next((e for e in since if isinstance(e, AttemptEnded)), None)
+        if ended is None or ended.outcome not in FAILURES:
+            return None
+        return None if any(isinstance(e, Retrying) or (isinstance(e, Failed) and e.final) for e in since) else ended
+
+    def watcher(self, job_id: Optional[str]) -> Optional[str]:
+        """The job that watches job ``job_id`` to judge its attempt should its batch step die (a ``watching``
+        event's), or None when none was submitted for it."""
+        found = next((e for e in reversed(self.events) if isinstance(e, Watching) and e.job_id == job_id), None)
+        return found.watcher if found else None
 
     def since_resumed(self) -> "AttemptLog":
         """The record since the newest ``resubmitted`` (the user's ``launcher resume``), else all of it."""

@@ -53,6 +53,11 @@ def complete_checkpoints(run_dir: Path) -> List[Path]:
                   key=lambda p: p.name)
 
 
+def saved_steps(run_dir: Path) -> List[int]:
+    """The steps the run's complete checkpoints hold, oldest first: those a later attempt can resume from."""
+    return [step_of(path) for path in complete_checkpoints(run_dir)]
+
+
 def damaged_checkpoints(run_dir: Path) -> List[Path]:
     root = checkpoint_root(run_dir)
     return sorted(root.glob(f"step_*{DAMAGED}")) if root.is_dir() else []

@@ -242,6 +242,8 @@ class ClusterConfig:
     # The local cluster's GPUs are gres entries with CPU processes for ranks; a real cluster's are GPUs, and a
     # rank whose torch sees none fails preflight (launcher/train/preflight.py) instead of training on the CPU.
     virtual_gpus: bool = False
+    # The GPUs' type: asked of Slurm (--gpus-per-node=TYPE:N, unless gres is set) and what a plan sizes and times a
+    # run on (launcher/forecast/target.py); without it a plan forecasts no step time, tokens/s or MFU.
     gpu_type: Optional[str] = None
     gpu_memory_gb: Optional[float] = None
     cpus_per_gpu: Optional[int] = 1  # null: no --cpus-per-task (lets --overcommit pack tasks)

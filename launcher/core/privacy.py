@@ -7,7 +7,7 @@ inside takes the group), and the run root gets the group too, so that its member
 
 Files are created by many hands: the launcher, Slurm (the job's output files), and on the nodes torch
 (checkpoints), logging and training. A umask reaches all of them: the launcher makes a run's files and submits
-its jobs inside one writer, :class:`RunFiles`, which owns the umask and the group (sbatch passes the umask to the
+its jobs inside one writer, :class:`RunWriter`, which owns the umask and the group (sbatch passes the umask to the
 job as SLURM_UMASK), and the batch script sets it again before anything runs (a resubmission from the node
 inherits it). Files the launcher writes later take their directory's mode (file_mode). Secrets
 (launcher/job/secret_store.py) are never shared: their store stays 0700/0600.
@@ -63,9 +63,9 @@ def my_groups() -> list[str]:
     return names
 
 
-class RunFiles:
+class RunWriter:
     """The one writer of a run's files, which owns their umask and group: every step that makes a run's files or
-    submits its job (a launch, a retry, ``launcher resume``) runs inside ``with RunFiles(share_group, root)``. Inside
+    submits its job (a launch, a retry, ``launcher resume``) runs inside ``with RunWriter(share_group, root)``. Inside
     it, files and directories (and the jobs submitted, which inherit the umask) are made under the run's umask; on
     entry the run root, when given, is made reachable by the group (:func:`share_root`); a run directory made inside
     it is given the run's mode and group by :meth:`own`. One inside another (a launch submits a run's job as a
@@ -75,7 +75,7 @@ class RunFiles:
         self.share_group, self.root = share_group, root
         self._previous = 0
 
-    def __enter__(self) -> "RunFiles":
+    def __enter__(self) -> "RunWriter":
         if self.root is not None:
             share_root(self.root, self.share_group)
         self._previous = os.umask(umask_for(self.share_group))

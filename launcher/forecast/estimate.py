@@ -68,7 +68,8 @@ class Estimate:
             "global_batch": self.plan.global_batch, "tokens_per_step": self.plan.tokens_per_step,
             "params": self.plan.params, "overrides": self.overrides,
             "gpu": {"type": hw.gpu_type, "memory_gib": hw.memory_gib, "memory_source": hw.memory_source,
-                    "enforced_at_launch": hw.enforce, "peak_flops": hw.peak_flops, "peak_source": hw.peak_source},
+                    "enforced_at_launch": hw.enforce, "peak_flops": hw.peak_flops, "peak_source": hw.peak_source,
+                    "stand_in": hw.stand_in},
             "memory_bytes": {"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "gathered": m.gathered,
                              "grad_buffers": m.grad_buffers, "activations": m.activations, "margin": m.margin,
                              "total": m.total, "capacity": m.capacity},
@@ -110,9 +111,10 @@ _SCALING_KEYS = ("gpus", "layout.gpus", "layout.nodes", "parallel.sharding")
 
 def set_scaling(estimates: List[Estimate]) -> None:
     """Scaling efficiency of each run: its tokens/s/GPU over that of the fewest-GPU run among the runs
-    whose other overrides are the same (gpus=8,16,128 compares 8 -> 16 -> 128, presets' sharding included)."""
+    whose other overrides are the same (gpus=8,16,128 compares 8 -> 16 -> 128, presets' sharding included);
+    none for a run on a GPU whose speed is not forecast."""
     groups: Dict[Tuple[str, ...], List[Estimate]] = {}
-    for est in estimates:
+    for est in (e for e in estimates if e.timing.tokens_per_s_per_gpu):
         key = tuple(o for o in est.overrides if o.split("=", 1)[0].lstrip("+~") not in _SCALING_KEYS)
         groups.setdefault(key, []).append(est)
     for group in groups.values():

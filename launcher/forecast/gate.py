@@ -44,13 +44,14 @@ def _findings(run: Any, machine: Optional[int]) -> Iterator[Tuple[str, str]]:
 
 def time_budget(run: Any) -> Optional[str]:
     """Why the run cannot finish within its time budget, ``cluster.max_requeues + 1`` time limits, at the
-    planned step time; None if it can. A warning, not a refusal: the step time is an estimate (on the local
-    cluster, of the GPU its CPU ranks stand in for), and ``launcher resume`` can continue a run past it."""
+    planned step time; None if it can, or where no step time is planned (a GPU of unknown type). A warning, not a
+    refusal: the step time is an estimate (on the local cluster, of the GPU its CPU ranks stand in for), and
+    ``launcher resume`` can continue a run past it."""
     cfg = run.config
     hw = hardware_for(cfg.cluster, precision_of(cfg))
     step_s = timing(cfg, run.plan, hw, Assumptions()).step_s
     attempts, limit_min = cfg.cluster.max_requeues + 1, cfg.cluster.time_limit_min
-    if cfg.train.steps * step_s <= attempts * limit_min * 60:
+    if step_s is None or cfg.train.steps * step_s <= attempts * limit_min * 60:
         return None
     return (f"train.steps={cfg.train.steps} at the planned {step_s:.3g} s per step ({hw.gpu_type}) take "
             f"{cfg.train.steps * step_s / 3600:,.1f} h, more than the {attempts * limit_min / 60:,.1f} h of "

@@ -80,7 +80,7 @@ def host_memory(cfg: RunConfig, plan: Plan, capacity: int, micro_batch: Optional
     on_cpu = compute_precision(cfg.parallel.precision, cuda=False)
     as_run = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, precision=on_cpu))
     cpu = TargetGpu(gpu_type="cpu", memory_gib=capacity / GIB, memory_source="MemTotal", enforce=True,
-                   peak_flops=0.0, peak_source="")
+                   peak_flops=None, peak_source="")
     rank = memory(as_run, plan, cpu, Assumptions(overhead_gib=RANK_RUNTIME_GIB), micro_batch)
     return HostMemory(model=plan.model, ranks=plan.world_size, rank=rank, capacity=capacity, precision=on_cpu)
 

@@ -34,16 +34,28 @@ class Assumptions:
             raise LaunchError("--margin and --overhead-gib must not be negative")
 
 
+# How a plan on a GPU of unknown type gets its time figures: the one line ``launcher plan`` prints there.
+NAME_THE_GPU = "set cluster.gpu_type=TYPE, or run launcher clusters add NAME --gpu-type TYPE"
+
+
 @dataclass(frozen=True)
 class TargetGpu:
-    """The GPU a run is planned for, and where each figure came from."""
+    """The GPU a run is planned for, and where each figure came from. Its memory is always sized (from a stated
+    assumption where unknown); its speed only where its peak is known, so no step time, tokens/s or MFU is
+    forecast for a GPU whose type is not known."""
 
-    gpu_type: str  # as named by the source, or the stand-in
+    gpu_type: str  # as named by the source, the stand-in's label, or "unknown"
     memory_gib: float
     memory_source: str
     enforce: bool  # the launch refuses a run that does not fit (memory known, or the local cluster's stand-in)
-    peak_flops: float  # dense peak in the run's compute precision
-    peak_source: str
+    peak_flops: Optional[float]  # dense peak in the run's compute precision; None: no time figures
+    peak_source: str  # where the peak came from, or why there is none and how to name the GPU
+    stand_in: bool = False  # virtual GPUs (CPU processes) planned as core/gpus.py DEFAULT_GPU
+
+    @property
+    def unforecast(self) -> Optional[str]:
+        """The one line a plan shows where it forecasts no speed: why, and how to name the GPU; None elsewhere."""
+        return None if self.peak_flops else f"no step time, tokens/s or MFU: {self.peak_source}"
 
 
 def precision_of(cfg: RunConfig) -> str:
@@ -69,32 +81,33 @@ def gres_gpu_type(cluster: ClusterConfig) -> Optional[str]:
 def hardware_for(cluster: ClusterConfig, precision: str = "bf16", query_slurm: bool = False) -> TargetGpu:
     """The GPU of ``cluster``: memory from ``cluster.gpu_memory_gb``, else from the GPU type
     (``cluster.gpu_type``, else the partition's gres type when ``query_slurm``), else a stated
-    default. The local cluster's virtual GPUs have no memory; they are planned as the stand-in GPU
-    (core/gpus.py DEFAULT_GPU), and the launch check applies to them too (so a model that fits no
-    such GPU is refused)."""
-    local = cluster.name == LOCAL_CLUSTER
+    assumption; its peak from the GPU type, else none (and no time figures). Virtual GPUs (the local
+    cluster's) have neither; they are planned as the stand-in GPU (core/gpus.py DEFAULT_GPU), labelled
+    so, and the launch check applies to them too (so a model that fits no such GPU is refused)."""
+    stand_in = cluster.gpu_type is None and (cluster.name == LOCAL_CLUSTER or cluster.virtual_gpus)
     gpu_type, type_source = cluster.gpu_type, "cluster.gpu_type"
-    if gpu_type is None and query_slurm and not local:
+    if gpu_type is None and query_slurm and not stand_in:
         gpu_type, type_source = gres_gpu_type(cluster), "sinfo gres"
-    stand_in, name = gpus.GPUS[gpus.DEFAULT_GPU], gpus.DEFAULT_GPU.upper()
+    spec, name = gpus.GPUS[gpus.DEFAULT_GPU], f"{gpus.DEFAULT_GPU.upper()} stand-in"
+    as_stand_in = f"default for cluster {cluster.name}'s virtual GPUs"
     typed_memory = gpus.memory_gib(gpu_type) if gpu_type else None
     if cluster.gpu_memory_gb:
         memory, memory_source, enforce = float(cluster.gpu_memory_gb), "cluster.gpu_memory_gb", True
     elif typed_memory:
         memory, memory_source, enforce = typed_memory, f"{type_source} {gpu_type}", True
-    elif local:
-        memory, memory_source, enforce = (stand_in.memory_gib,
-                                          f"default: local cluster's virtual GPUs as {name} "
-                                          f"{stand_in.memory_gib:g} GiB", True)
+    elif stand_in:
+        memory, memory_source, enforce = spec.memory_gib, as_stand_in, True
     else:
-        memory, enforce = stand_in.memory_gib, False
+        memory, enforce = spec.memory_gib, False
         memory_source = "assumed (GPU memory unknown: set cluster.gpu_memory_gb)"
-    peak = gpus.peak_flops(gpu_type, precision) if gpu_type else None
-    if peak:
-        peak_source = f"{type_source} {gpu_type}, {precision}"
+    if stand_in:
+        peak, peak_source = spec.peak(precision), f"{as_stand_in}, {precision}"
+    elif gpu_type is None:
+        peak, peak_source = None, f"GPU type unknown: {NAME_THE_GPU}"
     else:
-        peak = stand_in.peak(precision)
-        peak_source = (f"default: local cluster's virtual GPUs as {name}, {precision}" if local
-                       else f"assumed {name} {precision} (GPU type unknown: set cluster.gpu_type)")
-    return TargetGpu(gpu_type=gpu_type or (f"{gpus.DEFAULT_GPU} (stand-in)" if local else "unknown"), memory_gib=memory,
-                    memory_source=memory_source, enforce=enforce, peak_flops=peak, peak_source=peak_source)
+        peak = gpus.peak_flops(gpu_type, precision)
+        peak_source = (f"{type_source} {gpu_type}, {precision}" if peak else
+                       f"no {precision} peak known for GPU type {gpu_type}")
+    return TargetGpu(gpu_type=name if stand_in else gpu_type or "unknown", memory_gib=memory,
+                     memory_source=memory_source, enforce=enforce, peak_flops=peak, peak_source=peak_source,
+                     stand_in=stand_in)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Optional
 
 from launcher.core.config import RunConfig
 from launcher.core.plan import FLOPS_PER_TOKEN, Plan, flops_per_token
@@ -13,17 +13,20 @@ from launcher.forecast.memory import _numel, checkpointed_blocks, param_shapes, 
 
 @dataclass(frozen=True)
 class Timing:
+    """A step's FLOPs and communication, and where the GPU's peak is known, its time (None otherwise: the FLOPs
+    and bytes are the model's, the time would be a guess at the GPU)."""
+
     model_flops: float  # per step, all GPUs: flops_per_token * tokens_per_step
     hardware_flops: float  # plus the forward of checkpointed blocks run again in backward
-    compute_s: float  # per step, at opts.mfu of the peak on the hardware FLOPs
+    compute_s: Optional[float]  # per step, at opts.mfu of the peak on the hardware FLOPs
     allgather_bytes: float  # per GPU per step, received
     reduce_scatter_bytes: float
     allreduce_bytes: float  # hybrid: the shard's all-reduce across nodes
     comm_s: float
     exposed_comm_s: float  # not overlapped with compute
-    step_s: float
-    tokens_per_s_per_gpu: float
-    mfu: float  # predicted model FLOPs utilisation, communication included
+    step_s: Optional[float]
+    tokens_per_s_per_gpu: Optional[float]
+    mfu: Optional[float]  # predicted model FLOPs utilisation, communication included
     formulas: Dict[str, str] = field(default_factory=dict, compare=False, repr=False)  # by field: how it was computed
 
     @property
@@ -72,7 +75,6 @@ def timing(cfg: RunConfig, plan: Plan, hw: TargetGpu, opts: Assumptions) -> Timi
     kept = checkpointed_blocks(model.n_layers, cfg.parallel.activation_checkpointing)
     recompute = kept * block_forward * tokens
     hardware_flops = model_flops + recompute
-    compute_s = hardware_flops / plan.world_size / (opts.mfu * hw.peak_flops)
 
     cb = dtype_bytes(precision_of(cfg))
     root, _ = param_shapes(model)
@@ -102,10 +104,13 @@ def timing(cfg: RunConfig, plan: Plan, hw: TargetGpu, opts: Assumptions) -> Timi
     first = (root_numel + block_numel) / total_numel / gathers  # of all the all-gather time
     last = root_numel / total_numel  # of all the reduce-scatter and all-reduce time
     exposed = min(comm_s, first * ag_s + last * (rs_s + ar_s))
-    step_s = exposed + max(compute_s, comm_s - exposed)
-    per_gpu = tokens / plan.world_size / step_s
+    compute_s = step_s = per_gpu = mfu = None
+    if hw.peak_flops:
+        compute_s = hardware_flops / plan.world_size / (opts.mfu * hw.peak_flops)
+        step_s = exposed + max(compute_s, comm_s - exposed)
+        per_gpu, mfu = tokens / plan.world_size / step_s, model_flops / plan.world_size / step_s / hw.peak_flops
     return Timing(model_flops=model_flops, hardware_flops=hardware_flops, compute_s=compute_s,
                   allgather_bytes=allgather_bytes, reduce_scatter_bytes=reduce_scatter_bytes,
                   allreduce_bytes=allreduce_bytes, comm_s=comm_s, exposed_comm_s=exposed, step_s=step_s,
-                  tokens_per_s_per_gpu=per_gpu, mfu=model_flops / plan.world_size / step_s / hw.peak_flops,
+                  tokens_per_s_per_gpu=per_gpu, mfu=mfu,
                   formulas=_formulas(plan, opts, kept, gathers, cb, n, bool(allreduce_bytes)))

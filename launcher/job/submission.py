@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from launcher.core.config import RunConfig, load_run_config
 from launcher.core.plan import Plan, read_plan
-from launcher.core.privacy import RunFiles
+from launcher.core.privacy import RunWriter
 from launcher.core.events import Watching
 from launcher.core.rundir import CONFIG, RECORD, append_event, code_dir, read_events, write_json_atomic
 from launcher.errors import LaunchError
@@ -34,9 +34,9 @@ def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str]
     """Submit the run in ``run_dir`` as one Slurm job (launcher/job/task.py), eligible ``begin_s`` from now, under
     the run's claim (launcher/job/claim.py: ClaimHeld when another job of the run is alive), taken for ``by``
     (``holder``: the job submitting its own retry); returns its job id. The claim, the task's pickle, the script and
-    the job are the run's files (:class:`RunFiles`; sbatch hands the umask to the job)."""
+    the job are the run's files (:class:`RunWriter`; sbatch hands the umask to the job)."""
     slurm = for_cluster(cfg.cluster)
-    with RunFiles(cfg.share_group):
+    with RunWriter(cfg.share_group):
         taken = claim.take(run_dir, by, slurm.job_state, holder)
         try:
             script = render_sbatch(cfg, plan, run_dir.name, run_dir / "submitit", [str(secrets_dir())], exclude,
@@ -68,7 +68,7 @@ def watch_array(run_dirs: Sequence[Path], array_id: str, folder: Path) -> None:
 
 def _watch(cfg: RunConfig, watched: Sequence[tuple], after: str, name: str, path: Path) -> None:
     script, flags = watcher(cfg, watched, after, name, path.with_name("watch_%j.log"))
-    with RunFiles(cfg.share_group):  # the script, and the watcher's log (sbatch hands the umask to it)
+    with RunWriter(cfg.share_group):  # the script, and the watcher's log (sbatch hands the umask to it)
         try:
             path.write_text(script)
             found = Watching(watcher=for_cluster(cfg.cluster).sbatch(path, flags))

@@ -34,7 +34,7 @@ TASK = "task.pkl"  # in the run's submitit folder
 def submit(slurm: Slurm, script: str, folder: Path, run_dirs: Sequence[Path]) -> str:
     """Submit ``script`` (a run's job, or a job array whose element ``i`` runs ``run_dirs[i]``), each run's task
     pickled first; the script is kept in ``folder`` as ``JOB_submission.sh``. Returns the job id. Called inside the
-    run's :class:`launcher.core.privacy.RunFiles`, whose umask the files and the job take."""
+    run's :class:`launcher.core.privacy.RunWriter`, whose umask the files and the job take."""
     for run_dir in run_dirs:
         write_task(run_dir)
     folder.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 import yaml
 
 from launcher.core.attempt_log import AttemptLog
-from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, step_of
+from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, saved_steps, step_of
 from launcher.core.config import load_run_config
 from launcher.core.events import Evaluated, Event, ExportFailed, Exported, encode
 from launcher.core.metrics import MARKS, FinalRow, Row, encode as row_line
@@ -41,6 +41,7 @@ class Description:
     state: str
     reason: str
     state_source: str
+    as_of: Optional[float]  # a last known state (Slurm not answering): when it was known; None for Slurm's answer now
     exit_code: str
     start: str
     end: str
@@ -53,8 +54,8 @@ class Description:
     goodput: Optional[Dict[str, Any]]
     checkpoints: List[Dict[str, Any]]
     data: Optional[Dict[str, Any]]
-    latest_metrics: Optional[Row]  # the newest step's row
-    final_metrics: Optional[FinalRow]  # the attempt's summary, once it ended
+    latest_metrics: Optional[Row]  # the current attempt's newest step's row (launcher/core/attempt_log.py Current)
+    final_metrics: Optional[FinalRow]  # the current attempt's summary, once it ended
     config: str  # config.yaml's text
     code: Optional[Dict[str, Any]]
     curves: Optional[Dict[str, str]]
@@ -79,13 +80,14 @@ def describe(rec: RunRecord) -> Description:
     cfg = load_run_config(run_dir / CONFIG)
     plan, config = read_plan(run_dir).to_dict(), (run_dir / CONFIG).read_text()
     metrics = read_metrics(run_dir)
-    final = next((m for m in reversed(metrics) if isinstance(m, FinalRow)), None)
-    latest = next((m for m in reversed(metrics) if not isinstance(m, FinalRow)), None)
     events = state.files.events if state.files else read_events(run_dir)
-    measured = goodput(events, metrics, time.time())
+    current = AttemptLog(events).current()  # the figures shown are the current attempt's
+    final = next((m for m in reversed(metrics) if isinstance(m, FinalRow) and current.holds(m.time)), None)
+    latest = next((m for m in reversed(metrics) if not isinstance(m, FinalRow) and current.holds(m.time)), None)
+    measured = goodput(events, metrics, time.time(), saved_steps(run_dir))
     return Description(
         name=rec.name, job_id=rec.job_id, cluster=rec.cluster, sweep=rec.sweep, rebuilt=rec.rebuilt,
-        state=state.state, reason=state.reason, state_source=state.source,
+        state=state.state, reason=state.reason, state_source=state.source, as_of=state.as_of,
         exit_code=state.exit_code, start=state.start, end=state.end, elapsed=state.elapsed,
         paths={
             "run_dir": str(run_dir), "config": str(run_dir / CONFIG), "plan": str(run_dir / PLAN),
@@ -93,7 +95,7 @@ def describe(rec: RunRecord) -> Description:
             "submitit": str(run_dir / "submitit"), "metrics": str(run_dir / METRICS),
         },
         plan=plan,
-        nodes=node_states(rec, state.nodes),
+        nodes=node_states(rec, state.nodes, answering=state.as_of is None),
         events=[encode(e) for e in events],
         attempts=[dataclasses.asdict(row) for row in AttemptLog(events).history()],
         goodput=None if measured is None else {"fraction": round(measured.fraction, 3), "wall_s": measured.wall_s,
@@ -112,10 +114,13 @@ def describe(rec: RunRecord) -> Description:
     )
 
 
-def node_states(rec: RunRecord, nodelist: str) -> Dict[str, str]:
-    """Each node of the job with its current Slurm state."""
+def node_states(rec: RunRecord, nodelist: str, answering: bool) -> Dict[str, str]:
+    """Each node of the job with its current Slurm state; not asked where Slurm did not answer for the job's state
+    (``answering`` false: its state is a last known one), which would only wait again."""
     if not nodelist:
         return {}
+    if not answering:
+        return {nodelist: "unknown (Slurm not answering)"}
     slurm = Slurm(rec.slurm_conf)
     try:
         hosts = slurm.hostnames(nodelist)

@@ -71,8 +71,10 @@ class RunRow:
     run_dir: str
     state_source: str
     attempts: int  # starts of the run's job: the first, and each requeue or retry (launcher/job/recovery.py)
+    # A last known state (Slurm not answering): when it was known, wall-clock (launcher/status/job_state.py); else None.
+    as_of: Optional[float] = None
     # What tokens_per_s and mfu are: "interval", the newest logged interval's; "attempt", the mean of the attempt
-    # that ended (its final row); None before the first row.
+    # that ended (its final row); None before the current attempt's first row.
     rates_over: Optional[str] = None
     # A search's trial, listed with --sweep: its number, drawn parameters (by key), state in the study (RUNNING,
     # COMPLETE, FAIL, PRUNED, WAITING) and value. A row that is no such trial has none of these keys in --json.
@@ -83,10 +85,13 @@ class RunRow:
 
 
 def build_row(rec: RunRecord, state: JobState) -> RunRow:
-    """The run's row, from its record, its state and what telling the state read of its directory."""
+    """The run's row, from its record, its state and what telling the state read of its directory: its step, loss,
+    throughput and ETA are the current attempt's (launcher/core/attempt_log.py ``Current``)."""
     files = state.files or RunFiles(rec.run_dir)
     latest = files.last_metrics
-    row = latest or Row(step=0)  # before the first row every figure is null
+    if latest is not None and not files.attempts.current().holds(latest.time):
+        latest = None  # an earlier attempt's: the current one has logged no step yet, its figures are not known
+    row = latest or Row(step=0)  # before the current attempt's first row every figure is null
     step = latest.step if latest else None
     elapsed = slurm_seconds(state.elapsed)
     eta = None
@@ -99,7 +104,7 @@ def build_row(rec: RunRecord, state: JobState) -> RunRow:
         loss=row.loss, tokens_per_s=row.tokens_per_s, mfu=row.mfu,
         submitted_at=rec.submitted_at, elapsed_s=elapsed, eta_s=eta, sweep=rec.sweep, run_dir=rec.run_dir,
         state_source=state.source,
-        attempts=files.attempts.count,
+        attempts=files.attempts.count, as_of=state.as_of,
         rates_over=None if latest is None else "attempt" if isinstance(latest, FinalRow) else "interval",
     )
 

@@ -67,6 +67,8 @@ class Slurm:
     _asking: Optional[threading.Thread] = field(default=None, repr=False, compare=False)
     _failed: Optional[SlurmError] = field(default=None, repr=False, compare=False)
     _rules: Optional[SiteRules] = field(default=None, repr=False, compare=False)
+    # The oldest of the last known answers :data:`SHARED` gave this Slurm, the controller not answering again.
+    stale: Optional["Stale"] = field(default=None, repr=False, compare=False)
 
     @property
     def env(self) -> Dict[str, str]:
@@ -83,9 +85,14 @@ class Slurm:
 
     def run(self, args: Sequence[str], timeout: Optional[float] = None) -> str:
         """Run a client tool; its stdout, or SlurmError with its last error line (tool name said once). A question
-        (not an action) is answered from :data:`SHARED` while it shares answers."""
+        (not an action) is answered from :data:`SHARED` while it shares answers: where the controller does not
+        answer, with the last answer it had, noted in :attr:`stale`."""
         if SHARED.max_age_s and _asks(args) and not getattr(SHARED.here, "fresh", False):
-            return SHARED.answer(self.conf, tuple(args), lambda: self._run(args, timeout))
+            kept: List[Stale] = []
+            text = SHARED.answer(self.conf, tuple(args), lambda: self._run(args, timeout), kept)
+            if kept and (self.stale is None or kept[0].as_of < self.stale.as_of):
+                self.stale = kept[0]
+            return text
         return self._run(args, timeout)
 
     def _run(self, args: Sequence[str], timeout: Optional[float] = None) -> str:
@@ -350,17 +357,41 @@ def _asks(args: Sequence[str]) -> bool:
     return args[0] in ("sinfo", "squeue", "sacct") or (args[0] == "scontrol" and args[1] in ("ping", "show"))
 
 
+def as_of(stamp: float) -> str:
+    """``as of 12:04:31``: when something last known was known, in the local time of day."""
+    return f"as of {time.strftime('%H:%M:%S', time.localtime(stamp))}"
+
+
+@dataclass(frozen=True)
+class Stale:
+    """A last known answer, given because asking Slurm again failed: when it was answered (``as_of``, wall-clock
+    time), since when asking fails, and why."""
+
+    as_of: float
+    failing_since: float
+    why: str
+
+    def words(self, now: float) -> str:
+        """``as of 12:04:31; Slurm not answering for 40 s``"""
+        return f"{as_of(self.as_of)}; Slurm not answering for {max(0.0, now - self.failing_since):.0f} s"
+
+
 class SharedAnswers:
     """Slurm's answers to questions, kept ``max_age_s`` and shared by every caller in this process: a long-lived
     process that many clients ask at once (the web console, launcher/console/) asks each cluster a question at
     most once per ``max_age_s``, however many tabs are open. Off (0) in the commands, which ask once and exit. A
     failure is kept as long (an unreachable cluster is not asked again each refresh), and a caller asking what is
-    being asked waits for that answer. ``forget(conf)`` after an action there (a stop) makes the next ask fresh."""
+    being asked waits for that answer. Where a question was answered before and the controller does not answer it
+    again (a timeout, a silence), the last known answer is given instead, dated (:class:`Stale`): a slow or
+    restarting controller leaves the pages with what was last known rather than nothing. ``forget(conf)`` after an
+    action there (a stop) makes the next ask fresh."""
 
     def __init__(self) -> None:
         self.max_age_s = 0.0
         self.calls = 0  # the tools run on behalf of callers, for the console's measure of its load on Slurm
         self._kept: Dict[tuple, tuple] = {}  # (conf, args) -> (when, stdout or SlurmError)
+        self._known: Dict[tuple, tuple] = {}  # (conf, args) -> (wall-clock time, stdout): the last good answer
+        self._failing: Dict[tuple, Stale] = {}  # (conf, args) -> its last known answer while asking again fails
         self._locks: Dict[tuple, threading.Lock] = {}
         self._guard = threading.Lock()
         self.here = threading.local()  # ``fresh`` set: this thread asks Slurm itself (an action's checks)
@@ -376,7 +407,9 @@ class SharedAnswers:
             self.here.fresh = False
             self.forget(conf)
 
-    def answer(self, conf: Optional[str], args: tuple, ask) -> str:
+    def answer(self, conf: Optional[str], args: tuple, ask, stale: Optional[List[Stale]] = None) -> str:
+        """``ask()``'s answer, or the one kept; where it is a last known one, its :class:`Stale` is appended to
+        ``stale``."""
         key = (conf, args)
         with self._guard:
             lock = self._locks.setdefault(key, threading.Lock())
@@ -384,14 +417,30 @@ class SharedAnswers:
             kept = self._kept.get(key)
             if kept is None or time.monotonic() - kept[0] > self.max_age_s:
                 self.calls += 1
-                try:
-                    kept = (time.monotonic(), ask())
-                except SlurmError as err:
-                    kept = (time.monotonic(), err)
+                kept = (time.monotonic(), self._asked(key, ask))
                 self._kept[key] = kept
+            failing = self._failing.get(key)
         if isinstance(kept[1], SlurmError):
             raise kept[1]
+        if failing is not None and stale is not None:
+            stale.append(failing)
         return kept[1]
+
+    def _asked(self, key: tuple, ask):
+        """``ask()``'s answer, kept as the last known one; where the controller does not answer, the last known one
+        (the silence noted) or, with none, the SlurmError; a refusal is Slurm's answer, given as such."""
+        try:
+            text = ask()
+        except SlurmError as err:
+            known = self._known.get(key)
+            if known is None or not err.transient:
+                return err
+            failing = self._failing.get(key)
+            self._failing[key] = Stale(known[0], failing.failing_since if failing else time.time(), str(err))
+            return known[1]
+        self._known[key] = (time.time(), text)
+        self._failing.pop(key, None)
+        return text
 
     def forget(self, conf: Optional[str] = None) -> None:
         """Drop the answers kept for ``conf`` (None: every cluster's)."""

@@ -38,11 +38,13 @@ def problems(plan: Plan, cluster: ClusterConfig, part: Partition) -> List[str]:
     """Each way the request exceeds what the partition can ever give, with what to change."""
     where, gpus, full = f"partition '{part.name}'", f"gpus={plan.gpus}", asked(plan, cluster)
     found = []
-    if cluster.gpu_type is not None and part.gpus_per_node and cluster.gpu_type not in part.gpu_types:
+    if cluster.gres is None and cluster.gpu_type is not None and part.gpus_per_node and \
+            cluster.gpu_type not in part.gpu_types:
         has = (f"has GPUs of type {', '.join(part.gpu_types)}" if part.gpu_types else
                "names no GPU type (untyped gres gpu)")
         change = f"set cluster.gpu_type={part.gpu_types[0]}" if len(part.gpu_types) == 1 else \
-            "set cluster.gpu_type to one of them" if part.gpu_types else "set cluster.gpu_type=null"
+            "set cluster.gpu_type to one of them" if part.gpu_types else \
+            "set cluster.gpu_type=null, or cluster.gres=gpu to ask for untyped GPUs and keep the type for the plan"
         found.append(f"cluster.gpu_type={cluster.gpu_type}: {where} {has}; {change}")
     if plan.gpus_per_node > part.gpus_per_node:
         found.append(f"{gpus} needs {plan.gpus_per_node} GPUs per node; {where} nodes have {part.gpus_per_node}; "

@@ -7,8 +7,10 @@ attempt (an attempt is one start of the run's job, launcher/core/attempt_log.py)
 - **queue**: from the submission, or the previous attempt's end, to the attempt's start (sbatch, the
   scheduler, a requeued job's begin time);
 - **start-up**: from the attempt's start to its first step (imports, preflight, the model, the checkpoint);
-- **training**: its steps, at the run's median step time: *kept*, or **re-trained** when a later attempt
-  started from an earlier checkpoint;
+- **training**: its steps, at the run's median step time: *kept* once a checkpoint holds them (a later attempt
+  resumed from it, or it is saved) or the run finished; **re-trained** when a later attempt started from an
+  earlier checkpoint, or the attempt ended after its newest checkpoint; **not saved yet** while the attempt
+  that trained them runs on (a part shown only then);
 - **checkpoints and evaluation**: the rest of the time between its first and its last metrics row;
 - **detection and ending**: from its last metrics row to its end (a fault noticed and the ranks ended; for
   the last attempt, the final checkpoint).
@@ -22,12 +24,13 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from launcher.core.attempt_log import AttemptLog
+from launcher.core.attempt_log import AWAITING, AttemptLog
 from launcher.core.events import Event, Finished, Requeued, Resumed, Started, Submitted
 from launcher.core.metrics import FinalRow, Row
 
 # The parts of the time not spent on kept steps, in the order they are shown.
 LOST = ("queue", "start-up", "re-trained", "checkpoints and evaluation", "detection and ending")
+UNSAVED = "not saved yet"  # the running attempt's steps after its newest checkpoint: a part only while there are some
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,19 @@ class _Attempt:
     rows: List[Row] = field(default_factory=list)  # its timed metrics rows
     end: Optional[float] = None
     end_step: Optional[int] = None
+    finished: bool = False  # it trained the last step: every step it reached is kept
+    over: bool = False  # it ended, or the run's job went on to wait for another attempt
+
+    def kept_until(self, reached: int, saved: Sequence[int]) -> int:
+        """The step up to which this attempt's steps are kept when no later attempt resumed from them: every step
+        reached once it finished, else its newest checkpoint's (``saved``: the run's checkpoints' steps)."""
+        return reached if self.finished else max([s for s in saved if s <= reached], default=self.start_step)
 
 
-def goodput(events: Sequence[Event], metrics: Sequence[Row], now: float) -> Optional[Goodput]:
+def goodput(events: Sequence[Event], metrics: Sequence[Row], now: float,
+            saved: Sequence[int] = ()) -> Optional[Goodput]:
     """The run's goodput up to its last attempt's end (``now`` while an attempt runs); None before any attempt
-    or before its first metrics row."""
+    or before its first metrics row. ``saved``: the steps of the run's complete checkpoints."""
     submitted = next((e.time for e in events if isinstance(e, Submitted)), None)
     timed = [row for row in metrics if row.time is not None and not isinstance(row, FinalRow)]
     attempts = _attempts(events, timed)
@@ -80,14 +91,17 @@ def goodput(events: Sequence[Event], metrics: Sequence[Row], now: float) -> Opti
             lost["re-trained"] += trained * step_time
             continue
         lost["start-up"] += max(0.0, attempt.first_step - attempt.begin)
-        later = attempts[index + 1].start_step if index + 1 < len(attempts) else reached
+        following = attempts[index + 1] if index + 1 < len(attempts) else None
+        later = following.start_step if following else attempt.kept_until(reached, saved)
         kept = max(0, min(reached, later) - attempt.start_step)
         kept_steps += kept
-        lost["re-trained"] += (trained - kept) * step_time
+        unsaved = UNSAVED if following is None and not attempt.over else "re-trained"
+        lost[unsaved] = lost.get(unsaved, 0.0) + (trained - kept) * step_time
         last = attempt.rows[-1].time
         lost["checkpoints and evaluation"] += max(0.0, last - attempt.first_step - trained * step_time)
         lost["detection and ending"] += max(0.0, end - last)
-    return Goodput(wall_s=previous_end - submitted, kept_s=kept_steps * step_time, lost_s=lost)
+    return Goodput(wall_s=previous_end - submitted, kept_s=kept_steps * step_time,
+                   lost_s={part: s for part, s in lost.items() if part != UNSAVED or s > 0})
 
 
 def _attempts(events: Sequence[Event], timed: Sequence[Row]) -> List[_Attempt]:
@@ -102,7 +116,10 @@ def _attempts(events: Sequence[Event], timed: Sequence[Row]) -> List[_Attempt]:
                 attempt.first_step = event.time
             elif isinstance(event, (Finished, Requeued)) and isinstance(event.step, int):
                 attempt.end_step = event.step
+            attempt.finished = attempt.finished or isinstance(event, Finished)
+            attempt.over = attempt.over or isinstance(event, AWAITING)
         if span.ended is not None:
+            attempt.over = True
             attempt.end = span.ended.time
             if attempt.end_step is None and isinstance(span.ended.step, int):
                 attempt.end_step = span.ended.step

@@ -5,8 +5,11 @@
    ``MinJobAge`` (300 s by default).
 3. The run directory: a final metrics record, or a ``finished``/``failed``/``cancelled`` event.
 
-A job that none of these knows is UNKNOWN, with the reason, not RUNNING. Each source is asked once for
-all the jobs of a listing, directly (never through submitit's 600 s cache), with a timeout.
+A job that none of these knows is UNKNOWN, with the reason, not RUNNING, unless Slurm could not be asked and the
+run's ranks were heard from: then it is what was last known, dated (``RUNNING``, "as of 12:04:31 by its own
+heartbeats and metrics"), as is a state the console's shared answers kept from before Slurm stopped answering ("as of
+12:04:31; Slurm not answering for 40 s"). Each source is asked once for all the jobs of a listing, directly (never
+through submitit's 600 s cache), with a timeout.
 """
 from __future__ import annotations
 
@@ -19,15 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
+from launcher.core.attempt_log import AttemptLog
 from launcher.core.damage import DamagedRun, read_json_object
 from launcher.core.events import Cancelled, Failed, Finished, Retrying
-from launcher.core.heartbeats import stalled_for
+from launcher.core.heartbeats import read_pulses, stalled_for
 from launcher.core.rundir import write_json_atomic
 from launcher.core.safepath import is_safe_root
 from launcher.core.run_index import RunRecord
 from launcher.status.pending import Queue, in_words
 from launcher.status.run_files import RunFiles
-from launcher.slurm.client import JobRow, Node, Slurm, SlurmError
+from launcher.slurm.client import JobRow, Node, Slurm, SlurmError, Stale, as_of, user_name
 
 # A run whose record cannot be read (launcher/core/damage.py): no job to ask Slurm about.
 DAMAGED = "DAMAGED"
@@ -74,6 +78,7 @@ class JobState:
     end: str = ""
     elapsed: str = ""
     exit_code: str = ""
+    as_of: Optional[float] = None  # a last known state, not Slurm's answer now: when it was known (wall-clock)
     files: Optional[RunFiles] = field(default=None, repr=False, compare=False)
 
     @property
@@ -155,14 +160,19 @@ def in_a_word(failure: Failed) -> str:
     return failure.short or (head if head.isidentifier() else error)
 
 
-def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = None) -> JobState:
-    """Slurm's view of a job, told with what the run recorded: a pending retry is RECOVERING, a failure
-    carries its cause ("rank 2 killed", "OSError") instead of an exit code, even when the attempt's end
-    was never judged (its batch script died before it could be). ``files``: the run directory as already
-    read, if it was; the answer carries it."""
+def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = None,
+                 jobs: Optional[Dict[str, JobState]] = None) -> JobState:
+    """Slurm's view of a job, told with what the run recorded: a pending retry is RECOVERING, and so is a failed
+    attempt until its retry or verdict is recorded (:func:`recovering`); a failure carries its cause ("rank 2
+    killed", "OSError") instead of an exit code, even when the attempt's end was never judged (its batch script
+    died before it could be). ``files``: the run directory as already read, if it was; the answer carries it.
+    ``jobs``: what Slurm said of the listing's jobs and of this user's others alive in the queue, by job id."""
     files = files or RunFiles(run_dir)
     state = dataclasses.replace(state, files=files)
     attempts = files.attempts
+    waiting = recovering(state, attempts, jobs or {})
+    if waiting is not None:
+        return waiting
     last = attempts.standing()
     if state.state == "PENDING" and isinstance(last, Retrying):
         ended = attempts.last_ended()
@@ -190,6 +200,24 @@ def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = Non
         if idle is not None:
             return dataclasses.replace(state, reason=f"stalled? no step for {idle:.0f} s")
     return state
+
+
+def recovering(state: JobState, attempts: AttemptLog, jobs: Dict[str, JobState]) -> Optional[JobState]:
+    """The run between a failed attempt and its retry, as RECOVERING (None otherwise): its job still running while
+    its end step decides (the attempt's end recorded, neither its retry nor a verdict yet), or ended while the job
+    that watches it (launcher/job/recovery.py ``watch``) is alive in the queue (``jobs``: Slurm's states by job id)
+    to judge an attempt whose batch step died first."""
+    ended = attempts.awaiting_retry()
+    if state.state in ("RUNNING", "PENDING") and ended is not None:
+        why = f"attempt {ended.attempt or '?'} ended ({ended.short or ended.outcome}); its retry is being decided"
+        return dataclasses.replace(state, state="RECOVERING", reason=why)
+    judged = attempts.unjudged() or ended
+    watcher = attempts.watcher(judged.job_id) if state.state == "FAILED" and judged is not None else None
+    if watcher is None or watcher not in jobs or not jobs[watcher].active:
+        return None
+    why = f"job {judged.job_id} ended ({state.reason or 'failed'}) before its retry; job {watcher} judges attempt " \
+          f"{judged.attempt or '?'}"
+    return dataclasses.replace(state, state="RECOVERING", reason=why)
 
 
 # A shell's and slurmstepd's exit statuses for a command it could not execute (126) or find (127).
@@ -261,7 +289,8 @@ def job_states(records: Iterable[RunRecord]) -> Dict[str, JobState]:
             if rec.name not in states:
                 continue
             if states[rec.name].state in SETTLED and states[rec.name].source in ("sacct", "squeue"):
-                _keep(rec, states[rec.name])
+                if states[rec.name].as_of is None:  # Slurm's answer now, not a last known one with its date
+                    _keep(rec, states[rec.name])
             elif rec.name in result:  # kept as settled, but the queue has it alive again
                 (Path(rec.run_dir) / SETTLED_FILE).unlink(missing_ok=True)
         result.update(states)
@@ -304,7 +333,8 @@ def _ask_slurm(slurm: Slurm, job_ids: List[str], queued_ids: List[str] = ()) -> 
     sacct wins once it has the job ended (the queue keeps a job COMPLETING while its processes are killed) and the
     queue while accounting still has it alive (accounting learns of a start, or of a requeue, seconds after the
     queue: a job just started still reads PENDING there); squeue covers a job accounting has not seen yet or a
-    cluster without accounting."""
+    cluster without accounting. The states also hold this user's other jobs alive in the queue: a job that watches a
+    run's job to judge its attempt (launcher/job/recovery.py ``watch``) tells a failed attempt waiting for it."""
     answers: Dict[str, List[JobRow]] = {}
     failures: List[str] = []
     sources = {"squeue": slurm.squeue, **({"sacct": lambda: slurm.sacct(job_ids)} if job_ids else {})}
@@ -326,7 +356,9 @@ def _ask_slurm(slurm: Slurm, job_ids: List[str], queued_ids: List[str] = ()) -> 
     for row in queue.rows:  # a waiting job's reason in words, from the queue's row (sacct's has no user or GPUs)
         if row.job_id in wanted and states[row.job_id].state == "PENDING":
             states[row.job_id] = dataclasses.replace(states[row.job_id], reason=in_words(row, queue))
-    return states, failures
+    me = user_name()
+    mine = {row.job_id: job_state(row) for row in queue.rows if row.user == me and row.job_id not in states}
+    return {**states, **{job: state for job, state in mine.items() if state.active}}, failures
 
 
 def _once(slurm: Slurm) -> Callable[[], Optional[List[Node]]]:
@@ -344,7 +376,8 @@ def _once(slurm: Slurm) -> Callable[[], Optional[List[Node]]]:
 def _states_on_cluster(slurm: Slurm, files: Dict[str, RunFiles], records: List[RunRecord],
                        settled: List[RunRecord] = ()) -> Dict[str, JobState]:
     """The states of ``records``, and of those ``settled`` records whose job the queue has alive again
-    (``files``: each run's directory, by run name)."""
+    (``files``: each run's directory, by run name); a state from answers kept from before Slurm stopped answering
+    is dated (:func:`dated`)."""
     down = slurm.unreachable()  # a cluster that is down says so at once; sacct and squeue would wait
     if down:
         return _unknown_or_recorded(records, files, [down, down])
@@ -352,9 +385,19 @@ def _states_on_cluster(slurm: Slurm, files: Dict[str, RunFiles], records: List[R
                                  [rec.job_id for rec in settled if rec.job_id])
     # A settled job still in the queue is alive again (requeued by hand) unless Slurm is only ending it: a job
     # sacct has FAILED stays COMPLETING in squeue while its processes are killed (seconds, longer under load).
-    states = {rec.name: in_its_words(known[rec.job_id], Path(rec.run_dir), files[rec.name]) for rec in settled
-              if rec.job_id in known and known[rec.job_id].active and not known[rec.job_id].ending}
-    return {**_unknown_or_recorded(records, files, failures, known), **states}
+    states = {rec.name: in_its_words(known[rec.job_id], Path(rec.run_dir), files[rec.name], known)
+              for rec in settled if rec.job_id in known and known[rec.job_id].active and not known[rec.job_id].ending}
+    return dated({**_unknown_or_recorded(records, files, failures, known), **states}, slurm.stale)
+
+
+def dated(states: Dict[str, JobState], stale: Optional[Stale]) -> Dict[str, JobState]:
+    """``states``, where Slurm's answers were last known ones (``stale``), each of Slurm's said as of when."""
+    if stale is None:
+        return states
+    now = time.time()
+    return {name: dataclasses.replace(state, as_of=stale.as_of, reason="; ".join(filter(None, [
+        state.reason, stale.words(now)]))) if state.source in ("sacct", "squeue") else state
+        for name, state in states.items()}
 
 
 def _unknown_or_recorded(records: List[RunRecord], files: Dict[str, RunFiles], failures: List[str],
@@ -364,13 +407,28 @@ def _unknown_or_recorded(records: List[RunRecord], files: Dict[str, RunFiles], f
     for rec in records:
         state = known.get(rec.job_id or "")
         run_dir, read = Path(rec.run_dir), files[rec.name]
-        state = in_its_words(state, run_dir, read) if state else from_run_dir(run_dir, read)
+        state = in_its_words(state, run_dir, read, known) if state else from_run_dir(run_dir, read)
         if state is None:
             if len(failures) == 2:  # neither sacct nor squeue answered
                 why = f"Slurm could not be reached on cluster {rec.cluster} ({failures[-1]})"
+                state = last_heard(run_dir, read, why)
             else:
                 why = f"Slurm no longer knows job {rec.job_id}"
                 why += f" ({'; '.join(failures)})" if failures else " (not in accounting or the queue)"
-            state = JobState("UNKNOWN", why + "; the run left no final record", "none", files=read)
-        states[rec.name] = state
+        states[rec.name] = state or JobState("UNKNOWN", why + "; the run left no final record", "none", files=read)
     return states
+
+
+def last_heard(run_dir: Path, files: RunFiles, why: str) -> Optional[JobState]:
+    """What the run's current attempt last said of itself where Slurm could not be asked (``why``): RUNNING as of its
+    ranks' newest heartbeat or metrics row; None when its current attempt left neither."""
+    attempt = files.attempts.unjudged()
+    if attempt is None:
+        return None
+    row = files.last_metrics
+    heard = [pulse.alive for pulse in read_pulses(run_dir, since=attempt.time)]
+    heard += [row.time] if row is not None and row.time is not None and row.time >= attempt.time else []
+    if not heard:
+        return None
+    return JobState("RUNNING", f"{as_of(max(heard))} by its own heartbeats and metrics; {why}", "heartbeats",
+                    as_of=max(heard), files=files)

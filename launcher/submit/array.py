@@ -22,7 +22,7 @@ def submit_array(cfg: RunConfig, plan: Plan, job_name: str, run_dirs: Sequence[P
     ``i`` runs ``run_dirs[i]`` (launcher/slurm/batch.py array_script), its pickled task in that run's submitit folder
     as :func:`submit_job` pickles a run's, so that every element is its run's job as :func:`submit_job` would submit
     it; a retry of one is a job of its own (:func:`resubmit`). The script is kept in ``folder`` as
-    ``ARRAY_submission.sh``. Called inside the runs' :class:`RunFiles` (launcher/submit/submitter.py). Returns the
+    ``ARRAY_submission.sh``. Called inside the runs' :class:`RunWriter` (launcher/submit/submitter.py). Returns the
     array's job id."""
     script = array_script(cfg, plan, job_name, run_dirs, folder, mounts=[str(secrets_dir())])
     try:

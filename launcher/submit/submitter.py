@@ -27,7 +27,7 @@ from launcher.core.rundir import (CONFIG, PLAN, append_event, launcher_home, swe
 from launcher.core.safepath import check_home
 from launcher.core.run_index import (RunRecord, base_name, create_run_dir, ensure_root, remember_root,
                                    ensure_sweep_dir, save_record)
-from launcher.core.privacy import RunFiles, group_id
+from launcher.core.privacy import RunWriter, group_id
 from launcher.core.store import STORE_CREDENTIALS, is_remote, login_credentials
 from launcher.job.secret_store import keep_run_credentials, load_all, secrets_dir
 from launcher.slurm.fit import explain_rejection, refusal
@@ -177,15 +177,15 @@ def check_fits(run: ComposedRun, part: Partition) -> None:
 
 def submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition] = None,
                files: Optional[Mapping[str, Any]] = None) -> RunRecord:
-    """Create the run's directory, submit its job, and record it, all the run's files (:class:`RunFiles`); on
+    """Create the run's directory, submit its job, and record it, all the run's files (:class:`RunWriter`); on
     failure remove the directory. ``files``: more JSON files of the run's, written before its job can start (a
     search trial's trial.json)."""
-    with RunFiles(run.config.share_group, root) as writer:
+    with RunWriter(run.config.share_group, root) as writer:
         return _submit_one(run, root, sweep_id, part, files or {}, writer)
 
 
 def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Optional[Partition],
-                files: Mapping[str, Any], writer: RunFiles) -> RunRecord:
+                files: Mapping[str, Any], writer: RunWriter) -> RunRecord:
     cfg, plan = run.config, run.plan
     run_dir = new_run_dir(run, root)
     try:
@@ -203,10 +203,10 @@ def _submit_one(run: ComposedRun, root: Path, sweep_id: Optional[str], part: Opt
 
 def submit_elements(runs: List[ComposedRun], root: Path, sweep_id: str, part: Optional[Partition]) -> List[RunRecord]:
     """Create the runs' directories and submit them as one job array (launcher/submit/array.py), all the runs'
-    files (:class:`RunFiles`); each run's record names its element (``123_4``). On failure every directory is
+    files (:class:`RunWriter`); each run's record names its element (``123_4``). On failure every directory is
     removed."""
     cfg, plan = runs[0].config, runs[0].plan
-    with RunFiles(cfg.share_group, root) as writer:
+    with RunWriter(cfg.share_group, root) as writer:
         folder = sweep_dir(root, sweep_id)
         run_dirs: List[Path] = []
         try:
@@ -234,7 +234,7 @@ def new_run_dir(run: ComposedRun, root: Path) -> Path:
         raise LaunchError(str(err)) from None
 
 
-def prepare(run: ComposedRun, run_dir: Path, writer: RunFiles) -> None:
+def prepare(run: ComposedRun, run_dir: Path, writer: RunWriter) -> None:
     """Everything of a run's directory its job reads, made by ``writer``: private to its owner (or group), its
     files, its code."""
     writer.own(run_dir)

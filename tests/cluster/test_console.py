@@ -106,6 +106,11 @@ def test_a_running_run_is_listed_its_curve_grows_its_log_shows_and_stop_cancels_
     first = int(chart.get_attribute("data-points"))
     wait_for(lambda: int(chart.get_attribute("data-points")) > first, 60, "the loss curve gaining points")
     wait_for(lambda: "rank0 INFO" in page.locator("#log").inner_text(), 30, "rank 0's lines in the log tail")
+    # Its ranks train on CPUs: the plan's H100 stand-in is labelled, and its speed is not set beside theirs.
+    tokens = page.locator("#plan tbody tr", has_text="Tokens/s").locator("td")
+    wait_for(lambda: tokens.nth(2).inner_text() not in ("", "-"), 30, "a measured tokens/s beside the plan")
+    assert "planned (H100 stand-in)" in page.locator("#plan thead").inner_text() and tokens.nth(1).inner_text() == "-"
+    assert "train on CPUs" in page.locator("#plan-note").inner_text()
     page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
     assert f"==== attempt 1 (job {job}) ====" in page.locator("#log").inner_text()  # where its attempt begins
     assert page.locator("#resume").is_disabled() and "is RUNNING" in page.locator("#resume").get_attribute("title")

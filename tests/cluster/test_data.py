@@ -112,7 +112,7 @@ def test_a_shard_damaged_while_the_job_waits_fails_its_attempt_naming_the_file(d
     message = f"DatasetError: shard {shard} {said}"
     assert ended["cause"].endswith(message) and ended["step"] is None, ended  # before the first step
     failed = [e for e in events(root / damage) if e["event"] == "failed" and not e.get("final")]
-    assert sorted(e["rank"] for e in failed) == ["0", "1"] and {e["error"] for e in failed} == {message}
+    assert sorted(e["rank"] for e in failed) == [0, 1] and {e["error"] for e in failed} == {message}
     assert "started" not in [e["event"] for e in events(root / damage)]
     assert final["reason"] == "the data is damaged: every node and try would read it alike, not retried"
     described = slurm.launcher("describe", damage, root=root)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from support.helpers import (STEADY_RUN, STEADY_STEPS, TASKS_WITHOUT_SLURM, batch_shell_pid, events, job_id_of, launch,
-                             losses, paced, rank_pids, wait_for)
+                             losses, paced, rank_pids, runs_json, wait_for)
 
 from launcher.core.checkpoints import complete_checkpoints, latest_checkpoint, step_of
 
@@ -192,6 +192,14 @@ def test_a_batch_shell_killed_mid_run_is_judged_by_its_watcher_and_the_run_recov
     assert [(e["job_id"], e["refused"]) for e in watching] == [(job, None)] and watching[0]["watcher"], watching
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_????????")), 180, "checkpoint")
     os.kill(batch_shell_pid(run_dir, job), signal.SIGKILL)
+    seen = []  # what `runs --json` says from the kill until its retry is submitted: never a final state (FAILED)
+
+    def retried():
+        seen.append(runs_json(slurm, tmp_path)["orphan"]["status"])
+        kinds = {(e["event"], e.get("job_id") == job) for e in events(run_dir)}
+        return ("retrying", False) in kinds and "RECOVERING" in seen or ("attempt", False) in kinds
+    wait_for(retried, 180, "the retry, seen by `runs`", interval=1, patient=True)
+    assert set(seen) <= {"RUNNING", "RECOVERING"} and "RECOVERING" in seen, seen
 
     ended = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 120, "attempt end")[0]
     assert (ended["job_id"], ended["outcome"], ended["fault"], ended["short"]) == (

@@ -12,11 +12,14 @@ import time
 import pytest
 from starlette.testclient import TestClient
 
+from launcher.compose.composer import compose_runs
 from launcher.console import readers
 from launcher.console.app import Console, application
 from launcher.console.serve import write_token
 from launcher.errors import LaunchError
+from launcher.core.metrics import Row
 from launcher.slurm.client import SharedAnswers, SlurmError
+from launcher.submit.submitter import write_run_files
 from support.helpers import REPO
 
 TOKEN = "t0ken-of-this-start"
@@ -223,6 +226,26 @@ def test_a_bad_option_is_one_line_and_serves_nothing(flags, error, tmp_path):
                          env={**os.environ, "LAUNCHER_HOME": str(tmp_path)}, timeout=60)
     assert res.returncode == 2 and res.stderr.startswith(error) and res.stderr.count("\n") == 1, res.stderr
     assert not (tmp_path / "console").exists()  # no token written for a console that never served
+
+
+def test_a_run_pages_plan_sets_no_stand_ins_speed_beside_cpus_and_none_without_a_gpu_type(tmp_path):
+    """The plan beside the measurement: the local cluster's H100 stand-in, labelled, and once the run has measured
+    on CPUs (a row without MFU), its memory only; a GPU of unknown type, no speed at all and the line naming it."""
+    (local,), (untyped,) = compose_runs(["model=gpt_tiny", "gpus=2"]), compose_runs(["model=gpt_tiny", "cluster=slurm"])
+    for run, name in ((local, "local"), (untyped, "untyped")):
+        (tmp_path / name).mkdir()
+        write_run_files(run, tmp_path / name)
+    ahead = readers.predicted(tmp_path / "local")
+    assert ahead["gpu"] == "H100 stand-in" and ahead["stand_in"] and ahead["tokens_per_s"] > 0
+    assert ahead["note"] == "planned for an H100 stand-in: the cluster's GPUs are virtual"
+    beside = readers.predicted(tmp_path / "local", Row(step=10, step_time=1.69, tokens_per_s=19385.0, mfu=None))
+    assert (beside["step_time_s"], beside["tokens_per_s"], beside["mfu"]) == (None, None, None)
+    assert beside["memory_gb"] == ahead["memory_gb"] and beside["note"].endswith("its ranks train on CPUs, so no "
+                                                                                 "stand-in's speed is set beside theirs")
+    unknown = readers.predicted(tmp_path / "untyped", Row(step=10, step_time=1.69, mfu=None))
+    figures = (unknown["gpu"], unknown["step_time_s"], unknown["tokens_per_s"], unknown["mfu"])
+    assert figures == ("unknown", None, None, None)
+    assert unknown["note"].startswith("no step time, tokens/s or MFU: GPU type unknown: set cluster.gpu_type=TYPE")
 
 
 def test_an_empty_listing_says_how_many_runs_are_in_which_other_states(tmp_path, capsys):

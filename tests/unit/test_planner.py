@@ -288,6 +288,51 @@ def test_plan_help_and_bad_options(capsys):
     assert err.startswith("error: launcher plan: unrecognized arguments: --bogus") and err.count("\n") == 1
 
 
+def test_a_gpu_of_unknown_type_is_sized_but_not_timed(tmp_path, monkeypatch, capsys):
+    """A cluster file with no gpu_type (as `clusters add` writes for an untyped gres gpu:4): memory is sized with
+    its stated assumption; step time, tokens/s, MFU and scaling efficiency are a dash, with one line saying how to
+    name the GPU, in a single run's tables, a sweep's comparison and --json alike."""
+    files = tmp_path / "config" / "launcher" / "cluster"
+    files.mkdir(parents=True)
+    (files / "untyped.yaml").write_text(f"name: untyped\nslurm_conf: {tmp_path / 'gone.conf'}\ngpus_per_node: 4\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    line = ("no step time, tokens/s or MFU: GPU type unknown: set cluster.gpu_type=TYPE, or run launcher clusters add "
+            "NAME --gpu-type TYPE")
+    assert cli.main(["plan", "cluster=untyped", "model=gpt_tiny", "gpus=4"]) == 0
+    out = capsys.readouterr().out
+    rows = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", row.strip()) for row in out.splitlines())}
+    assert [rows[label][0] for label in ("compute / step", "step time", "tokens/s/GPU", "predicted MFU",
+                                         "scaling efficiency")] == ["-"] * 5
+    assert out.count(line) == 1 and "80 GiB (assumed (GPU memory unknown: set cluster.gpu_memory_gb)); peak unknown" \
+        in out
+    assert cli.main(["plan", "-m", "cluster=untyped", "model=gpt_tiny", "gpus=2,4"]) == 0
+    out = capsys.readouterr().out
+    table = [re.split(r"\s{2,}", row.strip()) for row in out.splitlines() if row.startswith("gpt_tiny")]
+    assert [(row[-4], row[-3], row[-1]) for row in table] == [("-", "-", "-")] * 2 and out.count(line) == 1
+    assert cli.main(["plan", "--json", "cluster=untyped", "model=gpt_tiny", "gpus=4"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert (obj["step_time_s"], obj["tokens_per_s_per_gpu"], obj["predicted_mfu"], obj["gpu"]["peak_flops"]) == \
+        (None, None, None, None) and obj["mem_per_gpu_gib"] > 0 and obj["gpu"]["type"] == "unknown"
+    (typed,) = compose_runs(["cluster=untyped", "cluster.gpu_type=a100", "model=gpt_tiny", "gpus=4"])
+    assert hardware_for(typed.config.cluster).peak_flops == 312e12  # a type the GPU table knows: as ever
+
+
+def test_the_local_clusters_stand_in_is_labelled_wherever_a_figure_is(capsys):
+    """The local cluster's virtual GPUs are planned as an H100 (the memory check and the 8 -> 128 story rely on
+    it), and every figure of that GPU says it is a stand-in's."""
+    (local,) = compose_runs(["model=gpt_tiny", "gpus=2"])
+    hw = hardware_for(local.config.cluster)
+    assert (hw.gpu_type, hw.stand_in, hw.peak_flops, hw.enforce) == ("H100 stand-in", True, 989e12, True)
+    assert cli.main(["plan", "model=gpt_tiny", "gpus=2"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU: H100 stand-in, 80 GiB (default for cluster local's virtual GPUs); peak bf16 989 TFLOP/s" in out
+    said = "step time, tokens/s and MFU: of an H100 stand-in for the virtual GPUs, not this machine's"
+    assert out.count(said) == 1
+    assert cli.main(["plan", "-m", "model=gpt_tiny", "gpus=2,4"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU: H100 stand-in 80 GiB" in out and out.count(said) == 1
+
+
 # --------------------------------------------------------------------------------------------
 # The refusal at launch
 

@@ -6,7 +6,7 @@ const REFRESH_MS = 2000;
 const SWEEP_REFRESH_MS = 5000;  // a sweep's page reads every run's metrics for its figures
 const STATES = ["PENDING", "RUNNING", "REQUEUED", "RECOVERING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
                 "UNKNOWN", "DAMAGED"];
-let timer = null, charts = {}, logState = null, runsQuery = {page: 0};
+let timer = null, charts = {}, logState = null, runsQuery = {page: 0}, earlier = false;
 // The route shown (a view still drawing for an older one stops at its next await), the refresh under way, what the
 // run page shows (its buttons' questions read it), and what the last action said for the page it leads to.
 let generation = 0, inFlight = null, runInfo = null, notice = null;
@@ -137,37 +137,57 @@ function plot(holder, options, data) {
                     axes: [{}, {size: 64, values: (u, values) => ticks(values)}], ...options}, data, holder);
 }
 
+// The current attempt's series, then (on request) the earlier attempts', each at its steps on the steps of both.
 function chartData(curves, keys) {
-  return [curves.step, ...keys.map(k => curves[k].map(v => v === null || v === undefined ? null : v))];
+  const blocks = curves.earlier ? [curves, curves.earlier] : [curves];
+  const steps = [...new Set(blocks.flatMap(b => b.step))].sort((a, b) => a - b);
+  const at = (block, key) => {
+    const byStep = new Map(block.step.map((step, i) => [step, block[key][i]]));
+    return steps.map(step => byStep.has(step) && byStep.get(step) !== undefined ? byStep.get(step) : null);
+  };
+  return [steps, ...blocks.flatMap(block => keys.map(k => at(block, k)))];
 }
 function drawCharts(box, curves) {
   for (const [id, title, keys] of CHARTS) {
     const data = chartData(curves, keys);
-    if (!keys.some((k, i) => data[i + 1].some(v => v !== null))) continue;
-    if (charts[id]) { charts[id].setData(data); continue; }
+    const chart = charts[id];  // emptied too: a new attempt that logged no step yet
+    if (chart && chart.series.length === data.length) { chart.setData(data); continue; }
+    if (chart) { chart.destroy(); document.getElementById(`chart-${id}`).remove(); delete charts[id]; }
+    if (!data.slice(1).some(series => series.some(v => v !== null))) continue;
     const holder = h("div", {class: "chart", id: `chart-${id}`}, h("h3", {}, title));
     box.append(holder);
+    const earlierSeries = curves.earlier ? keys.map((k, i) => ({label: `${k} (earlier attempts)`, stroke: COLOURS[i],
+      dash: [4, 4], width: 1, spanGaps: true, points: {show: false}})) : [];
     // points drawn where the curve is sparse (uPlot's own rule): a curve of one point is a dot, not empty axes
     charts[id] = plot(holder, {cursor: {drag: {x: true, y: false}}, scales: {x: {time: false}},
-      series: [{label: "step"}, ...keys.map((k, i) => ({label: k, stroke: COLOURS[i], spanGaps: true}))]}, data);
+      series: [{label: "step"}, ...keys.map((k, i) => ({label: k, stroke: COLOURS[i], spanGaps: true})),
+               ...earlierSeries]}, data);
     holder.dataset.points = String(curves.step.length);
   }
   for (const [id] of CHARTS) {
     const holder = document.getElementById(`chart-${id}`);
     if (holder) holder.dataset.points = String(curves.step.length);
   }
+  // The curves are the current attempt's; earlier attempts' rows are drawn on request, dashed.
+  document.getElementById("earlier-box").hidden = !curves.earlier_rows;
+  document.getElementById("curves-note").textContent = !curves.logged ? "this attempt has logged no step yet"
+    : curves.earlier_rows ? `this attempt, from step ${curves.resumed_at}` : "";
 }
+
 
 function planTable(info) {
   const p = info.predicted || {}, m = info.latest_metrics || {};
   const rows = [["Memory per GPU (GB)", p.memory_gb, m.peak_mem_gb, 3], ["Step time (s)", p.step_time_s, m.step_time, 4],
                 ["Tokens/s", p.tokens_per_s, m.tokens_per_s, 0], ["MFU", p.mfu, m.mfu, null]];
-  const cell = (v, digits) => h("td", {class: "num"}, digits === null ? pct(v) : num(v, digits));
-  return h("table", {id: "plan"}, h("thead", {}, h("tr", {}, ["", `planned (${p.gpu || "?"})`,
-                                                               "measured (last interval)"]
+  // No figure is a dash: a speed the plan does not forecast (GPU type unknown, or a stand-in beside CPUs).
+  const cell = (v, digits) => h("td", {class: "num"}, v === null || v === undefined ? "-"
+    : digits === null ? pct(v) : num(v, digits));
+  const table = h("table", {id: "plan"}, h("thead", {}, h("tr", {}, ["", `planned (${p.gpu || "?"})`,
+                                                                     "measured (last interval)"]
       .map((t, i) => h("th", {class: i ? "num" : null}, t)))),
     h("tbody", {}, rows.map(([what, planned, measured, digits]) => h("tr", {}, h("td", {}, what),
       cell(planned, digits), cell(measured, digits)))));
+  return h("div", {}, table, p.note ? h("p", {id: "plan-note"}, p.note) : null);
 }
 
 function cellText(key, value) {
@@ -235,13 +255,14 @@ function resumeQuestion(name, info) {
 async function runView(view, name, cluster, gen) {
   // a run on a cluster reached over SSH: its record, curves and log tail come in one answer (two SSH commands)
   const far = cluster ? `?cluster=${encodeURIComponent(cluster)}&rank=${logState ? logState.rank : 0}` +
+    (earlier && view.dataset.run === name ? "&earlier=1" : "") +
     (logState && logState.offset !== null && view.dataset.run === name ? `&log_offset=${logState.offset}` : "") : "";
   const info = await api(`/api/run/${encodeURIComponent(name)}${far}`);
   if (gone(gen)) return;
   if (info.error) { view.replaceChildren(h("p", {id: "said", class: "error"}, "error: " + info.error)); return; }
   banners([]);
   if (!document.getElementById("run-page") || view.dataset.run !== name) {
-    charts = {}; logState = {rank: 0, offset: null, follow: true};
+    charts = {}; logState = {rank: 0, offset: null, follow: true}; earlier = false;
     view.dataset.run = name;
     view.replaceChildren(h("div", {id: "run-page"},
       h("h2", {}, name), h("div", {id: "run-head"}),
@@ -253,7 +274,10 @@ async function runView(view, name, cluster, gen) {
           `Delete run ${name}? Its job is cancelled if active, and its directory (checkpoints, logs, metrics) ` +
           "removed: this cannot be undone.", cluster)}, "Delete")),
       h("div", {id: "said"}), h("h3", {}, "Plan and measured"), h("div", {id: "plan-box"}),
-      h("h3", {}, "Curves"), h("div", {class: "charts", id: "charts"}),
+      h("h3", {}, "Curves"), h("div", {class: "curves-head"}, h("span", {id: "curves-note"}),
+        h("label", {id: "earlier-box", hidden: true}, h("input", {id: "earlier", type: "checkbox",
+          onchange: e => { earlier = e.target.checked; refresh(); }}), " earlier attempts (dashed)")),
+      h("div", {class: "charts", id: "charts"}),
       h("h3", {}, "Attempts"), h("div", {id: "attempts-box"}),
       h("h3", {}, "Log"), h("div", {}, "rank ", h("input", {id: "log-rank", type: "number", min: 0, value: 0,
         onchange: e => { logState = {...logState, rank: Number(e.target.value), offset: null};
@@ -286,7 +310,7 @@ async function runView(view, name, cluster, gen) {
     showLog(info.log);
     return;
   }
-  const curves = await api(`/api/run/${encodeURIComponent(name)}/curves?points=1000`);
+  const curves = await api(`/api/run/${encodeURIComponent(name)}/curves?points=1000${earlier ? "&earlier=1" : ""}`);
   if (gone(gen)) return;
   if (!curves.error) drawCharts(document.getElementById("charts"), curves);
   const q = logState.offset === null ? "" : `&offset=${logState.offset}`;
@@ -457,6 +481,8 @@ async function clustersView(view, gen) {
 async function refresh() {
   const gen = inFlight = generation;
   const view = document.getElementById("view");
+  // an answer that is slow to come (Slurm slow to answer the server) says so, rather than an unchanged page
+  const slow = setTimeout(() => { document.getElementById("updated").textContent = "loading…"; }, 500);
   const [, page, path, query] = (location.hash || "#/").match(/^#\/([^/]*)\/?([^?]*)\??(.*)$/) || [];
   const arg = decodeURIComponent(path || "");
   try {
@@ -468,6 +494,7 @@ async function refresh() {
   } catch (err) {
     if (!gone(gen)) banners([`the console did not answer: ${err}`]);
   } finally {
+    clearTimeout(slow);
     if (inFlight === gen) inFlight = null;
   }
 }
@@ -476,7 +503,7 @@ function route() {
   generation++;
   clearInterval(timer);
   charts = {};
-  document.getElementById("view").replaceChildren();
+  document.getElementById("view").replaceChildren(h("p", {id: "loading", class: "loading"}, "loading…"));
   delete document.getElementById("view").dataset.run;
   delete document.getElementById("view").dataset.sweep;
   refresh();

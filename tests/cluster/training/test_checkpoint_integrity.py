@@ -98,7 +98,7 @@ def test_full_disk_fails_the_save_clearly_and_keeps_the_earlier_checkpoint(refer
     with pytest.raises(Exception, match=f"the run directory {run_dir} has 0.\\d MB free; a checkpoint needs about"):
         launch_forked(train_workers.train_run, (run_dir,), world_size=2)
     again = [e for e in events(run_dir) if e["event"] in ("failed", "preflight_failed")][2:]
-    assert [(e["event"], e["rank"], e["fault"], e["short"]) for e in again] == [("failed", "0", "disk full",
+    assert [(e["event"], e["rank"], e["fault"], e["short"]) for e in again] == [("failed", 0, "disk full",
                                                                                  "disk full")] * 2, again
 
 
