@@ -301,6 +301,7 @@ def test_the_console_follows_and_stops_a_remote_run_through_the_clis_ssh_master(
     env = {**laptop.cluster.env, **laptop.env, "LAUNCHER_RUN_ROOT": str(laptop.root)}
     with serving(env, "--slurm-every", "5") as url, chromium() as browser:
         page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        page.on("dialog", lambda dialog: dialog.accept())  # a user who says yes to what the Stop button asks
         page.goto(url)
         row = page.locator('tr[data-run="watched"]')
         row.wait_for(timeout=60_000)
