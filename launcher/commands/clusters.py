@@ -179,11 +179,11 @@ def add(args: argparse.Namespace) -> int:
     shadowed = option_path("cluster", args.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text)
-    print(f"Wrote {path}")
+    print(wrap(f"Wrote {path}"))
     if shadowed is not None and shadowed != path:
-        print(f"  it takes the place of {shadowed} for cluster={args.name}")
+        print(wrap(f"  it takes the place of {shadowed} for cluster={args.name}"))
     for note in notes:
-        print(f"  note     {note}")
+        print(wrap(f"  note     {note}", indent=" " * 9))
     gpus = next(line.split()[1] for line in text.splitlines() if line.startswith("gpus_per_node:"))
     print(f"  try      launcher plan cluster={args.name} gpus={gpus}")
     return 0
@@ -232,9 +232,9 @@ def set_default(args: argparse.Namespace) -> int:
     write_atomic(path, f"# The cluster a launch uses when it names none (launcher clusters default).\n"
                        f"cluster: {args.name}\n")
     name, where = default_cluster()
-    print(f"Wrote {path}: launches without cluster= go to {args.name}")
+    print(wrap(f"Wrote {path}: launches without cluster= go to {args.name}"))
     if name != args.name:  # a project's .launcher/conf/config.yaml wins here
-        print(f"  but here {where} makes {name} the default")
+        print(wrap(f"  but here {where} makes {name} the default"))
     return 0
 
 
