@@ -141,3 +141,11 @@ def test_a_table_wraps_its_free_text_then_leaves_out_columns_and_says_which():
     assert all(len(line) <= 50 for line in narrow) and "SUBMITTED" not in narrow[0]
     assert "(left out to fit 50 columns: JOB ID, SUBMITTED;" in "\n".join(narrow)
     assert wrap("not checked: " + "word " * 30, 40).splitlines()[1].startswith("  word")
+
+
+def test_a_command_run_on_a_remote_cluster_fits_this_terminal(monkeypatch):
+    from launcher.remote.ship import launcher_argv
+    from launcher.remote.ssh import Remote
+
+    monkeypatch.setenv("COLUMNS", "77")
+    assert " COLUMNS=77 " in launcher_argv(Remote("site", "me@site"), "launcher", ["runs"])[2]
