@@ -43,6 +43,11 @@ HOME_VARIABLES = {"LAUNCHER_HOME": "launcher-home", "XDG_CONFIG_HOME": "config",
                   "LAUNCHER_RUN_ROOT": "runs"}
 SUITE_HOME = "LAUNCHER_SUITE_HOME"
 
+# The width the commands fit their output to (launcher/views/width.py): wider than any line they print, whatever the
+# developer's terminal, so that a test reads whole lines and whole tables; tests/unit/test_output_width.py sets
+# narrow ones of its own. Inherited by every process a test starts.
+os.environ["COLUMNS"] = "1000"
+
 
 def pytest_configure(config):
     if SUITE_HOME not in os.environ:  # the first process of the session (xdist's workers inherit it)

@@ -28,9 +28,14 @@ from launcher.service.clusters import ClusterUsage, Configured, configured, site
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.slurm.limits import Request, access
 from launcher.slurm.output import Partition
+from launcher.views.width import fit_table, wrap
 
 HEADERS = ["CLUSTER", "PARTITION", "GPU", "GPUS/NODE", "NODES IDLE/ALLOC/DOWN", "GPUS FREE/TOTAL", "MAX RUN NOW",
            "MAX RUN", "YOUR MAX RUN", "TIME LIMIT"]
+# On a narrow terminal (launcher/views/width.py): these wrap by words down to these widths, then these columns are
+# left out, first to last.
+WRAPPED = {"CLUSTER": 16, "YOUR MAX RUN": 16}
+LEAST_NEEDED = ["NODES IDLE/ALLOC/DOWN", "TIME LIMIT", "GPUS/NODE", "MAX RUN", "GPU", "MAX RUN NOW"]
 
 
 def table_rows(entry: ClusterUsage) -> List[list]:
@@ -174,11 +179,11 @@ def add(args: argparse.Namespace) -> int:
     shadowed = option_path("cluster", args.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text)
-    print(f"Wrote {path}")
+    print(wrap(f"Wrote {path}"))
     if shadowed is not None and shadowed != path:
-        print(f"  it takes the place of {shadowed} for cluster={args.name}")
+        print(wrap(f"  it takes the place of {shadowed} for cluster={args.name}"))
     for note in notes:
-        print(f"  note     {note}")
+        print(wrap(f"  note     {note}", indent=" " * 9))
     gpus = next(line.split()[1] for line in text.splitlines() if line.startswith("gpus_per_node:"))
     print(f"  try      launcher plan cluster={args.name} gpus={gpus}")
     return 0
@@ -227,9 +232,9 @@ def set_default(args: argparse.Namespace) -> int:
     write_atomic(path, f"# The cluster a launch uses when it names none (launcher clusters default).\n"
                        f"cluster: {args.name}\n")
     name, where = default_cluster()
-    print(f"Wrote {path}: launches without cluster= go to {args.name}")
+    print(wrap(f"Wrote {path}: launches without cluster= go to {args.name}"))
     if name != args.name:  # a project's .launcher/conf/config.yaml wins here
-        print(f"  but here {where} makes {name} the default")
+        print(wrap(f"  but here {where} makes {name} the default"))
     return 0
 
 
@@ -249,12 +254,18 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([to_json(entry) for entry in entries], indent=1))
         return 0
-    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
-
-    print(tabulate([row for entry in entries for row in table_rows(entry)], headers=HEADERS, disable_numparse=True))
-    for entry in entries:
-        if not entry.reachable:
-            print(f"{entry.cluster}: {entry.error}")
-    print("\nfrom: " + "; ".join(f"{name} ({where})" for entry in entries
-                                 for name, where in zip([entry.cluster, *entry.also], entry.origins)))
+    print(fit_table([row for entry in entries for row in table_rows(entry)], HEADERS, WRAPPED, LEAST_NEEDED))
+    print(wrap("\n".join(notes(entries))))
     return 0
+
+
+def notes(entries: List[ClusterUsage]) -> List[str]:
+    """Under the table: why each unreachable cluster is, which clusters' accounting enforces no limit (said here
+    and by ``plan``, not by every launch), and where each cluster file comes from."""
+    lines = [f"{entry.cluster}: {entry.error}" for entry in entries if not entry.reachable]
+    free = [entry.cluster for entry in entries if entry.reachable and entry.enforced is False]
+    if free:
+        lines.append(f"{', '.join(free)}: the site's accounting enforces no account or QOS limit "
+                     "(AccountingStorageEnforce), so Slurm refuses no run for one; YOUR MAX RUN is the partition's")
+    return [*lines, "", "from:", *(f"  {name}  {where}" for entry in entries
+                                   for name, where in zip([entry.cluster, *entry.also], entry.origins))]

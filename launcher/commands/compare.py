@@ -23,12 +23,17 @@ from launcher.views.lookup import chosen_runs, duration, roots_of
 from launcher.views.scaling_plot import plot
 from launcher.views.search_plot import plot as plot_search
 from launcher.views.search_summary import best_line, progress_line, search_of
+from launcher.views.width import fit_table, wrap
 from launcher.errors import LaunchError
 from launcher.status.scaling import RunStats, compare
 
 
 HEADERS = ["NAME", "MODEL", "GPUS", "NODES", "STEP TIME (median)", "TOK/S (median)", "TOK/S/GPU (median)", "MFU",
            "TIME TO STEP", "SPEEDUP", "SCALING EFF", "FINAL LOSS", "STATUS"]
+# On a narrow terminal (launcher/views/width.py): these wrap by words down to these widths, then these columns are
+# left out, first to last.
+WRAPPED = {"NAME": 16, "STATUS": 12}
+LEAST_NEEDED = ["NODES", "TIME TO STEP", "TOK/S/GPU (median)", "SPEEDUP", "MODEL", "FINAL LOSS", "MFU"]
 MEDIAN_NOTE = ("(median): STEP TIME is the median over the log intervals after the first (warm-up); TOK/S and "
                "TOK/S/GPU are taken at that step time, so TOK/S x STEP TIME = tokens per step")
 
@@ -121,14 +126,13 @@ def main(args: argparse.Namespace) -> int:
         for line in said:
             print(line, file=sys.stderr)
         return 0
-    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
-
-    print(tabulate(table_rows(stats), headers=HEADERS, disable_numparse=True))
-    print("\n".join(notes(stats)))
+    lines = notes(stats)
     if search is not None:
-        print(f"Search {search.search.id}: {progress_line(search)}\n{best_line(search)}")
+        lines += [f"Search {search.search.id}: {progress_line(search)}", best_line(search)]
     if args.plot:
-        print(f"plot written to {args.plot}" + "".join(f"; {line}" for line in said))
+        lines.append(f"plot written to {args.plot}" + "".join(f"; {line}" for line in said))
     elif search is not None:
-        print(f"--plot FILE.png draws {search.metric} against each parameter")
+        lines.append(f"--plot FILE.png draws {search.metric} against each parameter")
+    print(fit_table(table_rows(stats), HEADERS, WRAPPED, LEAST_NEEDED))
+    print(wrap("\n".join(lines)))
     return 0

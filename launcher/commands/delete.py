@@ -9,6 +9,7 @@ from launcher.commands.stop import run_args
 from launcher.errors import LaunchError
 from launcher.service import delete
 from launcher.views.lookup import roots_of
+from launcher.views.width import wrap
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +28,6 @@ def main(args: argparse.Namespace) -> int:
             return 1
     deleted = delete.delete(records)
     for line in deleted.lines():
-        print(line)
+        print(wrap(line))
     deleted.check()
     return 0

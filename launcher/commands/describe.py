@@ -15,6 +15,7 @@ from launcher.search.view import view
 from launcher.service.describe import Description, describe, named_values
 from launcher.views.lookup import duration, lookup, roots_of
 from launcher.views.search_summary import describe_lines, metric_text, named_search
+from launcher.views.width import fit_table, wrap
 
 
 def code_line(code: Optional[Dict[str, Any]], run_dir: str) -> str:
@@ -38,20 +39,17 @@ def event_line(event: Dict[str, Any]) -> str:
 
 def attempt_lines(rows: List[Dict[str, Any]]) -> List[str]:
     """The attempts table (a run that never started an attempt has none), then a blank line."""
-    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
-
     if not rows:
         return []
     when = lambda t: time.strftime("%H:%M:%S", time.localtime(t)) if t else ""  # noqa: E731
     table = [[r["attempt"], r["job_id"], r["nodes"], duration(r.get("queued_s")), when(r["start"]), when(r["end"]),
               r["outcome"], r["cause"], r["then"]] for r in rows]
-    return ["Attempts:", tabulate(table, headers=["#", "JOB", "NODES", "QUEUED", "START", "END", "OUTCOME", "CAUSE",
-                                                  "THEN"], disable_numparse=True), ""]
+    return ["Attempts:", fit_table(table, ["#", "JOB", "NODES", "QUEUED", "START", "END", "OUTCOME", "CAUSE", "THEN"],
+                                   {"NODES": 12, "CAUSE": 16, "THEN": 12}, ["QUEUED", "JOB", "START"]), ""]
 
 
-def render(info: Description) -> str:
-    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
-
+def render(info: Description, config: bool = False) -> str:
+    """The run's description, each line within the terminal's width; its config with ``config``."""
     state = info.state + (f" ({info.reason})" if info.reason else "")
     out = [
         f"Run {info.name}: Slurm job {info.job_id} on cluster {info.cluster}"
@@ -70,7 +68,7 @@ def render(info: Description) -> str:
         *([info.data["line"]] if info.data else []),
         "",
         "Plan:",
-        tabulate(info.plan.items(), tablefmt="plain", disable_numparse=True),
+        fit_table(info.plan.items(), wrap_to={1: 24}, tablefmt="plain"),
         "",
         "Nodes:" if info.nodes else "Nodes: none yet",
         *(f"  {node:<16}{node_state}" for node, node_state in info.nodes.items()),
@@ -98,8 +96,11 @@ def render(info: Description) -> str:
             out += ["", label + ":",
                     "  " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                      for k, v in named_values(row).items() if v is not None)]
-    out += ["", "Config:", *("  " + line for line in info.config.rstrip().splitlines())]
-    return "\n".join(out)
+    if config:
+        out += ["", "Config:", *("  " + line for line in info.config.rstrip().splitlines())]
+    else:
+        out += ["", f"Config: {info.paths['config']} (describe --config prints it)"]
+    return wrap("\n".join(out), indent="    ")
 
 
 def trial_line(trial: Dict[str, Any]) -> str:
@@ -111,7 +112,8 @@ def trial_line(trial: Dict[str, Any]) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="RUN", help="run name (or unique prefix), or a search's sweep id (or prefix)")
-    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.add_argument("--config", action="store_true", help="also print the run's whole config")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts (the config included)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -124,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
             raise LaunchError(f"{err.message} (and no search's sweep id starts with '{args.name}')") from None
         return describe_search(path, args.json)
     info = describe(rec)
-    print(json.dumps(info.to_dict(), indent=1) if args.json else render(info))
+    print(json.dumps(info.to_dict(), indent=1) if args.json else render(info, args.config))
     return 0
 
 

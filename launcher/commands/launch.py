@@ -21,6 +21,7 @@ from launcher.job.secret_store import secrets_dir, store_secrets
 from launcher.remote.clusters import launch_remote, remote_of, same_remote
 from launcher.remote.ship import call
 from launcher.views.lookup import invocation
+from launcher.views.width import fit_table, wrap
 
 if TYPE_CHECKING:
     from launcher.compose.composer import ComposedRun
@@ -201,30 +202,29 @@ def print_dry_run(runs: List[ComposedRun], sweep: bool = False) -> None:
         for index in group:
             print_plan(runs[index], data[index] if data else runs[index].data.line(), index == group[0])
         if len(group) > 1:
-            print(f"\n# sbatch script of one job array for {', '.join(names[i] for i in group)} (element i runs the "
-                  f"i-th, its directory named with a suffix when submitted; Slurm's own lines in "
-                  f"{script['folder']}{where}; split at the cluster's MaxArraySize)")
+            print(wrap(f"\n# sbatch script of one job array for {', '.join(names[i] for i in group)} (element i runs "
+                       f"the i-th, its directory named with a suffix when submitted; Slurm's own lines in "
+                       f"{script['folder']}{where}; split at the cluster's MaxArraySize)", indent="# "))
         else:
-            print(f"\n# sbatch script (submitit folder {script['folder']}{where})")
-        print(script["text"])
+            print(wrap(f"\n# sbatch script (submitit folder {script['folder']}{where})", indent="# "))
+        print(script["text"])  # as sbatch will read it: a script's lines are not wrapped
 
 
 def print_plan(run: ComposedRun, data: str, first: bool = True) -> None:
     """A run's heading, plan table and data line."""
-    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
-
     if not first:
         print()
-    print(f"# run {display_name(run)}: {' '.join(run.overrides) or '(defaults)'}")
-    print(tabulate(run.plan.to_dict().items(), headers=["plan", ""], intfmt=","))
-    print(data)
+    print(wrap(f"# run {display_name(run)}: {' '.join(run.overrides) or '(defaults)'}", indent="# "))
+    rows = [(key, f"{value:,}" if type(value) is int else value) for key, value in run.plan.to_dict().items()]
+    print(fit_table(rows, ["plan", ""], {1: 24}))
+    print(wrap(data))
 
 
 def print_submitted(launched: Launched) -> None:
     """What was submitted, with the commands that follow it, as this user runs the launcher."""
     records, sweep_id, launcher = launched.records, launched.sweep_id, invocation()
     if launched.note:
-        print(launched.note)
+        print(wrap(launched.note))
     if not records:
         return
     if sweep_id is None:
@@ -238,9 +238,7 @@ def print_submitted(launched: Launched) -> None:
         if not launched.remote:  # a remote run's run.yaml is on its cluster
             print(f"  again    {launcher} -f {shlex.quote(f'{rec.run_dir}/run.yaml')}")
         return
-    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
-
     rows = [(r.name, r.job_id, r.model, f"{r.nodes}x{r.gpus_per_node}", r.steps) for r in records]
     print(f"Submitted sweep {sweep_id}: {len(records)} runs")
-    print(tabulate(rows, headers=["NAME", "JOB ID", "MODEL", "GPUS", "STEPS"]))
+    print(fit_table(rows, ["NAME", "JOB ID", "MODEL", "GPUS", "STEPS"], {"NAME": 16}))
     print(f"  status   {launcher} runs --sweep {sweep_id}")

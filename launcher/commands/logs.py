@@ -19,6 +19,7 @@ from launcher.core.run_index import RunRecord
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.status.job_state import JobState, job_states
 from launcher.status.tails import rank_log, with_attempts
+from launcher.views.width import wrap
 
 
 def log_file(rec: RunRecord, rank: int, err: bool) -> Path:
@@ -84,7 +85,7 @@ def follow(rec: RunRecord, files: Dict[int, Path], offsets: Offsets, err: bool) 
             active, last_check = state.active, time.time()
             if state.state == "PENDING" and in_short(rec, state) != told:  # why it waits, each time that changes
                 told = in_short(rec, state)
-                print(f"({told})", file=sys.stderr, flush=True)
+                print(wrap(f"({told})"), file=sys.stderr, flush=True)
         time.sleep(0.5)
 
 
@@ -97,7 +98,7 @@ def print_early_error(rec: RunRecord, rank: int, shown: Path, err: bool) -> None
     stderr = log_file(rec, rank, err=True)
     if err or shown.parent.name != "submitit" or not stderr.exists() or not stderr.stat().st_size:
         return  # stderr shown already, or the rank's own log (it began training: its log says the rest)
-    print(f"==> the end of rank {rank}'s stderr ({stderr}) <==")
+    print(wrap(f"==> the end of rank {rank}'s stderr ({stderr}) <=="))
     sys.stdout.write(tail_lines(stderr, EARLY_ERROR_LINES))
 
 
@@ -131,7 +132,8 @@ def main(args: argparse.Namespace) -> int:
         if len(files) > 1:
             print(f"==> rank {rank}{' (failed)' if rank in failed else ''} <==")
         if not path.exists():
-            print(f"(no output from rank {rank} yet; {in_short(rec, job_states([rec])[rec.name])})", file=sys.stderr)
+            print(wrap(f"(no output from rank {rank} yet; {in_short(rec, job_states([rec])[rec.name])})"),
+                  file=sys.stderr)
             continue
         count = args.tail if args.tail is not None else FAILED_RANK_LINES if rank in failed else None
         text = tail_lines(path, count) if count is not None else path.read_text(errors="replace")

@@ -20,6 +20,7 @@ from launcher.job.secret_store import secrets_dir, store_secrets
 from launcher.forecast.host import host_memory, machine_memory, to_fit
 from launcher.forecast.target import GIB, Assumptions, TargetGpu, hardware_for, precision_of
 from launcher.forecast.memory import activation_components, activation_terms, shard_group
+from launcher.views.width import fit_table, wrap
 
 if TYPE_CHECKING:
     from launcher.compose.composer import ComposedRun
@@ -98,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
         if index or len(estimates) > 1:
             print()
         print(detail(est))
-        print(run.data.line())
+        print(wrap(run.data.line()))
     if len(estimates) == 1:
         print_refusals(verdict, runs)
     return refused
@@ -106,9 +107,9 @@ def main(args: argparse.Namespace) -> int:
 
 def print_refusals(verdict: Verdict, runs: List[ComposedRun]) -> None:
     """Below the figures: the checks not made, and each run a launch would refuse, with why (or that none)."""
-    lines = [f"not checked: {note}" for note in verdict.unchecked]
+    lines = [f"not checked: {note}" for note in verdict.unchecked + verdict.unenforced]
     lines += [f"a launch would be refused: {line}" for line in verdict.lines(runs, verdict.refusals)]
-    print("\n".join(["", *lines] if lines else ["", "a launch would pass every check"]))
+    print(wrap("\n".join(["", *lines] if lines else ["", "a launch would pass every check"])))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,12 +142,12 @@ def _fits(est: Estimate) -> str:
 
 COMPARISON_HEADERS = ["model", "gpus", "sharding", "ckpt", "mb x acc", "mem/GPU GiB", "GPU GiB", "fits?",
                       "max mb", "step", "tok/s/GPU", "comm", "scaling eff."]
+# On a narrow terminal (launcher/views/width.py): the columns left out, first to last, once the headers wrap.
+LEAST_NEEDED = ["comm", "max mb", "ckpt", "sharding", "GPU GiB", "mb x acc", "tok/s/GPU", "scaling eff."]
 
 
 def comparison(estimates: List[Estimate]) -> str:
     """One row per run, then, for the runs that do not fit, what would."""
-    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
-
     rows = []
     for est in estimates:
         t, p = est.timing, est.plan
@@ -155,13 +156,13 @@ def comparison(estimates: List[Estimate]) -> str:
                      f"{est.memory.total / GIB:,.1f}", f"{est.hardware.memory_gib:g}", _fits(est),
                      est.max_micro_batch or "-", _time(t.step_s), _tokens(t.tokens_per_s_per_gpu), _time(t.comm_s),
                      _pct(est.scaling_efficiency)])
-    lines = [tabulate(rows, headers=COMPARISON_HEADERS, disable_numparse=True)]
+    lines = [fit_table(rows, COMPARISON_HEADERS, drop=LEAST_NEEDED)]
     notes = _notes(estimates)
     for est in estimates:
         if not est.fits:
             fixes = "; or ".join(map(str, est.suggestions)) or "nothing found up to 4096 GPUs"
             lines.append(f"  {' '.join(est.overrides) or '(defaults)'}: does not fit; to fit: {fixes}")
-    return "\n".join(lines + notes)
+    return wrap("\n".join(lines + notes))
 
 
 def _notes(estimates: List[Estimate]) -> List[str]:
@@ -207,8 +208,6 @@ def _speed_note(hw: TargetGpu) -> Optional[str]:
 def detail(est: Estimate) -> str:
     """The full estimate of one run: memory, activations by checkpointing level, time and communication,
     each figure beside the formula the planner computed it with (forecast/memory.py, forecast/timing.py)."""
-    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
-
     cfg, plan, m, t, hw = est.cfg, est.plan, est.memory, est.timing, est.hardware
     model = cfg.model
     sharding, level = cfg.parallel.sharding, cfg.parallel.activation_checkpointing
@@ -251,18 +250,15 @@ def detail(est: Estimate) -> str:
     comm_rows = [[label, fmt(getattr(t, part)), t.formulas[part]] for label, part, fmt in TIME_ROWS]
     comm_rows.append(["scaling efficiency", _pct(est.scaling_efficiency), "vs the fewest-GPU run of the sweep"])
     speed = _speed_note(hw)
-    parts = ["\n".join(head), tabulate(memory_rows, headers=["memory per GPU", "formula", "GiB"],
-                                       disable_numparse=True),
-             tabulate(act_rows, headers=[f"activations GiB, micro-batch {b}", "layers", "recompute", "final norm",
-                                         "loss", "total"], disable_numparse=True)
-             + "\n" + act_note,
-             tabulate(comm_rows, headers=["time and communication", "", ""], disable_numparse=True)
-             + (f"\n{speed}" if speed else "")]
+    parts = ["\n".join(head), fit_table(memory_rows, ["memory per GPU", "formula", "GiB"], {"formula": 24}),
+             fit_table(act_rows, [f"activations GiB, micro-batch {b}", "layers", "recompute", "final norm", "loss",
+                                  "total"]) + "\n" + act_note,
+             fit_table(comm_rows, ["time and communication", "", ""], {2: 24}) + (f"\n{speed}" if speed else "")]
     if not est.fits:
         parts.append("DOES NOT FIT. To fit:\n" + "\n".join(f"  {s}" for s in est.suggestions)
                      if est.suggestions else "DOES NOT FIT, and no change found up to 4096 GPUs.")
     parts += _host(est)
-    return "\n\n".join(parts)
+    return wrap("\n\n".join(parts), indent="    ")
 
 
 def _host(est: Estimate) -> List[str]:

@@ -9,6 +9,7 @@ import argparse
 
 from launcher.service import resume
 from launcher.views.lookup import roots_of
+from launcher.views.width import wrap
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -23,5 +24,5 @@ def main(args: argparse.Namespace) -> int:
         from launcher.commands.launch import warn  # lazy: the launch's imports, only for a new layout's warnings
 
         warn(resuming.warnings)
-    print(resume.submit(resuming).line())
+    print(wrap(resume.submit(resuming).line()))
     return 0

@@ -18,6 +18,7 @@ from launcher.service.runs import TRIAL_FIELDS, Filters, Listing, RunRow, listin
 from launcher.status.job_state import ACTIVE, DAMAGED, STATES
 from launcher.views.lookup import clock, duration, roots_of
 from launcher.views.search_summary import best_line, metric_text, param_names, progress_line, short
+from launcher.views.width import fit_table, wrap
 
 if TYPE_CHECKING:
     from launcher.search.space import Param
@@ -59,14 +60,18 @@ _SCALARS = {str: json.encoder.encode_basestring_ascii, int: int.__repr__, float:
             bool: lambda value: "true" if value else "false", type(None): lambda value: "null"}
 
 
-# The STATUS column's widest: a long cause (a cluster that is gone, a pending reason in words) is cut there, whole
-# in ``describe`` and ``runs --json``, so that the table still fits a terminal.
-STATUS_WIDTH = 72
+# The STATUS cell's longest: a cause longer still (a cluster that is gone, say) is cut there, whole in ``describe``
+# and ``runs --json``; the table wraps the cell by words to fit the terminal (launcher/views/width.py).
+STATUS_WIDTH = 100
 # The reasons said beside any state, not only beside those that always say theirs: a stall, where a trial was
 # pruned, and a last known state's date (Slurm not answering).
 SAID_WHILE_RUNNING = ("stalled", "pruned", "as of")
 HEADERS = ["NAME", "JOB ID", "CLUSTER", "MODEL", "GPUS", "STATUS", "TRY", "PROGRESS", "LOSS", "TOK/S", "MFU",
            "SUBMITTED", "ELAPSED/ETA"]
+# On a narrow terminal (launcher/views/width.py): the name and the status wrap by words down to these widths, then
+# these columns are left out, first to last.
+WRAPPED = {"NAME": 16, "STATUS": 20}
+LEAST_NEEDED = ["SUBMITTED", "MFU", "TOK/S", "JOB ID", "CLUSTER", "TRY", "TRIAL STATE", "MODEL", "LOSS", "GPUS"]
 
 
 def table_row(row: RunRow) -> list:
@@ -98,15 +103,13 @@ def render(found: Listing, as_json: bool, roots: Sequence[Path] = ()) -> str:
         return json_rows(rows)
     lines = [f"Search {search.search.id}: {progress_line(search)}", best_line(search)] if search else []
     if not rows:
-        return "\n".join([none_listed(found, roots), *lines])
-    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
-
+        return wrap("\n".join([none_listed(found, roots), *lines]))
     if search is None:
-        return tabulate([table_row(row) for row in rows], headers=HEADERS, disable_numparse=True)
+        return fit_table([table_row(row) for row in rows], HEADERS, WRAPPED, LEAST_NEEDED)
     params = search.search.space.params
     table = [table_row(row) + trial_cells(row, params) for row in rows]
     headers = [*HEADERS, "TRIAL", "TRIAL STATE", *param_names(p.key for p in params).values(), search.metric]
-    return "\n".join([tabulate(table, headers=headers, disable_numparse=True), *lines])
+    return "\n".join([fit_table(table, headers, WRAPPED, LEAST_NEEDED), wrap("\n".join(lines))])
 
 
 def none_listed(found: Listing, roots: Sequence[Path]) -> str:

@@ -30,6 +30,7 @@ from launcher.errors import LaunchError
 from launcher.remote.clusters import find_remote
 from launcher.remote.ship import run_launcher
 from launcher.views.lookup import invocation
+from launcher.views.width import fit_table
 
 
 # --- command line -------------------------------------------------------------------------------------
@@ -119,10 +120,8 @@ def _list(directory: Path, as_json: bool) -> int:
     if not secrets:
         print(f"No secrets in {directory}. Create one with: {invocation()} secrets create env NAME < value.txt")
         return 0
-    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
-
     rows = [(s.name, s.kind, s.env, time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))) for s in secrets]
-    print(tabulate(rows, headers=["NAME", "KIND", "ENV", "CREATED"]))
+    print(fit_table(rows, ["NAME", "KIND", "ENV", "CREATED"], {"NAME": 16, "ENV": 16}))
     return 0
 
 

@@ -12,6 +12,7 @@ import argparse
 from launcher.errors import LaunchError
 from launcher.service import stop
 from launcher.views.lookup import roots_of
+from launcher.views.width import wrap
 
 
 def run_args(parser: argparse.ArgumentParser) -> None:
@@ -42,8 +43,8 @@ def main(args: argparse.Namespace) -> int:
         raise LaunchError("--now cancels at once and --wait waits for a save first: give one of them")
     stopping = stop.ask(roots_of(args), args.names, args.sweep, args.wait, args.now)
     for line in stopping.lines():
-        print(line, flush=True)  # before the wait: the user sees what is being waited for
+        print(wrap(line), flush=True)  # before the wait: the user sees what is being waited for
     stop.wait(stopping)
     for line in stop.finish(stopping).lines():
-        print(line)
+        print(wrap(line))
     return 0

@@ -69,10 +69,13 @@ def ship(remote: Remote) -> None:
 def launcher_argv(remote: Remote, module: str, args: Sequence[str]) -> List[str]:
     """The command that runs ``python -m MODULE ARGS`` there with this code, or exits MISSING without it."""
     python = remote.python or "python3"
-    # Unbuffered: its output is a pipe to ssh, and `logs --follow` must show each line as it comes.
+    # Unbuffered: its output is a pipe to ssh, and `logs --follow` must show each line as it comes. Its tables fit
+    # this terminal (COLUMNS, else this one's width; neither into a pipe: launcher/views/width.py's fallback there).
+    columns = shutil.get_terminal_size((0, 0)).columns
     env = {"PYTHONPATH": code_path(), "PYTHONSAFEPATH": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
            **({"SLURM_CONF": remote.slurm_conf} if remote.slurm_conf else {}),
-           **({"LAUNCHER_RUN_ROOT": remote.run_root} if remote.run_root else {})}
+           **({"LAUNCHER_RUN_ROOT": remote.run_root} if remote.run_root else {}),
+           **({"COLUMNS": str(columns)} if columns else {})}
     exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
     return ["sh", "-c", f'test -d {code_path()} || exit {MISSING}; {exports} exec "$@"', "sh", python, "-m", module,
             *args]

@@ -39,6 +39,7 @@ class ClusterUsage:
     ssh: Optional[str] = None  # a cluster reached over SSH (launcher/remote/)
     partitions: List[PartitionUsage] = field(default_factory=list)
     origins: List[str] = field(default_factory=list)  # each name's config layer and file
+    enforced: Optional[bool] = None  # whether its accounting enforces account and QOS limits (None: not known)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ def survey(clusters: Dict[str, Configured]) -> List[ClusterUsage]:
                 slurm.ping()
                 entry.partitions = usage(slurm.nodes(timeout=SINFO_TIMEOUT_S))
                 rules = site_rules(slurm)
+                entry.enforced = rules.enforced if rules is not None else None
                 for part in entry.partitions:
                     part.yours = _yours(rules, part)
             entry.reachable = True

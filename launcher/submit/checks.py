@@ -49,10 +49,13 @@ PYTHON_CHECK_TIMEOUT_S = 20
 
 @dataclass
 class Verdict:
-    """What the checks found (each a :class:`Finding` of one run), and the checks not made, with why."""
+    """What the checks found (each a :class:`Finding` of one run), and the checks not made, with why: those Slurm
+    could not be asked (``unchecked``), and the site's limits on a cluster whose accounting enforces none
+    (``unenforced``, a lasting fact of the site that ``plan`` and ``clusters`` say, and a launch does not)."""
 
     findings: List[Finding] = field(default_factory=list)
     unchecked: List[str] = field(default_factory=list)
+    unenforced: List[str] = field(default_factory=list)
 
     @property
     def refusals(self) -> List[Finding]:
@@ -97,7 +100,7 @@ def judge(runs: Sequence[ComposedRun]) -> Verdict:
         fits = refusal(run.plan, cfg.cluster, part) if part is not None else problem
         verdict.findings += [Finding(index, fits)] if fits else []
         if part is not None and not fits:
-            verdict.findings += site_findings(index, run, part, sites, verdict.unchecked)
+            verdict.findings += site_findings(index, run, part, sites, verdict)
     return verdict
 
 
@@ -127,13 +130,13 @@ class _Site:
 
 
 def site_findings(index: int, run: ComposedRun, part: Partition, sites: Dict[Optional[str], Optional[_Site]],
-                  unchecked: List[str]) -> List[Finding]:
+                  verdict: Verdict) -> List[Finding]:
     """Whether the site's accounting takes the run and lets it start (launcher/slurm/limits.py), asked once per
-    cluster; where accounting enforces nothing, or cannot be asked, a note in ``unchecked`` says so."""
+    cluster; where accounting enforces nothing, or cannot be asked, a note in the verdict says so."""
     cluster = run.config.cluster
     slurm = for_cluster(cluster)
     if slurm.conf not in sites:
-        sites[slurm.conf] = _site(slurm, cluster.name, unchecked)
+        sites[slurm.conf] = _site(slurm, cluster.name, verdict)
     site = sites[slurm.conf]
     if site is None:
         return []
@@ -147,16 +150,16 @@ def site_findings(index: int, run: ComposedRun, part: Partition, sites: Dict[Opt
         [Finding(index, text, refuses=False) for text in found.warnings]
 
 
-def _site(slurm: Slurm, name: str, unchecked: List[str]) -> Optional[_Site]:
+def _site(slurm: Slurm, name: str, verdict: Verdict) -> Optional[_Site]:
     try:
         rules = slurm.site_rules()
         if not rules.enforced:
-            _note(unchecked, f"the site's account and QOS limits on cluster {name}: its accounting enforces none "
-                             "(AccountingStorageEnforce), so Slurm refuses no run for them")
+            _note(verdict.unenforced, f"the site's account and QOS limits on cluster {name}: its accounting enforces "
+                                      "none (AccountingStorageEnforce), so Slurm refuses no run for them")
             return None
         return _Site(rules, slurm.squeue(user=rules.user))
     except SlurmError as err:
-        _note(unchecked, f"the site's account and QOS limits on cluster {name} ({err})")
+        _note(verdict.unchecked, f"the site's account and QOS limits on cluster {name} ({err})")
         return None
 
 

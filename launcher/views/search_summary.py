@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 from launcher.core.rundir import search_ids, search_path
 from launcher.errors import LaunchError
 from launcher.core.run_index import unique_prefix
+from launcher.views.width import fit_table, wrap
 
 if TYPE_CHECKING:
     from launcher.search.space import Param
@@ -124,6 +125,7 @@ def param_line(param: "Param") -> str:
 
 
 TRIAL_HEADERS = ["TRIAL", "RUN", "STATE", "VALUE", "PARAMS", "CAUSE"]
+TRIAL_WRAPPED = {"RUN": 12, "PARAMS": 16, "CAUSE": 16}  # by words, down to these widths, on a narrow terminal
 
 
 def trial_rows(search: "SearchView") -> List[list]:
@@ -133,12 +135,11 @@ def trial_rows(search: "SearchView") -> List[list]:
 
 
 def describe_lines(search: "SearchView") -> List[str]:
-    """``describe SWEEP_ID`` of a search: its space, settings, counts by state, best trial, end, and its trials."""
-    from tabulate import tabulate  # lazy: keeps tabulate out of start-up
-
+    """``describe SWEEP_ID`` of a search: its space, settings, counts by state, best trial, end, and its trials,
+    each line within the terminal's width."""
     settings = search.search.settings
     counts = search.counts()
-    return [
+    return wrap("\n".join([
         f"Search {search.search.id}: {settings.trials} trials, {settings.parallel} in parallel, toward the "
         f"{'highest' if settings.direction == 'maximize' else 'lowest'} {settings.metric} ({settings.direction}); "
         f"more than {settings.failures_allowed()} failed trials (search.max_failures) end it",
@@ -151,6 +152,5 @@ def describe_lines(search: "SearchView") -> List[str]:
         f"Progress: {progress_line(search)}",
         best_line(search),
         "",
-        tabulate(trial_rows(search), headers=TRIAL_HEADERS, disable_numparse=True) if search.trials else
-        "No trial asked for yet.",
-    ]
+        fit_table(trial_rows(search), TRIAL_HEADERS, TRIAL_WRAPPED) if search.trials else "No trial asked for yet.",
+    ])).split("\n")

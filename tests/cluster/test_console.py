@@ -229,3 +229,25 @@ def test_three_tabs_ask_slurm_no_more_than_one(console, browser):
     one, three = calls_over(1, 4 * SLURM_EVERY_S), calls_over(3, 4 * SLURM_EVERY_S)
     print(f"Slurm calls over {4 * SLURM_EVERY_S} s: one tab {one}, three tabs {three}")
     assert one > 0 and three < 2 * one, (one, three)
+
+
+def test_no_page_scrolls_sideways_in_a_window_800_px_wide(console, page, slurm):
+    """At 800 px the runs list (held runs, one of a long name, and the module's other runs), a run's page, a
+    sweep's page and the clusters page fit the window: nothing scrolls sideways."""
+    name, job = submitted(console, "gpus=2", "train.steps=10", "name=a-run-of-a-long-name-that-the-runs-list-wraps",
+                          "+cluster.sbatch_flags.hold=true")
+    swept = launcher(console, "-m", "model=gpt_tiny", "gpus=1,2", "train.steps=10", "+cluster.sbatch_flags.hold=true")
+    assert swept.returncode == 0, swept.stderr
+    sweep = re.search(r"Submitted sweep (\S+):", swept.stdout).group(1)
+    jobs = [line.split()[1] for line in swept.stdout.splitlines() if line.startswith("gpt-tiny-")]  # its table
+    try:
+        page.set_viewport_size({"width": 800, "height": 1000})
+        for route, shown in (("/#/", f'tr[data-run="{name}"]'), (f"/#/run/{name}", "#run-head .status"),
+                             (f"/#/sweep/{sweep}", "#sweep-runs tbody tr"),
+                             ("/#/clusters", 'section[data-cluster="local"] table')):
+            page.goto(base_of(console[0]) + route)
+            page.locator(shown).first.wait_for(timeout=60_000)
+            sizes = page.evaluate("[document.scrollingElement.scrollWidth, document.scrollingElement.clientWidth]")
+            assert sizes[0] <= sizes[1], (route, sizes)
+    finally:
+        slurm.run("scancel", job, *jobs, check=False)

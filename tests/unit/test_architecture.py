@@ -484,3 +484,12 @@ LINE = SlurmExecutor._submitit_command_str.fget(None)
     assert found == [2, 3, 8, 9, 9, 12, 13], private_submitit_uses(source)
     assert private_submitit_uses("import submitit\nfrom submitit.helpers import DelayedSubmission\n"
                                  "submitit.JobEnvironment().job_id\n") == []
+
+
+def test_every_table_is_fitted_to_the_terminal():
+    """A table a command prints goes through launcher/views/width.py's ``fit_table``, which narrows it to the
+    terminal's width (docs/launching.md): no other module calls tabulate itself."""
+    fitted = REPO / "launcher" / "views" / "width.py"
+    calls = [str(path.relative_to(REPO)) for path in SOURCES
+             if path != fitted and re.search(r"\btabulate\(", path.read_text())]
+    assert not calls, f"{calls} call tabulate: use launcher.views.width.fit_table"
