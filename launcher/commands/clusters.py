@@ -148,7 +148,7 @@ def remote_proposal(args: argparse.Namespace, notes: List[str]) -> str:
     reach = {"ssh": args.ssh, "python": args.python or "python3"}
     import yaml  # lazy: keeps yaml out of start-up
 
-    return proc.stdout + "# Reached over SSH (docs/remote.md): every path above is the cluster's.\n" + \
+    return proc.stdout + "# Reached over SSH: every path above is the cluster's.\n" + \
         yaml.safe_dump(reach, sort_keys=False)
 
 

@@ -245,7 +245,7 @@ def detail(est: Estimate) -> str:
     terms = activation_terms(model, b, level, est.precision)
     act_note = "\n".join(
         [f"{level} * by part, s={model.seq_len} b={b} h={model.d_model} a={model.n_heads} r={model.mlp_ratio} "
-         f"V={model.vocab_size} (docs/planning.md, \"Activations\"):"]
+         f"V={model.vocab_size}:"]
         + [f"  {name.replace('_', ' '):<16}{term.formula}" for name, term in terms.items()])
     comm_rows = [[label, fmt(getattr(t, part)), t.formulas[part]] for label, part, fmt in TIME_ROWS]
     comm_rows.append(["scaling efficiency", _pct(est.scaling_efficiency), "vs the fewest-GPU run of the sweep"])
