@@ -190,15 +190,19 @@ def test_logs_follow_survives_a_dropped_connection(laptop):
     wait_for(lambda: (laptop.rows()["followed"]["step"] or 0) >= 20, 240, "training under way", interval=1)
     env = {**laptop.cluster.env, **laptop.env, "LAUNCHER_RUN_ROOT": str(laptop.root)}
     follower = subprocess.Popen([sys.executable, "-m", "launcher", "logs", "followed", "--follow"], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    first = follower.stdout.readline()  # it follows over the master now: its first line came through it
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, cwd=REPO)
+    first = b""  # it follows over the master now once its first line came through it (read unbuffered: byte by
+    while not first.endswith(b"\n"):  # byte, so that communicate() below, which reads the pipe itself, loses none)
+        byte = follower.stdout.read(1)
+        assert byte, f"the follower ended before its first line: {first!r}"
+        first += byte
     master = subprocess.run(["ssh", "-F", str(laptop.site.ssh_config), "-o",
                              f"ControlPath={laptop.env['LAUNCHER_HOME']}/ssh/%C", "-O", "check", laptop.site.alias],
                             capture_output=True, text=True)
     pid = int(master.stderr.split("pid=")[1].split(")")[0])
     os.kill(pid, 9)  # the master this test's launcher opened: every session over it drops
     rest, err = follower.communicate(timeout=300)
-    out = first + rest
+    out, err = (first + rest).decode(), err.decode()
     assert follower.returncode == 0 and "reconnecting" in err, err
     whole = laptop.launcher("logs", "followed").stdout
     assert out == whole and "final 300" in out  # every line once, none lost

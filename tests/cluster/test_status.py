@@ -39,9 +39,9 @@ def test_run_goes_through_states_and_matches_its_metrics(slurm, tmp_path):
     line = next(line for line in table.splitlines() if line.startswith(name))
     assert "COMPLETED" in line and "20/20 (100%)" in line and f"{last['loss']:.4f}" in line and "2x2" in line
 
-    # logs --rank 3 shows rank 3's lines, and only those.
+    # logs --rank 3 shows rank 3's lines, and only those, under the heading of the attempt they began in.
     logs = cmd(slurm, tmp_path, "logs", name, "--rank", "3").strip().splitlines()
-    assert logs and all(" rank3 " in line for line in logs)
+    assert logs[0].startswith("==== attempt 1 (job ") and all(" rank3 " in line for line in logs[1:])
     assert any("rank 3/4" in line for line in logs)
 
     described = cmd(slurm, tmp_path, "describe", name[:12])
