@@ -45,8 +45,14 @@ SUITE_HOME = "LAUNCHER_SUITE_HOME"
 
 # The width the commands fit their output to (launcher/views/width.py): wider than any line they print, whatever the
 # developer's terminal, so that a test reads whole lines and whole tables; tests/unit/test_output_width.py sets
-# narrow ones of its own. Inherited by every process a test starts.
+# narrow ones of its own. Inherited by every process a test starts; pytest's own report keeps the width it had.
+REPORT_WIDTH = shutil.get_terminal_size().columns
 os.environ["COLUMNS"] = "1000"
+
+
+def pytest_sessionstart(session):
+    if session.config.pluginmanager.get_plugin("terminalreporter") is not None:  # xdist's workers report nothing
+        session.config.get_terminal_writer().fullwidth = REPORT_WIDTH
 
 
 def pytest_configure(config):
