@@ -154,11 +154,11 @@ class AttemptLog:
             return None
         return None if any(isinstance(e, Retrying) or (isinstance(e, Failed) and e.final) for e in since) else ended
 
-    def watcher(self, job_id: Optional[str]) -> Optional[str]:
-        """The job that watches job ``job_id`` to judge its attempt should its batch step die (a ``watching``
-        event's), or None when none was submitted for it."""
-        found = next((e for e in reversed(self.events) if isinstance(e, Watching) and e.job_id == job_id), None)
-        return found.watcher if found else None
+    def watching(self) -> Optional[Watching]:
+        """The newest ``watching`` event: which job watches the run's newest job (its ``job_id``, as the run's record
+        names it: ``A_i`` for a job array's element, whose attempt is recorded under the element's own job id) to
+        judge its attempt should its batch step die; None when none was submitted."""
+        return next((e for e in reversed(self.events) if isinstance(e, Watching)), None)
 
     def since_resumed(self) -> "AttemptLog":
         """The record since the newest ``resubmitted`` (the user's ``launcher resume``), else all of it."""

@@ -13,6 +13,7 @@ from launcher.core.config import RunConfig, load_run_config
 from launcher.core.plan import Plan, read_plan
 from launcher.core.privacy import RunWriter
 from launcher.core.events import Watching
+from launcher.core.attempt_log import AttemptLog
 from launcher.core.rundir import CONFIG, RECORD, append_event, code_dir, read_events, write_json_atomic
 from launcher.errors import LaunchError
 from launcher.job import claim, task
@@ -82,7 +83,7 @@ def watcher_of(run_dir: Path, arrays: bool = False) -> Optional[str]:
     """The job watching the run's newest job (see :func:`watch`) and no other run's, or None; with ``arrays``, a
     job array's watcher too, which watches every element (:func:`watch_array`) and passes over a run that is gone,
     so that it is waited for rather than cancelled."""
-    newest = next((e for e in reversed(read_events(run_dir)) if isinstance(e, Watching)), None)
+    newest = AttemptLog(read_events(run_dir)).watching()
     return newest.watcher if newest and (arrays or "_" not in (newest.job_id or "")) else None
 
 

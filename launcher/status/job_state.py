@@ -212,7 +212,8 @@ def recovering(state: JobState, attempts: AttemptLog, jobs: Dict[str, JobState])
         why = f"attempt {ended.attempt or '?'} ended ({ended.short or ended.outcome}); its retry is being decided"
         return dataclasses.replace(state, state="RECOVERING", reason=why)
     judged = attempts.unjudged() or ended
-    watcher = attempts.watcher(judged.job_id) if state.state == "FAILED" and judged is not None else None
+    watching = attempts.watching() if state.state == "FAILED" and judged is not None else None
+    watcher = watching.watcher if watching is not None else None
     if watcher is None or watcher not in jobs or not jobs[watcher].active:
         return None
     why = f"job {judged.job_id} ended ({state.reason or 'failed'}) before its retry; job {watcher} judges attempt " \
