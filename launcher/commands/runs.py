@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Sequence, TextIO
@@ -60,8 +61,8 @@ _SCALARS = {str: json.encoder.encode_basestring_ascii, int: int.__repr__, float:
             bool: lambda value: "true" if value else "false", type(None): lambda value: "null"}
 
 
-# The STATUS cell's longest: a cause longer still (a cluster that is gone, say) is cut there, whole in ``describe``
-# and ``runs --json``; the table wraps the cell by words to fit the terminal (launcher/views/width.py).
+# The STATUS cell's longest: a cause longer still (a cluster that is gone, say) is shortened to it by words, whole in
+# ``describe`` and ``runs --json``; the table wraps the cell by words to fit the terminal (launcher/views/width.py).
 STATUS_WIDTH = 100
 # The reasons said beside any state, not only beside those that always say theirs: a stall, where a trial was
 # pruned, and a last known state's date (Slurm not answering).
@@ -79,8 +80,10 @@ def table_row(row: RunRow) -> list:
                                                                                   "UNKNOWN", "REQUEUED", DAMAGED)
                                                                   or row.reason.startswith(SAID_WHILE_RUNNING))
                                                                   else "")
-    if len(status) > STATUS_WIDTH:
-        status = status[:STATUS_WIDTH - 2].rstrip() + "…" + (")" if status.endswith(")") else "")
+    if len(status) > STATUS_WIDTH:  # shortened by words, its closing parenthesis kept
+        closing = ")" if status.endswith(")") else ""
+        status = textwrap.shorten(status[:len(status) - len(closing)], STATUS_WIDTH - len(closing),
+                                  placeholder="…") + closing
     if row.status == DAMAGED:
         return [row.name, "", "", "", "", status, "", "", "", "", "", clock(row.submitted_at), ""]
     progress = f"{row.step}/{row.steps} ({100 * row.step // row.steps}%)" if row.step is not None else f"-/{row.steps}"
