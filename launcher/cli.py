@@ -24,6 +24,7 @@ from launcher.core.safepath import UnsafePath
 from launcher.errors import LaunchError, did_you_mean
 from launcher.remote.clusters import RUNS_INDEX
 from launcher.remote.forward import forward, target
+from launcher.views.width import to_stderr
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run_command(args)
     except LaunchError as exc:
         # One line whatever a message quotes: a value with a newline must not start a second one.
-        print("error: " + exc.message.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
+        to_stderr("error: " + exc.message.replace("\r", "\\r").replace("\n", "\\n"))
         return 2
     except (DamagedRun, UnsafePath) as exc:  # a run that cannot be read, a place another user could change: which
-        print(f"error: {exc}", file=sys.stderr)
+        to_stderr(f"error: {exc}")
         return 2
     except SystemExit as done:  # --help, --version
         return done.code if isinstance(done.code, int) else 0

@@ -28,7 +28,7 @@ from launcher.service.clusters import ClusterUsage, Configured, configured, site
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.slurm.limits import Request, access
 from launcher.slurm.output import Partition
-from launcher.views.width import fit_table, wrap
+from launcher.views.width import fit_table, to_stderr, wrap
 
 HEADERS = ["CLUSTER", "PARTITION", "GPU", "GPUS/NODE", "NODES IDLE/ALLOC/DOWN", "GPUS FREE/TOTAL", "MAX RUN NOW",
            "MAX RUN", "YOUR MAX RUN", "TIME LIMIT"]
@@ -171,7 +171,7 @@ def add(args: argparse.Namespace) -> int:
     if args.print_only:
         print(text, end="")
         for note in notes:
-            print(f"note: {note}", file=sys.stderr)
+            to_stderr(f"note: {note}")
         return 0
     path = user_dir() / "cluster" / f"{args.name}.yaml"
     if path.exists() and not args.force:

@@ -13,7 +13,6 @@ import argparse
 import csv
 import io
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -23,7 +22,7 @@ from launcher.views.lookup import chosen_runs, duration, roots_of
 from launcher.views.scaling_plot import plot
 from launcher.views.search_plot import plot as plot_search
 from launcher.views.search_summary import best_line, progress_line, search_of
-from launcher.views.width import fit_table, wrap
+from launcher.views.width import fit_table, to_stderr, wrap
 from launcher.errors import LaunchError
 from launcher.status.scaling import RunStats, compare
 
@@ -124,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
         print(to_csv(stats), end="")
     if args.json or args.csv:
         for line in said:
-            print(line, file=sys.stderr)
+            to_stderr(line)
         return 0
     lines = notes(stats)
     if search is not None:

@@ -21,7 +21,7 @@ from launcher.job.secret_store import secrets_dir, store_secrets
 from launcher.remote.clusters import launch_remote, remote_of, same_remote
 from launcher.remote.ship import call
 from launcher.views.lookup import invocation
-from launcher.views.width import fit_table, wrap
+from launcher.views.width import fit_table, fold_script, to_stderr, wrap
 
 if TYPE_CHECKING:
     from launcher.compose.composer import ComposedRun
@@ -117,15 +117,15 @@ def main(args: argparse.Namespace) -> int:
 
 def warn(lines: List[str]) -> None:
     for line in lines:
-        print(f"warning: {line}", file=sys.stderr)
+        to_stderr(f"warning: {line}")
 
 
 def would_refuse(verdict: Verdict, runs: List[ComposedRun]) -> int:
     """A dry run's end: the checks not made and why, then what a launch would refuse (exit 2), or exit 0."""
     for note in verdict.unchecked:
-        print(f"not checked: {note}", file=sys.stderr)
+        to_stderr(f"not checked: {note}")
     for line in verdict.lines(runs, verdict.refusals):
-        print(f"a launch would be refused: {line}", file=sys.stderr)
+        to_stderr(f"a launch would be refused: {line}")
     return 2 if verdict.refusals else 0
 
 
@@ -207,7 +207,7 @@ def print_dry_run(runs: List[ComposedRun], sweep: bool = False) -> None:
                        f"{script['folder']}{where}; split at the cluster's MaxArraySize)", indent="# "))
         else:
             print(wrap(f"\n# sbatch script (submitit folder {script['folder']}{where})", indent="# "))
-        print(script["text"])  # as sbatch will read it: a script's lines are not wrapped
+        print(fold_script(script["text"]))  # still the script sbatch reads, its long commands continued by "\\"
 
 
 def print_plan(run: ComposedRun, data: str, first: bool = True) -> None:

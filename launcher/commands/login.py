@@ -7,11 +7,11 @@ once, interactively; the master then serves every command until ``logout`` or te
 from __future__ import annotations
 
 import argparse
-import sys
 
 from launcher.errors import LaunchError
 from launcher.remote.clusters import find_remote
 from launcher.remote.ssh import login, logout
+from launcher.views.width import to_stderr
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +28,6 @@ def main(args: argparse.Namespace) -> int:
     if status != 0:
         raise LaunchError(f"could not log in to cluster {remote.cluster} ({remote.ssh}): ssh exited with status "
                           f"{status}; try 'ssh {remote.ssh}' to see why")
-    print(f"logged in to {remote.cluster} ({remote.ssh}); commands use this connection until "
-          f"'launcher logout {remote.cluster}'", file=sys.stderr)
+    to_stderr(f"logged in to {remote.cluster} ({remote.ssh}); commands use this connection until "
+              f"'launcher logout {remote.cluster}'")
     return 0

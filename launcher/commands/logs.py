@@ -19,7 +19,7 @@ from launcher.core.run_index import RunRecord
 from launcher.slurm.client import Slurm, SlurmError
 from launcher.status.job_state import JobState, job_states
 from launcher.status.tails import rank_log, with_attempts
-from launcher.views.width import wrap
+from launcher.views.width import to_stderr, wrap
 
 
 def log_file(rec: RunRecord, rank: int, err: bool) -> Path:
@@ -85,7 +85,7 @@ def follow(rec: RunRecord, files: Dict[int, Path], offsets: Offsets, err: bool) 
             active, last_check = state.active, time.time()
             if state.state == "PENDING" and in_short(rec, state) != told:  # why it waits, each time that changes
                 told = in_short(rec, state)
-                print(wrap(f"({told})"), file=sys.stderr, flush=True)
+                to_stderr(f"({told})")
         time.sleep(0.5)
 
 
@@ -132,8 +132,7 @@ def main(args: argparse.Namespace) -> int:
         if len(files) > 1:
             print(f"==> rank {rank}{' (failed)' if rank in failed else ''} <==")
         if not path.exists():
-            print(wrap(f"(no output from rank {rank} yet; {in_short(rec, job_states([rec])[rec.name])})"),
-                  file=sys.stderr)
+            to_stderr(f"(no output from rank {rank} yet; {in_short(rec, job_states([rec])[rec.name])})")
             continue
         count = args.tail if args.tail is not None else FAILED_RANK_LINES if rank in failed else None
         text = tail_lines(path, count) if count is not None else path.read_text(errors="replace")

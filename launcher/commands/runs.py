@@ -19,7 +19,7 @@ from launcher.service.runs import TRIAL_FIELDS, Filters, Listing, RunRow, listin
 from launcher.status.job_state import ACTIVE, DAMAGED, STATES
 from launcher.views.lookup import clock, duration, roots_of
 from launcher.views.search_summary import best_line, metric_text, param_names, progress_line, short
-from launcher.views.width import fit_table, wrap
+from launcher.views.width import fit_table, to_stderr, wrap
 
 if TYPE_CHECKING:
     from launcher.search.space import Param
@@ -172,7 +172,7 @@ def listed(roots: List[Path], args: argparse.Namespace) -> Listing:
                                    sweep=args.sweep, status=args.status, all=args.all, limit=args.limit,
                                    local_only=bool(args.root)))
     for line in found.unanswered:
-        print(f"warning: {line}", file=sys.stderr)
+        to_stderr(f"warning: {line}")
     return found
 
 

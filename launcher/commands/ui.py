@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import secrets
-import sys
 
 from launcher.console.serve import bound, loopback, write_token
 from launcher.errors import LaunchError
 from launcher.slurm.client import SHARED
 from launcher.views.lookup import roots_of
+from launcher.views.width import to_stderr
 
 EXTRA = "pip install 'starlette>=0.37' 'uvicorn>=0.29' (dependencies of slurm-gpt-launcher: reinstall it)"
 
@@ -47,8 +47,8 @@ def main(args: argparse.Namespace) -> int:
     sock = bound(args.host, args.port)
     port = sock.getsockname()[1]
     if not loopback(args.host):
-        print(f"warning: serving on {args.host}, not only this machine: anyone who reaches it with the URL can stop "
-              "and delete your runs; prefer the default 127.0.0.1 and ssh -L", file=sys.stderr)
+        to_stderr(f"warning: serving on {args.host}, not only this machine: anyone who reaches it with the URL can "
+                  "stop and delete your runs; prefer the default 127.0.0.1 and ssh -L")
     token = secrets.token_urlsafe(32)
     where = write_token(token)
     shown = f"[{args.host}]" if ":" in args.host else args.host

@@ -21,6 +21,7 @@ from launcher.core.dataset import DatasetError, described
 from launcher.core.store import StoreError
 from launcher.errors import LaunchError
 from launcher.core.run_index import RunRecord
+from launcher.views.width import to_stderr
 
 
 def with_checkpoint(args: argparse.Namespace, command: str) -> Tuple[RunRecord, RunConfig, Path]:
@@ -64,8 +65,8 @@ def chosen_checkpoint(rec: RunRecord, cfg: RunConfig, step: Optional[int], comma
         found = checkpoint_problems(path)
         if not found:
             return path
-        print(f"warning: {rec.name}'s checkpoint at step {step_of(path)} is damaged ({found[0]}); "
-              "reading the one before it", file=sys.stderr)
+        to_stderr(f"warning: {rec.name}'s checkpoint at step {step_of(path)} is damaged ({found[0]}); "
+                  "reading the one before it")
     if complete:
         raise LaunchError(f"every checkpoint of {rec.name} is damaged; the newest: "
                           f"{checkpoint_problems(complete[-1])[0]}")

@@ -4,10 +4,12 @@ file), a table narrowed to it and lines wrapped to it, for every command that pr
 A table too wide first wraps its free-text columns (each down to the narrowest its command allows) and its headers
 by words, then leaves out its least needed columns, in the order its command gives, and says so in a line under it;
 the whole of every cell is in the command's ``--json``. A line too wide wraps by words, its continuation indented.
-A command's one-line refusal (``error: ...``, launcher/cli.py) stays one line, as scripts read it."""
+A refusal (``error: ...``, launcher/cli.py) or a finding (``warning: ...``) on stderr is one line where a script or
+a log reads it, and wrapped as a note where a person does (:func:`to_stderr`)."""
 from __future__ import annotations
 
 import shutil
+import sys
 import textwrap
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -33,6 +35,69 @@ def wrap(text: str, width: Optional[int] = None, indent: str = "  ") -> str:
         lead = line[:len(line) - len(line.lstrip())][:width // 2]
         out += textwrap.wrap(line.strip(), width, initial_indent=lead, subsequent_indent=(lead + indent)[:width // 2])
     return "\n".join(out)
+
+
+def fold_script(text: str, width: Optional[int] = None, indent: str = "    ") -> str:
+    """A shell script as printed for a person (a dry run's), each command line wider than ``width`` folded so that
+    the text is still the same script: bash joins a backslash and its newline. A line breaks at a space between
+    words past the line's middle (the next line indented), else within a word (a path: after a ``/`` where one is
+    near), the next line then starting at its first column, since an indentation there would be part of the word. Nothing breaks
+    within single quotes, ``${...}`` or a comment; comment lines (``#SBATCH`` directives among them) stay whole,
+    as a directive's backslash would not continue it."""
+    width = width or terminal_width()
+    out: List[str] = []
+    for line in text.split("\n"):
+        if line.lstrip().startswith("#"):
+            out.append(line)
+            continue
+        spaces, joins = _breaks(line)
+        start, lead = 0, ""
+        while len(lead) + len(line) - start > width:
+            room = start + width - len(lead)
+            space = max((i for i in spaces if start < i <= room - 2 and line[start:i].strip()), default=None)
+            join = max((i for i in joins if start < i <= room - 1), default=None)
+            half = start + (room - start) // 2
+            if space is not None and (space > half or join is None):  # else a short line, a long word after it
+                out.append(lead + line[start:space] + " \\")
+                start, lead = next((i for i in range(space, len(line)) if line[i] != " "), len(line)), indent
+            elif join is not None:
+                slash = max((i for i in joins if half < i <= join and line[i - 1] == "/"), default=join)
+                out.append(lead + line[start:slash] + "\\")
+                start, lead = slash, ""
+            else:
+                break
+        out.append(lead + line[start:])
+    return "\n".join(out)
+
+
+def _breaks(line: str) -> tuple:
+    """Where ``line`` may break: before the spaces between its words, and within its words (each a place to put
+    a backslash and a newline): never within single quotes, ``${...}`` or a comment, nor after a backslash or a
+    ``$``."""
+    spaces, joins, braces, quote = [], [], 0, ""
+    for i, char in enumerate(line):
+        before = line[i - 1] if i else ""
+        if quote != "'" and not braces and i and before not in "\\$" and char != " " and before != " ":
+            joins.append(i)
+        if quote:
+            quote = "" if char == quote and not (before == "\\" and quote == '"') else quote
+        elif char in "'\"" and before != "\\":
+            quote = char
+        elif char == "{" and before == "$":
+            braces += 1
+        elif char == "}" and braces:
+            braces -= 1
+        elif char == "#" and before in (" ", ""):
+            break  # a comment to the line's end
+        elif char == " " and not braces and before not in (" ", "\\"):
+            spaces.append(i)
+    return spaces, joins
+
+
+def to_stderr(text: str) -> None:
+    """``text`` on stderr: wrapped by words to the terminal's width when stderr is a terminal (a person reads it),
+    else one line (a script that reads a command's refusal, or a log, takes it whole)."""
+    print(wrap(text) if sys.stderr.isatty() else text, file=sys.stderr, flush=True)
 
 
 Key = Union[str, int]  # a column by its header, or by its place (a table without headers)

@@ -1,10 +1,14 @@
 """Every command's output fits the terminal (launcher/views/width.py): at COLUMNS=80 and 100, over long names, long
 reasons and many clusters, each line ``runs``, ``clusters``, ``plan``, a dry run, ``compare`` and ``describe``
-print is within the width; the whole of a shortened cell stays in ``--json``. A one-line finding on stderr
-(``warning:``, ``not checked:``) and an sbatch script's own lines are printed whole, and not checked here."""
+print is within the width; the whole of a shortened cell stays in ``--json``; a dry run's script is folded into the
+same script. A refusal or finding on stderr is one line for a script and wrapped on a terminal."""
 from __future__ import annotations
 
 import json
+import os
+import pty
+import subprocess
+import sys
 import time
 
 import pytest
@@ -17,7 +21,7 @@ from launcher.core.run_index import RunRecord, save_record
 from launcher.service.clusters import ClusterUsage
 from launcher.status.job_state import JobState
 from launcher.status.usage import PartitionUsage
-from launcher.views.width import fit_table, wrap
+from launcher.views.width import fit_table, fold_script, wrap
 
 WIDTHS = (80, 100)
 LONG = "lr-sweep-of-a-long-experiment-name-gpt_small-on-sixteen-gpus"  # a run name has at most 64 characters
@@ -125,8 +129,36 @@ def test_plan_and_a_dry_run_fit(capsys, monkeypatch, width):
     assert_fits(printed(capsys, monkeypatch, width, "plan", "model=gpt_tiny", "gpus=2", f"name={LONG}"), width)
     assert_fits(printed(capsys, monkeypatch, width, "plan", "-m", "model=gpt_tiny,gpt_small", "gpus=1,2"), width)
     dry = printed(capsys, monkeypatch, width, "model=gpt_tiny", "gpus=2", f"name={LONG}", "dry_run=true")
-    script = next(i for i, line in enumerate(dry) if line.startswith("#!"))  # sbatch reads it as it is
-    assert_fits(dry[:script], width)
+    script = next(i for i, line in enumerate(dry) if line.startswith("#!"))
+    assert_fits([line for line in dry if not line.startswith("#SBATCH")], width)  # a directive cannot be continued
+    whole = printed(capsys, monkeypatch, 1000, "model=gpt_tiny", "gpus=2", f"name={LONG}", "dry_run=true")
+    unfolded = "\n".join(dry[script:]).replace(" \\\n    ", " ").replace("\\\n", "")
+    assert unfolded == "\n".join(whole[whole.index(dry[script]):])
+
+
+def test_a_folded_script_is_the_same_script_to_bash(tmp_path):
+    line = ("printf '<%s>' --a 'one two  three' \"$HOME/x y\" ${NOPE:-a  b} $(echo c   d) "
+            + " ".join(f"--option-{i}=value-{i}" for i in range(12)) + " 'last  one' /a-path/" + "long-" * 20
+            + ' "/a/quoted/path/' + "more " * 6 + '" # a comment that stays whole')
+    folded = fold_script(line, 40)
+    assert len(folded.splitlines()) > 3 and all(len(part) <= 40 for part in folded.splitlines())
+    said = [subprocess.run(["bash", "-c", text], capture_output=True, text=True).stdout for text in (line, folded)]
+    assert said[0] == said[1] and "<one two  three>" in said[0], said
+    assert fold_script("#SBATCH --output=" + "x" * 90, 40) == "#SBATCH --output=" + "x" * 90
+
+
+def test_a_refusal_is_one_line_for_a_script_and_wrapped_on_a_terminal():
+    argv = [sys.executable, "-m", "launcher", "model=gpt_tiny", "gpus=3", f"name={LONG}", "cluster=" + "n" * 60]
+    env = {**os.environ, "COLUMNS": "50"}
+    piped = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert piped.returncode == 2 and piped.stderr.count("\n") == 1 and len(piped.stderr) > 50, piped.stderr
+    leader, follower = pty.openpty()
+    with os.fdopen(leader, "rb", buffering=0) as terminal:
+        proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=follower, env=env)
+        os.close(follower)
+        told = terminal.read(4096).decode().replace("\r", "").splitlines()
+    assert proc.returncode == 2 and len(told) > 1 and all(len(line) <= 50 for line in told), told
+    assert "".join("".join(told).split()) == "".join(piped.stderr.split())  # the same words
 
 
 def test_a_table_wraps_its_free_text_then_leaves_out_columns_and_says_which():
