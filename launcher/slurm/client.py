@@ -376,23 +376,33 @@ class Stale:
         return f"{as_of(self.as_of)}; Slurm not answering for {max(0.0, now - self.failing_since):.0f} s"
 
 
+@dataclass
+class Asking:
+    """A question out to Slurm (:class:`SharedAnswers`): since when (wall-clock time), and set once answered."""
+
+    since: float
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 class SharedAnswers:
     """Slurm's answers to questions, kept ``max_age_s`` and shared by every caller in this process: a long-lived
     process that many clients ask at once (the web console, launcher/console/) asks each cluster a question at
     most once per ``max_age_s``, however many tabs are open. Off (0) in the commands, which ask once and exit. A
     failure is kept as long (an unreachable cluster is not asked again each refresh), and a caller asking what is
     being asked waits for that answer. Where a question was answered before and the controller does not answer it
-    again (a timeout, a silence), the last known answer is given instead, dated (:class:`Stale`): a slow or
-    restarting controller leaves the pages with what was last known rather than nothing. ``forget(conf)`` after an
+    again (a timeout, a silence) or not yet (within ``wait_s``), the last known answer is given instead, dated
+    (:class:`Stale`): a slow or restarting controller leaves the pages with what was last known rather than nothing
+    or a wait. ``forget(conf)`` after an
     action there (a stop) makes the next ask fresh."""
 
     def __init__(self) -> None:
         self.max_age_s = 0.0
+        self.wait_s = 2.0  # how long a caller waits for a new answer where a last known one can be given instead
         self.calls = 0  # the tools run on behalf of callers, for the console's measure of its load on Slurm
         self._kept: Dict[tuple, tuple] = {}  # (conf, args) -> (when, stdout or SlurmError)
         self._known: Dict[tuple, tuple] = {}  # (conf, args) -> (wall-clock time, stdout): the last good answer
         self._failing: Dict[tuple, Stale] = {}  # (conf, args) -> its last known answer while asking again fails
-        self._locks: Dict[tuple, threading.Lock] = {}
+        self._asking: Dict[tuple, Asking] = {}  # (conf, args) -> the question out now
         self._guard = threading.Lock()
         self.here = threading.local()  # ``fresh`` set: this thread asks Slurm itself (an action's checks)
 
@@ -409,22 +419,41 @@ class SharedAnswers:
 
     def answer(self, conf: Optional[str], args: tuple, ask, stale: Optional[List[Stale]] = None) -> str:
         """``ask()``'s answer, or the one kept; where it is a last known one, its :class:`Stale` is appended to
-        ``stale``."""
+        ``stale``. An answer older than ``max_age_s`` is asked again in a thread of its own, once however many
+        callers want it; each waits for it, but where the question was answered before, no longer than ``wait_s``:
+        then it is given the last known answer, dated, while the question stays out (a page refreshing while
+        Slurm is slow shows at once what was last known, and the new answer at a refresh after it comes)."""
         key = (conf, args)
         with self._guard:
-            lock = self._locks.setdefault(key, threading.Lock())
-        with lock:
-            kept = self._kept.get(key)
+            kept, asking = self._kept.get(key), None
             if kept is None or time.monotonic() - kept[0] > self.max_age_s:
-                self.calls += 1
-                kept = (time.monotonic(), self._asked(key, ask))
-                self._kept[key] = kept
+                asking = self._asking.get(key)
+                if asking is None:
+                    asking = self._asking[key] = Asking(time.time())
+                    self.calls += 1
+                    threading.Thread(target=self._ask, args=(key, ask, asking), daemon=True).start()
+            known = self._known.get(key)
+        if asking is not None and not asking.done.wait(self.wait_s if known else None):
             failing = self._failing.get(key)
+            since = min(asking.since, failing.failing_since) if failing else asking.since
+            if stale is not None:
+                stale.append(Stale(known[0], since, "Slurm has not answered yet"))
+            return known[1]
+        with self._guard:
+            kept, failing = self._kept[key], self._failing.get(key)
         if isinstance(kept[1], SlurmError):
             raise kept[1]
         if failing is not None and stale is not None:
             stale.append(failing)
         return kept[1]
+
+    def _ask(self, key: tuple, ask, asking: "Asking") -> None:
+        """Ask the question (:meth:`_asked`) and keep its answer for ``max_age_s``, then tell who waits for it."""
+        answer = self._asked(key, ask)
+        with self._guard:
+            self._kept[key] = (time.monotonic(), answer)
+            del self._asking[key]
+        asking.done.set()
 
     def _asked(self, key: tuple, ask):
         """``ask()``'s answer, kept as the last known one; where the controller does not answer, the last known one

@@ -20,7 +20,7 @@ from launcher.errors import LaunchError
 from launcher.core.metrics import Row
 from launcher.slurm.client import SharedAnswers, SlurmError
 from launcher.submit.submitter import write_run_files
-from support.helpers import REPO
+from support.helpers import REPO, wait_for
 
 TOKEN = "t0ken-of-this-start"
 
@@ -148,6 +148,29 @@ def test_slurms_answers_are_shared_for_their_age_and_a_failure_too():
     shared.forget("conf")
     shared.answer("conf", ("squeue",), ask)
     assert len(asked) == 3
+
+
+def test_while_slurm_is_slow_a_refresh_gets_the_last_answer_dated_at_once_and_the_new_one_after():
+    shared = SharedAnswers()
+    shared.max_age_s, shared.wait_s = 0.01, 0.05
+    answered, slow = threading.Event(), ["first"]
+
+    def ask():
+        if slow[0] != "first":
+            answered.wait(10)  # a controller slow to answer, until the test lets it
+        return slow[0]
+    assert shared.answer("conf", ("squeue",), ask) == "first"
+    slow[0] = "second"
+    time.sleep(0.02)  # the first answer's age passes
+    kept: list = []
+    started = time.monotonic()
+    assert shared.answer("conf", ("squeue",), ask, kept) == "first"  # at once, not after Slurm
+    assert time.monotonic() - started < 5 and kept and kept[0].words(time.time()).startswith("as of ")
+    assert shared.answer("conf", ("squeue",), ask, []) == "first" and shared.calls == 2  # one question out
+    answered.set()
+    shared.max_age_s = 60  # from here on the kept answer: the slow question's once it came
+    wait_for(lambda: shared.answer("conf", ("squeue",), lambda: "never asked") == "second", 10, "the new answer")
+    assert shared.calls == 2
 
 
 def test_the_console_is_one_line_when_its_stack_is_missing(tmp_path):
