@@ -38,12 +38,12 @@ def wrap(text: str, width: Optional[int] = None, indent: str = "  ") -> str:
 
 
 def fold_script(text: str, width: Optional[int] = None, indent: str = "    ") -> str:
-    """A shell script as printed for a person (a dry run's), each command line wider than ``width`` folded so that
-    the text is still the same script: bash joins a backslash and its newline. A line breaks at a space between
-    words past the line's middle (the next line indented), else within a word (a path: after a ``/`` where one is
-    near), the next line then starting at its first column, since an indentation there would be part of the word. Nothing breaks
-    within single quotes, ``${...}`` or a comment; comment lines (``#SBATCH`` directives among them) stay whole,
-    as a directive's backslash would not continue it."""
+    """A shell script as printed for a person (a dry run's), each command line wider than ``width`` folded so that the
+    text is still the same script: bash joins a backslash and its newline. A line breaks at a space between words
+    past the line's middle (the next line indented), else within a word (a path: after a ``/`` where one is near),
+    the next line then starting at its first column, since an indentation there would be part of the word. Nothing
+    breaks within single quotes, ``${...}`` or a comment; comment lines (``#SBATCH`` directives among them) stay
+    whole, as a directive's backslash would not continue it."""
     width = width or terminal_width()
     out: List[str] = []
     for line in text.split("\n"):

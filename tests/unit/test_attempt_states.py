@@ -150,7 +150,8 @@ def test_an_array_element_whose_batch_step_died_is_recovering_while_the_arrays_w
     write(run_dir, [{"event": "submitted", "job_id": "7_1", "time": 100.0},
                     {"event": "watching", "job_id": "7_1", "watcher": "70", "time": 101.0},
                     {"event": "attempt", "attempt": 1, "job_id": "9", "time": 110.0}])
-    (fake_slurm / "sacct.out").write_text("7_1|9|FAILED|None|0:9|2026-12-06T04:00:00|2026-12-06T04:01:00|00:01:00|n1|\n")
+    (fake_slurm / "sacct.out").write_text("7_1|9|FAILED|None|0:9|2026-12-06T04:00:00|2026-12-06T04:01:00|00:01:00"
+                                          "|n1|\n")
     (fake_slurm / "squeue.out").write_text(squeue_line("70", "PENDING", client.user_name()))
     state = job_states([a_record(run_dir, job_id="7_1")])["r"]
     assert state.state == "RECOVERING" and "job 70 judges attempt 1" in state.reason, state
