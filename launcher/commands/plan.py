@@ -11,15 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from launcher.core.gpus import DEFAULT_GPU, GPUS
 from launcher.core.config import CHECKPOINTING, LOCAL_CLUSTER
 from launcher.forecast.estimate import Estimate, estimate, set_scaling
 from launcher.job.secret_store import secrets_dir, store_secrets
+from launcher.forecast.learned import ClusterAccuracy, Error, accuracies, correction_for, seconds
 from launcher.forecast.host import host_memory, machine_memory, to_fit
 from launcher.forecast.target import GIB, Assumptions, TargetGpu, hardware_for, precision_of
 from launcher.forecast.memory import activation_components, activation_terms, shard_group
+from launcher.errors import LaunchError
 from launcher.views.width import fit_table, wrap
 
 if TYPE_CHECKING:
@@ -53,6 +55,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="sweep: one row per combination of comma-separated values")
     p.add_argument("--json", action="store_true", help="one JSON object per run, one per line")
     p.add_argument("--detail", action="store_true", help="with -m: also the full tables of every run")
+    p.add_argument("--accuracy", action="store_true",
+                   help="per cluster, how far each completed run's forecast was from what it measured, before and "
+                        "after the correction by the cluster's other runs (cluster=NAME: that cluster's alone)")
     p.add_argument("--check", action="store_true",
                    help="exit 2 if a launch of any of the runs would be refused (each is marked either way)")
     p.add_argument("--mfu", type=float, default=DEFAULTS.mfu,
@@ -72,6 +77,8 @@ def main(args: argparse.Namespace) -> int:
     opts = Assumptions(mfu=args.mfu, intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps, margin=args.margin,
                        overhead_gib=args.overhead_gib)
     opts.check()
+    if args.accuracy:
+        return print_accuracy(args.overrides, args.json)
 
     from launcher.commands.launch import overrides_of, warn  # lazy: keeps launcher.commands.launch out of start-up
     from launcher.compose.composer import compose_runs  # lazy: keeps hydra out of start-up
@@ -82,6 +89,8 @@ def main(args: argparse.Namespace) -> int:
     estimates = [estimate(run.config, run.plan,
                           hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True), opts,
                           overrides=run.overrides) for run in runs]
+    for est, run in zip(estimates, runs):
+        est.correction = correction_for(run.config, run.plan, est.hardware)
     set_scaling(estimates)
     verdict = judge(runs)  # what a launch of these runs would refuse, or warn of (launcher/submit/checks.py)
     warn(verdict.lines(runs, verdict.warnings))
@@ -157,6 +166,7 @@ def comparison(estimates: List[Estimate]) -> str:
                      est.max_micro_batch or "-", _time(t.step_s), _tokens(t.tokens_per_s_per_gpu), _time(t.comm_s),
                      _pct(est.scaling_efficiency)])
     lines = [fit_table(rows, COMPARISON_HEADERS, drop=LEAST_NEEDED)]
+    lines += [f"  {' '.join(est.overrides) or '(defaults)'}: {line}" for est in estimates for line in _learned(est)]
     notes = _notes(estimates)
     for est in estimates:
         if not est.fits:
@@ -257,8 +267,14 @@ def detail(est: Estimate) -> str:
     if not est.fits:
         parts.append("DOES NOT FIT. To fit:\n" + "\n".join(f"  {s}" for s in est.suggestions)
                      if est.suggestions else "DOES NOT FIT, and no change found up to 4096 GPUs.")
-    parts += _host(est)
+    parts += _host(est) + (["\n".join(_learned(est))] if est.correction else [])
     return wrap("\n\n".join(parts), indent="    ")
+
+
+def _learned(est: Estimate) -> List[str]:
+    """What the cluster's similar completed runs measured, correcting the step time and memory (forecast/learned.py);
+    nothing without such runs."""
+    return est.correction.lines(est.timing.step_s, est.memory.total / GIB) if est.correction else []
 
 
 def _host(est: Estimate) -> List[str]:
@@ -271,4 +287,70 @@ def _host(est: Estimate) -> List[str]:
     if host.fits:
         return [f"this machine: {host.need()}; it has {machine / GIB:.1f} GiB (MemTotal): fits"]
     return [f"this machine: {host.summary()}; a launch is refused; to fit: {to_fit(est.cfg, est.plan, machine)}"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Accuracy: the completed runs' forecasts against what they measured
+
+ACCURACY_HEADERS = ["run", "model", "gpus", "step formula", "step corrected", "step measured", "step error",
+                    "corrected error", "mem formula GiB", "mem corrected", "mem measured", "mem error",
+                    "mem corrected error"]
+ACCURACY_LEAST_NEEDED = ["step formula", "mem formula GiB", "step corrected", "mem corrected", "model", "gpus",
+                         "step measured", "mem measured"]
+OVER_MEMORY = "that is the one that would have run out of memory on a bigger layout"
+
+
+def print_accuracy(overrides: List[str], as_json: bool) -> int:
+    """``launcher plan --accuracy``: per cluster, each completed run's forecast error, those that used more memory
+    than the formula said first."""
+    from launcher.core.run_index import known_roots  # lazy: keeps the run index out of start-up
+
+    wanted = [o for o in overrides if not o.startswith("cluster=")]
+    if wanted:
+        raise LaunchError(f"--accuracy takes only cluster=NAME, not {' '.join(wanted)}: it reads the completed "
+                          "runs of every run root, not a composed run")
+    cluster = next((o.split("=", 1)[1] for o in overrides), None)
+    found = accuracies(known_roots(), cluster)
+    if as_json:
+        print(json.dumps({"clusters": [c.to_dict() for c in found]}))
+        return 0
+    if not found:
+        print(wrap(f"no completed run{f' of cluster {cluster}' if cluster else ''} has its forecast beside what it "
+                   "measured yet (a run launched by this launcher records it when it completes)"))
+    for index, one in enumerate(found):
+        print(("\n" if index else "") + _accuracy(one))
+    return 0
+
+
+def _signed(error: Optional[float]) -> str:
+    return "-" if error is None else f"{100 * error:+.1f}%"
+
+
+def _summary(what: str, errors: Optional[Any]) -> str:
+    if errors is None:
+        return f"{what}: not measured"
+    return (f"{what} error: median {100 * errors.median_before:.1f}%, worst {_signed(errors.worst_before)} (formula); "
+            f"median {100 * errors.median_after:.1f}%, worst {_signed(errors.worst_after)} (corrected)")
+
+
+def _cells(error: Optional[Error], fmt) -> List[str]:
+    if error is None:
+        return ["-"] * 5
+    return [fmt(error.formula), fmt(error.corrected), fmt(error.measured), _signed(error.before), _signed(error.after)]
+
+
+def _accuracy(one: ClusterAccuracy) -> str:
+    """One cluster's runs: the summary, the runs over their memory forecast named, and the table."""
+    gpus = sorted({r.run.forecast.gpu for r in one.runs})
+    lines = [f"cluster {one.cluster}: {len(one.runs)} completed run{'s' if len(one.runs) > 1 else ''} on "
+             f"{', '.join(gpus)}", _summary("step time", one.step), _summary("memory per GPU", one.memory)]
+    if any(r.run.forecast.stand_in for r in one.runs):
+        lines.append("its ranks run on CPUs: the measurements are a CPU's step time and resident memory")
+    over = [r.run.run for r in one.runs if r.over_memory]
+    if over:
+        lines.append(f"used more memory than the formula said, listed first ({OVER_MEMORY}): {', '.join(over)}")
+    lines.append("error = forecast / measured - 1; corrected: by the similar runs completed before it only")
+    rows = [[r.run.run, r.run.forecast.model, r.run.forecast.gpus, *_cells(r.step, seconds),
+             *_cells(r.memory, lambda gib: f"{gib:,.2f}")] for r in one.runs]
+    return wrap("\n".join(lines)) + "\n" + fit_table(rows, ACCURACY_HEADERS, drop=ACCURACY_LEAST_NEEDED)
 

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Iterator, Set, Tuple
+from typing import Iterable, Iterator, Set, Tuple
 
 
 class DamagedRun(ValueError):
@@ -84,19 +84,25 @@ def numbered_jsonl(path: Path) -> Iterator[Tuple[int, dict]]:
     """:func:`read_jsonl` with each object's line number."""
     try:
         with open(path, errors="replace") as f:
-            for number, line in enumerate(f, 1):
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    if line.endswith("\n"):
-                        warn_damaged(path, number, "is not valid JSON")
-                    continue
-                if isinstance(record, dict):
-                    yield number, record
-                else:
-                    warn_damaged(path, number, f"holds a JSON {type(record).__name__}, not an object")
+            yield from numbered_lines(f, path)
     except FileNotFoundError:
         return
+
+
+def numbered_lines(lines: Iterable[str], path: Path) -> Iterator[Tuple[int, dict]]:
+    """:func:`numbered_jsonl` of a file already open (one opened without following a symlink), ``path`` naming it
+    in the warnings."""
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if line.endswith("\n"):
+                warn_damaged(path, number, "is not valid JSON")
+            continue
+        if isinstance(record, dict):
+            yield number, record
+        else:
+            warn_damaged(path, number, f"holds a JSON {type(record).__name__}, not an object")
 
 
 _WARNED: Set[str] = set()

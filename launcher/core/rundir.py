@@ -33,6 +33,7 @@ DEFAULT_ROOT = "~/.launcher/runs"
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 FROZEN = ("launcher", "conf")  # launcher/ holds train/ (the tasks' code) too
 SUFFIXES = (".py", ".yaml")
+FORECAST = "forecast.json"  # what the planner forecast at the launch, on the run's GPU (launcher/core/measured.py)
 TRIAL = "trial.json"  # a search trial's: its search, its number, what it reports while it trains (launcher/search/)
 # Under a run root, beside its runs: each sweep's own directory (a grid's job array scripts and what Slurm writes
 # for an element before it finds its run; a search's study). Listings skip it, as every name with a dot.

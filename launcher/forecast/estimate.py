@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from launcher.core.config import CHECKPOINTING, RunConfig
 from launcher.core.plan import Plan, halved_micro_batch
 from launcher.forecast.advice import Suggestion, suggestions
+from launcher.forecast.learned import Correction
 from launcher.forecast.target import GIB, Assumptions, TargetGpu, precision_of
 from launcher.forecast.memory import Memory, activation_bytes, max_micro_batch, memory, micro_batch_limit, shard_group
 from launcher.forecast.timing import Timing, timing
@@ -36,6 +37,7 @@ class Estimate:
     suggestions: List[Suggestion] = field(default_factory=list)
     scaling_efficiency: Optional[float] = None  # vs the fewest-GPU run of a sweep with the same other settings
     overrides: List[str] = field(default_factory=list)
+    correction: Optional[Correction] = None  # what the cluster's similar completed runs measured (forecast/learned.py)
 
     @property
     def fits(self) -> bool:
@@ -86,6 +88,7 @@ class Estimate:
             "suggestions": [{"overrides": s.overrides, "total_gib": s.total_gib, "note": s.note}
                             for s in self.suggestions],
             "assumptions": dataclasses.asdict(self.assumptions),
+            "corrected": self.correction.to_dict(t.step_s, m.total / GIB) if self.correction else None,
         }
 
 

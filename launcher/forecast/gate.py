@@ -9,7 +9,8 @@ from launcher.core.config import LOCAL_CLUSTER
 from launcher.forecast.advice import MAX_GPUS
 from launcher.forecast.disk import checkpoint_room
 from launcher.forecast.estimate import Estimate, estimate
-from launcher.forecast.target import Assumptions, hardware_for, precision_of
+from launcher.forecast.learned import correction_for
+from launcher.forecast.target import GIB, Assumptions, hardware_for, precision_of
 from launcher.forecast.host import host_memory, machine_memory, to_fit
 from launcher.forecast.timing import timing
 
@@ -35,6 +36,8 @@ def _findings(run: Any, machine: Optional[int]) -> Iterator[Tuple[str, str]]:
         est = estimate(cfg, run.plan, hw)
         if not est.fits:
             yield est.summary(), refusal(est, run.overrides)
+        else:
+            yield from _measured_need(est, run.overrides)
     if cfg.cluster.name == LOCAL_CLUSTER and machine:
         host = host_memory(cfg, run.plan, machine)
         if not host.fits:
@@ -42,18 +45,36 @@ def _findings(run: Any, machine: Optional[int]) -> Iterator[Tuple[str, str]]:
                                    f"{_anyway(run.overrides)}")
 
 
+def _measured_need(est: Estimate, overrides: Sequence[str]) -> Iterator[Tuple[str, str]]:
+    """(summary, refusal) for a run the formula fits but which, corrected by the cluster's similar completed runs
+    that used more memory than the formula said, does not (forecast/learned.py: only ever more cautious). A run
+    with ``train.micro_batch=auto`` is left to training, which halves its micro-batch on running out of memory."""
+    correction = correction_for(est.cfg, est.plan, est.hardware)
+    formula = est.memory.total / GIB
+    need = correction.cautious_memory(formula) if correction else None
+    if need is None or need <= est.memory.capacity / GIB or est.cfg.train.micro_batch == "auto":
+        return
+    summary = (f"{est.plan.model} on {est.plan.gpus} GPUs: {correction.memory_line(formula)}, more than the GPU's "
+               f"{est.hardware.memory_gib:g} GiB ({est.hardware.memory_source})")
+    yield summary, f"{summary}; to fit: more GPUs, a smaller micro-batch or more checkpointing; {_anyway(overrides)}"
+
+
 def time_budget(run: Any) -> Optional[str]:
     """Why the run cannot finish within its time budget, ``cluster.max_requeues + 1`` time limits, at the
-    planned step time; None if it can, or where no step time is planned (a GPU of unknown type). A warning, not a
-    refusal: the step time is an estimate (on the local cluster, of the GPU its CPU ranks stand in for), and
+    planned step time, corrected by the cluster's similar completed runs where it has some (forecast/learned.py);
+    None if it can, or where no step time is planned (a GPU of unknown type). A warning, not a refusal: the step
+    time is an estimate (on the local cluster, uncorrected, of the GPU its CPU ranks stand in for), and
     ``launcher resume`` can continue a run past it."""
     cfg = run.config
     hw = hardware_for(cfg.cluster, precision_of(cfg))
-    step_s = timing(cfg, run.plan, hw, Assumptions()).step_s
+    formula = timing(cfg, run.plan, hw, Assumptions()).step_s
+    correction = correction_for(cfg, run.plan, hw)
+    step_s = correction.step_time(formula) if correction else formula
+    measured = ", corrected by its cluster's completed runs" if step_s != formula else ""
     attempts, limit_min = cfg.cluster.max_requeues + 1, cfg.cluster.time_limit_min
     if step_s is None or cfg.train.steps * step_s <= attempts * limit_min * 60:
         return None
-    return (f"train.steps={cfg.train.steps} at the planned {step_s:.3g} s per step ({hw.gpu_type}) take "
+    return (f"train.steps={cfg.train.steps} at the planned {step_s:.3g} s per step ({hw.gpu_type}{measured}) take "
             f"{cfg.train.steps * step_s / 3600:,.1f} h, more than the {attempts * limit_min / 60:,.1f} h of "
             f"(cluster.max_requeues+1) x cluster.time_limit_min = {attempts} x {limit_min} min: the run would end "
             "unfinished; lower train.steps or raise cluster.max_requeues or cluster.time_limit_min")

@@ -15,11 +15,12 @@ on its decision): retry from the newest good checkpoint as a new Slurm job that 
 to ``cluster.max_retries`` (a node's own fault costs none), with exclusions allowed again where they would leave
 too few nodes; or give up with the cause, when the failure is the code's own (before the first step of the first
 attempt, or the same error at the same step in two attempts that trained) or the retries are spent. A retry that
-cannot be submitted is the run's final cause. What it asks Slurm is asked in launcher/slurm/probes.py. The run's
-record is read through launcher/core/attempt_log.py. Everything happens in Slurm and the run directory: no
-process outside the job. Retrying with a new job rather than ``scontrol requeue`` is what lets it exclude a
-node: Slurm accepts ``ExcNodeList`` only for a pending job, and a requeued job stays running until this script
-ends. The design is in docs/recovery.md.
+cannot be submitted is the run's final cause. A run that completed keeps its forecast beside what it measured in
+its run root (launcher/core/measured.py), for ``launcher plan`` to learn from. What it asks Slurm is asked in
+launcher/slurm/probes.py. The run's record is read through launcher/core/attempt_log.py. Everything happens in
+Slurm and the run directory: no process outside the job. Retrying with a new job rather than ``scontrol requeue``
+is what lets it exclude a node: Slurm accepts ``ExcNodeList`` only for a pending job, and a requeued job stays
+running until this script ends. The design is in docs/recovery.md.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from launcher.core.attempt_log import AttemptLog
+from launcher.core.measured import record_completed
 from launcher.core.heartbeats import Pulse, read_pulses, sweep_local
 from launcher.core.events import (EXIT_NOT_OURS, Attempt, AttemptEnded, Cancelled, DuplicateJob, Event, Failed, Fault,
                                    Finished, Outcome, Requeued, Resumed, Retrying, Stalled)
@@ -371,6 +373,7 @@ def main(argv: List[str]) -> int:
             return 0
         sweep_local()  # the ranks of this host are gone: their pulses leave its memory (core/heartbeats.py)
         if end(run_dir, exit_code) is COMPLETED:
+            record_completed(run_dir)  # its forecast beside what it measured, for `launcher plan` to learn from
             return 0  # the job reads COMPLETED in Slurm too, as the run's record says
     except OSError as err:  # the run directory is gone or unwritable: the job's own exit status stands
         print(f"launcher.job.recovery: cannot record the attempt in {run_dir}: {err.strerror or err}", file=sys.stderr)

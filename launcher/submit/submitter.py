@@ -22,13 +22,14 @@ from launcher.errors import LaunchError
 from launcher.compose.runfile import dump
 from launcher.core.config import tracker_missing
 from launcher.core.events import Submitted
-from launcher.core.rundir import (CONFIG, PLAN, append_event, launcher_home, sweep_dir, write_atomic,
+from launcher.core.rundir import (CONFIG, FORECAST, PLAN, append_event, launcher_home, sweep_dir, write_atomic,
                                   write_json_atomic)
 from launcher.core.safepath import check_home
 from launcher.core.run_index import (RunRecord, base_name, create_run_dir, ensure_root, remember_root,
                                    ensure_sweep_dir, save_record)
 from launcher.core.privacy import RunWriter, group_id
 from launcher.core.store import STORE_CREDENTIALS, is_remote, login_credentials
+from launcher.forecast.learned import forecast_of
 from launcher.job.secret_store import keep_run_credentials, load_all, secrets_dir
 from launcher.slurm.fit import explain_rejection, refusal
 from launcher.job.submission import submit_job, watch, watch_array
@@ -289,6 +290,7 @@ def write_run_files(run: ComposedRun, run_dir: Path) -> None:
     write_atomic(run_dir / CONFIG, OmegaConf.to_yaml(resolved))
     write_atomic(run_dir / "run.yaml", dump(run.run_file))  # `launcher -f RUN_DIR/run.yaml` runs it again
     write_json_atomic(run_dir / PLAN, run.plan.to_dict())
+    write_json_atomic(run_dir / FORECAST, forecast_of(run.config, run.plan).to_dict())  # beside what it measures
 
 
 def last_line(err: BaseException) -> str:
