@@ -155,7 +155,6 @@ def read_measured(root: Path, cluster: str) -> List[Measured]:
             except (ValueError, TypeError) as err:
                 warn_damaged(path, number, f"is no completed run's line ({err})")
                 continue
-            runs.pop(record.run, None)
             runs[record.run] = record
     return sorted(runs.values(), key=lambda m: m.finished)
 

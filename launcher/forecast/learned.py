@@ -8,6 +8,7 @@ figure is the formula's times the mean of the similar runs' measured/formula rat
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 from dataclasses import dataclass
@@ -37,9 +38,6 @@ class Ratio:
         if not ratios:
             return None
         return cls(statistics.fmean(ratios), statistics.stdev(ratios) if len(ratios) > 1 else 0.0, len(ratios))
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {"mean": self.mean, "spread": self.spread, "runs": self.runs}
 
 
 @dataclass(frozen=True)
@@ -87,12 +85,16 @@ class Correction:
 
     def to_dict(self, step_formula: Optional[float], memory_gib: float) -> Dict[str, Any]:
         return {"step_time_s": self.step_time(step_formula), "mem_per_gpu_gib": self.memory_gib(memory_gib),
-                "step_ratio": self.step.to_dict() if self.step else None,
-                "memory_ratio": self.memory.to_dict() if self.memory else None, "stand_in": self.stand_in}
+                "step_ratio": _dict(self.step), "memory_ratio": _dict(self.memory), "stand_in": self.stand_in}
+
+
+def _dict(ratio: Optional[Ratio]) -> Optional[Dict[str, Any]]:
+    return dataclasses.asdict(ratio) if ratio else None
+
 
 def _by(ratio: Ratio) -> str:
     runs = f"{ratio.runs} run{'s' if ratio.runs > 1 else ''}"
-    return f"corrected by {runs} on this cluster: measured/formula {ratio.mean:.2f} +- {ratio.spread:.2f}"
+    return f"corrected by {runs} on this cluster: measured/formula {ratio.mean:,.2f} +- {ratio.spread:,.2f}"
 
 
 def seconds(value: Optional[float]) -> str:
@@ -150,9 +152,11 @@ def _read(root: Path, cluster: str) -> List[Measured]:
     path = measured_path(root, cluster)
     try:
         info = os.lstat(path) if path else None
-    except OSError:
+    except OSError:  # no run of the cluster completed in this root yet
         return []
-    key, stamp = (root, cluster), (info.st_mtime_ns, info.st_size) if info else (0, 0)
+    if info is None:
+        return []
+    key, stamp = (root, cluster), (info.st_mtime_ns, info.st_size)
     if key not in _READ or _READ[key][0] != stamp:
         _READ[key] = (stamp, read_measured(root, cluster))
     return _READ[key][1]
@@ -180,7 +184,7 @@ class Error:
     def to_dict(self) -> Dict[str, Any]:
         return {"formula": self.formula, "corrected": self.corrected, "measured": self.measured,
                 "error_before": self.before, "error_after": self.after,
-                "ratio": self.ratio.to_dict() if self.ratio else None}
+                "ratio": _dict(self.ratio)}
 
 
 @dataclass(frozen=True)
@@ -217,16 +221,11 @@ class Summary:
     worst_after: float
 
     @classmethod
-    def of(cls, errors: Sequence[Error]) -> Optional[Summary]:
-        if not errors:
-            return None
+    def of(cls, errors: Sequence[Error]) -> Summary:
+        """The summary of one or more errors."""
         before, after = [e.before for e in errors], [e.after for e in errors]
         return cls(statistics.median(map(abs, before)), max(before, key=abs),
                    statistics.median(map(abs, after)), max(after, key=abs))
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {"median_before": self.median_before, "worst_before": self.worst_before,
-                "median_after": self.median_after, "worst_after": self.worst_after}
 
 
 @dataclass(frozen=True)
@@ -239,16 +238,19 @@ class ClusterAccuracy:
 
     @property
     def step(self) -> Optional[Summary]:
-        return Summary.of([r.step for r in self.runs if r.step])
+        errors = [r.step for r in self.runs if r.step]
+        return Summary.of(errors) if errors else None
 
     @property
     def memory(self) -> Optional[Summary]:
-        return Summary.of([r.memory for r in self.runs if r.memory])
+        errors = [r.memory for r in self.runs if r.memory]
+        return Summary.of(errors) if errors else None
 
     def to_dict(self) -> Dict[str, Any]:
         step, mem = self.step, self.memory
         return {"cluster": self.cluster, "runs": [r.to_dict() for r in self.runs],
-                "step_time_s": step.to_dict() if step else None, "mem_per_gpu_gib": mem.to_dict() if mem else None}
+                "step_time_s": dataclasses.asdict(step) if step else None,
+                "mem_per_gpu_gib": dataclasses.asdict(mem) if mem else None}
 
 
 def _error(formula: Optional[float], measured: Optional[float], ratio: Optional[Ratio]) -> Optional[Error]:
