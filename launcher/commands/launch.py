@@ -211,12 +211,17 @@ def print_dry_run(runs: List[ComposedRun], sweep: bool = False) -> None:
 
 
 def print_plan(run: ComposedRun, data: str, first: bool = True) -> None:
-    """A run's heading, plan table and data line."""
+    """A run's heading, plan table, its step time and memory corrected by the cluster's similar completed runs
+    where it has some (launcher/forecast/learned.py), and data line."""
+    from launcher.forecast.learned import measured_lines  # lazy: keeps omegaconf out of start-up
+
     if not first:
         print()
     print(wrap(f"# run {display_name(run)}: {' '.join(run.overrides) or '(defaults)'}", indent="# "))
     rows = [(key, f"{value:,}" if type(value) is int else value) for key, value in run.plan.to_dict().items()]
     print(fit_table(rows, ["plan", ""], {1: 24}))
+    for line in measured_lines(run.config, run.plan):
+        print(wrap(line))
     print(wrap(data))
 
 

@@ -143,6 +143,17 @@ def correction_for(cfg: RunConfig, plan: Plan, hw: TargetGpu) -> Optional[Correc
     return learned(_read(root, cfg.cluster.name), hw.gpu_type, plan.params, hw.stand_in)
 
 
+def measured_lines(cfg: RunConfig, plan: Plan) -> List[str]:
+    """What a dry run says below a run's plan: its step time and memory per GPU corrected by the cluster's similar
+    completed runs, the formulas' beside them; nothing without such runs."""
+    hw = hardware_for(cfg.cluster, precision_of(cfg), query_slurm=not cfg.cluster.ssh)
+    correction = correction_for(cfg, plan, hw)
+    if correction is None:
+        return []
+    forecast = forecast_of(cfg, plan)
+    return correction.lines(forecast.step_time_s, forecast.mem_per_gpu_gib)
+
+
 _READ: Dict[Tuple[Path, str], Tuple[Tuple[int, int], List[Measured]]] = {}
 
 

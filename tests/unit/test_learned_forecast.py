@@ -17,7 +17,7 @@ from launcher.compose.composer import compose_runs
 from launcher.core.measured import measured_path, read_forecast, read_measured, record_completed
 from launcher.core.metrics import FinalRow, Row
 from launcher.core.rundir import METRICS, append_metrics
-from launcher.forecast.gate import fit_findings
+from launcher.forecast.gate import fit_findings, time_budget
 from launcher.forecast.learned import SIMILAR_SIZE, seconds
 from launcher.submit.submitter import write_run_files
 
@@ -56,9 +56,10 @@ def completed(root: Path, run, name: str, step: float | None = None, memory: flo
     return forecast.to_dict()
 
 
-def plan(capsys, *args: str) -> str:
+def output(capsys, *argv: str) -> str:
+    """What ``launcher ARGV`` prints, run in this process; it must exit 0."""
     capsys.readouterr()
-    assert cli.main(["plan", *args]) == 0
+    assert cli.main(list(argv)) == 0
     return capsys.readouterr().out
 
 
@@ -89,21 +90,24 @@ def test_a_similar_run_is_corrected_and_says_so_and_others_are_not(root, capsys)
     assert big.plan.params > SIMILAR_SIZE * run.plan.params  # another size: not similar
     completed(root, big, "other-size", step=3.0, memory=3.0)
 
-    out = plan(capsys, *H100, "model=gpt_tiny", "gpus=8")
+    out = output(capsys, "plan", *H100, "model=gpt_tiny", "gpus=8")
     formula = read_forecast(root / "a").step_time_s
     corrected = formula * 0.85
     assert (f"step time {seconds(corrected)} (formula {seconds(formula)}, corrected by 3 runs on this "
             "cluster: measured/formula 0.85 +- 0.05)") in out
     assert "memory per GPU" in out and "measured/formula 0.50 +- 0.00" in out
-    data = json.loads(plan(capsys, "--json", *H100, "model=gpt_tiny", "gpus=8"))
+    data = json.loads(output(capsys, "plan", "--json", *H100, "model=gpt_tiny", "gpus=8"))
     assert data["step_time_s"] == pytest.approx(formula)  # the formula's figures stay what they were
     assert data["corrected"]["step_time_s"] == pytest.approx(corrected)
     assert data["corrected"]["step_ratio"] == {"mean": pytest.approx(0.85), "spread": pytest.approx(0.05),
                                                "runs": 3}
+    dry = output(capsys, *H100, "model=gpt_tiny", "gpus=8", "dry_run=true")
+    assert f"step time {seconds(corrected)} (formula {seconds(formula)}, corrected by 3 runs" in dry
     # No similar run (an A100 here has none): nothing new is said.
-    assert "corrected by" not in plan(capsys, "cluster=slurm", "cluster.gpu_type=a100", "model=gpt_tiny", "gpus=8")
-    assert json.loads(plan(capsys, "--json", "cluster=slurm", "cluster.gpu_type=a100", "model=gpt_tiny",
-                           "gpus=8"))["corrected"] is None
+    a100 = ("cluster=slurm", "cluster.gpu_type=a100", "model=gpt_tiny", "gpus=8")
+    assert "corrected by" not in output(capsys, "plan", *a100)
+    assert "corrected by" not in output(capsys, *a100, "dry_run=true")
+    assert json.loads(output(capsys, "plan", "--json", *a100))["corrected"] is None
 
 
 def test_the_gate_takes_the_measured_memory_only_where_it_is_more_cautious(root):
@@ -127,9 +131,13 @@ def test_the_gate_takes_the_measured_memory_only_where_it_is_more_cautious(root)
                                                         "force=true"), None)] == [False]
     # The local cluster's ranks are CPUs: their resident memory says nothing of the stand-in GPU's.
     local = composed(root, "model=gpt_tiny", "gpus=1")
+    long = composed(root, "model=gpt_tiny", "gpus=1", "train.steps=1000000")
+    assert time_budget(long) is None  # a million steps of the stand-in H100's
     for name in ("cpu-1", "cpu-2"):
-        completed(root, local, name, step=1000.0, memory=3.0)
-    assert [f for f in fit_findings(0, composed(root, "model=gpt_tiny", "gpus=1"), None) if f.refuses] == []
+        completed(root, local, name, step=1e6, memory=3.0)
+    assert [f for f in fit_findings(0, local, None) if f.refuses] == []
+    # Its step time is learned all the same: the time budget's warning takes it.
+    assert "s per step (H100 stand-in, corrected by its cluster's completed runs) take" in time_budget(long)
 
 
 def read_forecast_of(root: Path, run) -> float:
@@ -152,7 +160,7 @@ def test_accuracy_prints_each_runs_error_before_and_after_leave_one_out(root, ca
     with open(measured_path(root, "slurm"), "a") as f:
         f.write("not json\n{\"run\": 3}\n")  # damaged lines: skipped, the rest is read
 
-    data = json.loads(plan(capsys, "--accuracy", "--json"))
+    data = json.loads(output(capsys, "plan", "--accuracy", "--json"))
     (cluster,) = data["clusters"]
     assert cluster["cluster"] == "slurm"
     # Before: forecast/measured - 1 = 1/ratio - 1. After: the mean ratio of the runs before it, over this one's.
@@ -179,7 +187,7 @@ def test_accuracy_prints_each_runs_error_before_and_after_leave_one_out(root, ca
     assert [r["run"] for r in cluster["runs"]] == ["r2", "r4", "r1", "r3"]
     assert [r["over_memory"] for r in cluster["runs"]] == [True, True, False, False]
 
-    text = plan(capsys, "--accuracy")
+    text = output(capsys, "plan", "--accuracy")
     assert "cluster slurm: 4 completed runs on h100" in text
     assert (f"step time error: median {100 * step['median_before']:.1f}%, worst +100.0% (formula); "
             f"median {100 * step['median_after']:.1f}%, worst +100.0% (corrected)") in text
@@ -193,7 +201,7 @@ def test_accuracy_prints_each_runs_error_before_and_after_leave_one_out(root, ca
 def test_accuracy_refuses_overrides_other_than_the_cluster(root, capsys):
     assert cli.main(["plan", "--accuracy", "model=gpt_tiny"]) == 2
     assert "--accuracy takes only cluster=NAME, not model=gpt_tiny" in capsys.readouterr().err
-    assert "no completed run of cluster nowhere" in plan(capsys, "--accuracy", "cluster=nowhere")
+    assert "no completed run of cluster nowhere" in output(capsys, "plan", "--accuracy", "cluster=nowhere")
 
 
 def test_the_file_is_never_written_or_read_through_a_planted_symlink(root, tmp_path):
