@@ -369,11 +369,12 @@ def main(argv: List[str]) -> int:
             print("" if waits is None else waits)
             return 0
         if argv[0] == "watch":
-            watch(run_dir, argv[2])
+            if watch(run_dir, argv[2]) is COMPLETED:
+                record_completed(run_dir)  # its forecast beside what it measured, for `launcher plan` to learn from
             return 0
         sweep_local()  # the ranks of this host are gone: their pulses leave its memory (core/heartbeats.py)
         if end(run_dir, exit_code) is COMPLETED:
-            record_completed(run_dir)  # its forecast beside what it measured, for `launcher plan` to learn from
+            record_completed(run_dir)
             return 0  # the job reads COMPLETED in Slurm too, as the run's record says
     except OSError as err:  # the run directory is gone or unwritable: the job's own exit status stands
         print(f"launcher.job.recovery: cannot record the attempt in {run_dir}: {err.strerror or err}", file=sys.stderr)
