@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 from launcher.core.gpus import DEFAULT_GPU, GPUS
 from launcher.core.config import CHECKPOINTING, LOCAL_CLUSTER
 from launcher.forecast.estimate import Estimate, estimate, set_scaling
 from launcher.job.secret_store import secrets_dir, store_secrets
-from launcher.forecast.learned import ClusterAccuracy, Error, accuracies, correction_for, seconds
+from launcher.forecast.learned import ClusterAccuracy, Error, Summary, accuracies, correction_for, seconds
 from launcher.forecast.host import host_memory, machine_memory, to_fit
 from launcher.forecast.target import GIB, Assumptions, TargetGpu, hardware_for, precision_of
 from launcher.forecast.memory import activation_components, activation_terms, shard_group
@@ -326,14 +326,14 @@ def _signed(error: Optional[float]) -> str:
     return "-" if error is None else f"{100 * error:+.1f}%"
 
 
-def _summary(what: str, errors: Optional[Any]) -> str:
+def _summary(what: str, errors: Optional[Summary]) -> str:
     if errors is None:
         return f"{what}: not measured"
     return (f"{what} error: median {100 * errors.median_before:.1f}%, worst {_signed(errors.worst_before)} (formula); "
             f"median {100 * errors.median_after:.1f}%, worst {_signed(errors.worst_after)} (corrected)")
 
 
-def _cells(error: Optional[Error], fmt) -> List[str]:
+def _cells(error: Optional[Error], fmt: Callable[[float], str]) -> List[str]:
     if error is None:
         return ["-"] * 5
     return [fmt(error.formula), fmt(error.corrected), fmt(error.measured), _signed(error.before), _signed(error.after)]

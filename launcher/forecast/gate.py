@@ -49,10 +49,12 @@ def _measured_need(est: Estimate, overrides: Sequence[str]) -> Iterator[Tuple[st
     """(summary, refusal) for a run the formula fits but which, corrected by the cluster's similar completed runs
     that used more memory than the formula said, does not (forecast/learned.py: only ever more cautious). A run
     with ``train.micro_batch=auto`` is left to training, which halves its micro-batch on running out of memory."""
+    if est.cfg.train.micro_batch == "auto":
+        return
     correction = correction_for(est.cfg, est.plan, est.hardware)
     formula = est.memory.total / GIB
     need = correction.cautious_memory(formula) if correction else None
-    if need is None or need <= est.memory.capacity / GIB or est.cfg.train.micro_batch == "auto":
+    if need is None or need <= est.memory.capacity / GIB:
         return
     summary = (f"{est.plan.model} on {est.plan.gpus} GPUs: {correction.memory_line(formula)}, more than the GPU's "
                f"{est.hardware.memory_gib:g} GiB ({est.hardware.memory_source})")

@@ -127,6 +127,7 @@ def test_the_gate_takes_the_measured_memory_only_where_it_is_more_cautious(root)
     assert (f"memory per GPU {formula_gib * 5.5 / 3:,.2f} GiB (formula {formula_gib:,.2f} GiB, corrected by 3 runs "
             "on this cluster: measured/formula 1.83 +- 1.15), more than the GPU's") in refusal
     assert "force=true" in refusal
+    assert findings(roomy, "train.micro_batch=auto") == []  # training halves its micro-batch where it runs out
     assert [f.refuses for f in fit_findings(0, composed(root, *H100, "model=gpt_tiny", "gpus=8", roomy,
                                                         "force=true"), None)] == [False]
     # The local cluster's ranks are CPUs: their resident memory says nothing of the stand-in GPU's.
