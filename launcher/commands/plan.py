@@ -58,6 +58,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accuracy", action="store_true",
                    help="per cluster, how far each completed run's forecast was from what it measured, before and "
                         "after the correction by the cluster's other runs (cluster=NAME: that cluster's alone)")
+    p.add_argument("--root", type=Path, metavar="DIR",
+                   help="with --accuracy: the run root to read (default: as launcher runs, $LAUNCHER_RUN_ROOT or every "
+                        "root a launch used)")
     p.add_argument("--check", action="store_true",
                    help="exit 2 if a launch of any of the runs would be refused (each is marked either way)")
     p.add_argument("--mfu", type=float, default=DEFAULTS.mfu,
@@ -78,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
                        overhead_gib=args.overhead_gib)
     opts.check()
     if args.accuracy:
-        return print_accuracy(args.overrides, args.json)
+        return print_accuracy(args.overrides, args.json, args.root)
 
     from launcher.commands.launch import overrides_of, warn  # lazy: keeps launcher.commands.launch out of start-up
     from launcher.compose.composer import compose_runs  # lazy: keeps hydra out of start-up
@@ -300,17 +303,17 @@ ACCURACY_LEAST_NEEDED = ["step formula", "mem formula GiB", "step corrected", "m
 OVER_MEMORY = "that is the one that would have run out of memory on a bigger layout"
 
 
-def print_accuracy(overrides: List[str], as_json: bool) -> int:
+def print_accuracy(overrides: List[str], as_json: bool, root: Optional[Path]) -> int:
     """``launcher plan --accuracy``: per cluster, each completed run's forecast error, those that used more memory
-    than the formula said first."""
-    from launcher.core.run_index import known_roots  # lazy: keeps the run index out of start-up
+    than the formula said first; the runs of ``root``, else of the roots ``launcher runs`` reads."""
+    from launcher.views.lookup import roots_for  # lazy: keeps the run index out of start-up
 
     wanted = [o for o in overrides if not o.startswith("cluster=")]
     if wanted:
         raise LaunchError(f"--accuracy takes only cluster=NAME, not {' '.join(wanted)}: it reads the completed "
                           "runs of every run root, not a composed run")
     cluster = next((o.split("=", 1)[1] for o in overrides), None)
-    found = accuracies(known_roots(), cluster)
+    found = accuracies(roots_for(root), cluster)
     if as_json:
         print(json.dumps({"clusters": [c.to_dict() for c in found]}))
         return 0

@@ -197,6 +197,8 @@ def test_accuracy_prints_each_runs_error_before_and_after_leave_one_out(root, ca
     table = text[text.index("run  "):].splitlines()
     assert [line.split()[0] for line in table[2:]] == ["r2", "r4", "r1", "r3"]
     assert "-16.7%" in table[2]  # r2: the formula's memory 1/1.2 of what it used
+    assert json.loads(output(capsys, "plan", "--accuracy", "--json", "--root", str(root))) == data
+    assert json.loads(output(capsys, "plan", "--accuracy", "--json", "--root", str(root / "r1"))) == {"clusters": []}
 
 
 def test_accuracy_refuses_overrides_other_than_the_cluster(root, capsys):
