@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Optional
 
+GIB = 2**30  # a GPU's nominal "80 GB" is read as 80 GiB (docs/planning.md)
+
 
 @dataclass(frozen=True)
 class GpuSpec:

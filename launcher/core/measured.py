@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from launcher.core.gpus import GIB
 from launcher.core.damage import DamagedRun, numbered_lines, read_json_object, warn_damaged
 from launcher.core.metrics import FinalRow
 from launcher.core.privacy import file_mode
 from launcher.core.rundir import FORECAST, last_metrics
 from launcher.core.safepath import is_safe_root, open_nofollow
 
-GIB = 2**30
 MEASURED = ".measured-{cluster}.jsonl"
 
 

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from launcher.core import gpus
+from launcher.core.gpus import GIB  # the forecast's modules take it from here
 from launcher.core.config import LOCAL_CLUSTER, ClusterConfig, RunConfig, compute_precision
 from launcher.errors import LaunchError
 from launcher.slurm import client as slurm
 
-GIB = 2**30
 GB = 1e9  # bandwidths are in GB/s (10^9 bytes), as vendors and nccl-tests quote them
 
 
