@@ -55,6 +55,7 @@ def render(info: Description, config: bool = False) -> str:
         f"Run {info.name}: Slurm job {info.job_id} on cluster {info.cluster}"
         + (f", sweep {info.sweep}" if info.sweep else ""),
         *([trial_line(info.trial)] if info.trial else []),
+        *info.moves,
         *([f"Record: rebuilt from events.jsonl and plan.json ({info.rebuilt})"] if info.rebuilt else []),
         f"Status: {state}  [from {info.state_source}]"
         + "".join(f"  {k} {getattr(info, k)}" for k in ("start", "end", "elapsed", "exit_code") if getattr(info, k)),

@@ -15,18 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Set, Tuple, Type, TypeVar, Union
 
-from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Event, Failed, Finished, Outcome, Requeued,
-                                   Resubmitted, Resumed, Retrying, Stalled, Started, Submitted, Watching)
+from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Event, Failed, Finished, Moved, Outcome,
+                                   Requeued, Resubmitted, Resumed, Retrying, Stalled, Started, Submitted, Watching)
 
 E = TypeVar("E", bound=Event)
 # The events that say where the run stands between attempts: begun, retrying, given up or done.
 STANDING = (Attempt, Retrying, Failed, Finished)
 # The events after which the run's job waits in the queue for its next attempt (the newest one before it counts).
-QUEUED = (Submitted, Retrying, Resubmitted, Requeued, AttemptEnded)
+QUEUED = (Submitted, Retrying, Resubmitted, Moved, Requeued, AttemptEnded)
 # The events after which the run goes on: an end recorded before one of them is not the run's.
-GOING_ON = (Submitted, Started, Requeued, Resumed, Retrying, Resubmitted, Attempt)
+GOING_ON = (Submitted, Started, Requeued, Resumed, Retrying, Resubmitted, Moved, Attempt)
 # The events after which the run's job waits for an attempt that has not begun: its rows are not the next one's.
-AWAITING = (Retrying, Resubmitted, Requeued)
+AWAITING = (Retrying, Resubmitted, Moved, Requeued)
 # How an attempt ends that recovery answers with a retry or a verdict (launcher/job/recovery.py ``respond``).
 FAILURES = (Outcome.FAILED, Outcome.STALLED, Outcome.LOST, Outcome.PREFLIGHT)
 
@@ -159,6 +159,20 @@ class AttemptLog:
         names it: ``A_i`` for a job array's element, whose attempt is recorded under the element's own job id) to
         judge its attempt should its batch step die; None when none was submitted."""
         return next((e for e in reversed(self.events) if isinstance(e, Watching)), None)
+
+    def queued_since(self) -> Optional[float]:
+        """When the run's job began to wait for its next attempt (its submission, a retry, a resume, a move, a
+        requeue, an attempt's end), or None when an attempt began since."""
+        for event in reversed(self.events):
+            if isinstance(event, Attempt):
+                return None
+            if isinstance(event, QUEUED):
+                return event.time
+        return None
+
+    def moves(self) -> List[Moved]:
+        """The run's moves to another cluster, oldest first."""
+        return [e for e in self.events if isinstance(e, Moved)]
 
     def since_resumed(self) -> "AttemptLog":
         """The record since the newest ``resubmitted`` (the user's ``launcher resume``), else all of it."""
