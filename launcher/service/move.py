@@ -106,6 +106,14 @@ def target_of(rec: RunRecord, asked: str) -> str:
     return asked
 
 
+def targets(cluster: str) -> List[str]:
+    """The clusters a run on ``cluster`` may be asked to move to (the console's choice): every configured one but
+    its own and the package's template for a site, as listed, without reading them."""
+    from launcher.compose.catalog import option_files  # lazy: keeps the catalogue out of start-up
+
+    return [name for name in sorted(option_files("cluster")) if name not in (cluster, "slurm")]
+
+
 def ready(roots: Sequence[Path], name: str, cluster: str) -> Moving:
     """The run ``name``, checked movable (waiting in the queue) to ``cluster`` and composed for it; LaunchError in
     one line, with nothing changed, when it cannot be."""
