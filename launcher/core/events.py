@@ -310,7 +310,7 @@ class Cancelled(Event):
 class Moved(Event):
     """``launcher move`` (or the console's Move) cancelled the run's waiting job ``from_job_id`` on ``from_cluster``,
     which had waited ``waited_s`` seconds, and submitted the run as job ``job_id`` on ``cluster``; ``by``: who moved
-    it."""
+    it; ``run_dir``: where the run went when it left this directory (``CLUSTER:PATH`` on a cluster over SSH)."""
     kind: ClassVar[str] = "moved"
     job_id: Optional[str] = None
     cluster: Optional[str] = None
@@ -318,6 +318,7 @@ class Moved(Event):
     from_cluster: Optional[str] = None
     waited_s: Optional[float] = None
     by: Optional[str] = None
+    run_dir: Optional[str] = None
 
 
 @dataclass(kw_only=True)

@@ -11,8 +11,14 @@ time, never a run that trains in two places. A job found started when the claim 
 refused, the claim given back); one that starts after waits in its batch script's first step for the claim, which
 names the move, until the cancel ends it, and the new job is submitted only once it is gone.
 
-The target sees the same run root (a cluster of this machine): the run directory stays, its record follows the
-new job, and its ``moved`` event says from where to where. Nothing moves a run by itself.
+Where the target sees the same run root (a cluster of this machine), the run directory stays, its record follows
+the new job, and its ``moved`` event says from where to where. To a cluster over SSH, the run's record (run.yaml,
+config, plan, record, events, metrics, its frozen code) and its newest good checkpoint are copied into that
+cluster's run root over the ControlMaster connection (launcher/remote/ship.py) and submitted there by the agent
+(launcher/remote/agent.py ``adopt``); the old directory, its ``moved`` event naming where the run went, is set
+aside under the run root's ``.moved/`` (no longer listed: ``runs`` lists the run on its new cluster), and this
+machine's index of remote runs names the run's cluster, so that ``describe`` and the others go there. Nothing moves
+a run by itself.
 """
 from __future__ import annotations
 
@@ -22,12 +28,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from launcher.core.attempt_log import AttemptLog
+from launcher.core.checkpoints import latest_checkpoint
 from launcher.core.events import Moved
-from launcher.core.rundir import append_event, read_events
+from launcher.core.rundir import CODE, CONFIG, EVENTS, METRICS, PLAN, RECORD, append_event, read_events
 from launcher.core.run_index import RunRecord
 from launcher.errors import LaunchError
 from launcher.job import claim
 from launcher.job.submission import resubmit, watch, watcher_of
+from launcher.remote.clusters import remember, remote_of
+from launcher.remote.ship import call, send_files
+from launcher.remote.ssh import Remote
 from launcher.slurm.client import Slurm, SlurmError, user_name
 from launcher.status.job_state import JobState, job_states
 from launcher.views.lookup import changeable, clock, duration, lookup
@@ -35,6 +45,7 @@ from launcher.views.lookup import changeable, clock, duration, lookup
 if TYPE_CHECKING:
     from launcher.compose.composer import ComposedRun
 
+MOVED_AWAY = ".moved"  # under the run root: the directories of runs moved to a cluster over SSH
 GONE_S = 60.0  # how long a cancelled waiting job may take to leave Slurm's queue before the move gives up
 POLL_S = 0.5
 
@@ -49,6 +60,7 @@ class Moving:
     target: str
     run: "ComposedRun"
     warnings: List[str] = field(default_factory=list)
+    remote: Optional[Remote] = None  # the target is reached over SSH
 
 
 @dataclass
@@ -95,14 +107,12 @@ def target_of(rec: RunRecord, asked: str) -> str:
     from launcher.service.clusters import configured  # lazy: keeps omegaconf out of start-up
 
     clusters = configured()
-    others = [name for name, found in clusters.items() if name not in (rec.cluster, "slurm") and not found.remote]
+    others = [name for name in clusters if name not in (rec.cluster, "slurm")]
     allowed = f"configured here: {', '.join(others)}" if others else "no other cluster is configured here"
     if asked == rec.cluster:
         raise LaunchError(f"{rec.name} already waits on cluster {asked}; move it to another ({allowed})")
     if asked not in clusters or asked == "slurm":
         raise LaunchError(f"cluster={asked} is not a configured cluster ({allowed})")
-    if clusters[asked].remote:
-        raise LaunchError(f"cluster={asked} is reached over SSH, where a move cannot take a run yet ({allowed})")
     return asked
 
 
@@ -129,7 +139,8 @@ def ready(roots: Sequence[Path], name: str, cluster: str) -> Moving:
     kept = [line for line in read_run_file(Path(rec.run_dir) / "run.yaml")
             if key_of(line) != "cluster" and not key_of(line).startswith("cluster.")]
     run, warnings = recompose([*kept, f"cluster={target}"])
-    return Moving(rec, state, target, run, warnings)
+    remote = remote_of(run.config.cluster) if run.config.cluster.ssh else None
+    return Moving(rec, state, target, run, warnings, remote)
 
 
 def move(moving: Moving) -> MovedRun:
@@ -146,6 +157,9 @@ def move(moving: Moving) -> MovedRun:
     except BaseException:
         claim.drop(run_dir, taken)
         raise
+    moved = Moved(from_job_id=old_job, from_cluster=old_cluster, waited_s=waited, by=user_name())
+    if moving.remote is not None:
+        return move_there(moving, moving.remote, moved, taken)
     from launcher.submit.relayout import rewrite  # lazy: keeps hydra out of start-up
 
     rewrite(rec, moving.run)
@@ -154,10 +168,60 @@ def move(moving: Moving) -> MovedRun:
     except SlurmError as err:
         raise LaunchError(f"cancelled {rec.name}'s job {old_job} on {old_cluster}, but {moving.target} refused the "
                           f"run: {err}; 'launcher resume {rec.name}' submits it there again") from None
-    append_event(run_dir, Moved(job_id=job_id, cluster=moving.target, from_job_id=old_job, from_cluster=old_cluster,
-                                waited_s=waited, by=user_name()))
+    moved.job_id, moved.cluster = job_id, moving.target
+    append_event(run_dir, moved)
     watch(run_dir, job_id)
     return MovedRun(rec.name, old_cluster, old_job, waited, moving.target, job_id)
+
+
+def move_there(moving: Moving, remote: Remote, moved: Moved, taken: claim.Claim) -> MovedRun:
+    """The move's submission on a cluster over SSH: the run's record and newest checkpoint copied into that
+    cluster's run root and submitted there; this directory, its ``moved`` event naming where the run went, set
+    aside. LaunchError, the claim given back, when the copy or the submission there fails."""
+    from launcher.remote.agent import request_item  # lazy: keeps omegaconf out of start-up
+
+    rec, run_dir = moving.rec, Path(moving.rec.run_dir)
+    try:
+        into = call(remote, "incoming", {"name": rec.name})["path"]
+        send_files(remote, run_dir, carried(run_dir), into)
+        there = call(remote, "adopt", {"name": rec.name, "incoming": into, "run": request_item(moving.run),
+                                       "record": rec.to_json(), "moved": asked(moved)})["record"]
+    except LaunchError as err:
+        claim.drop(run_dir, taken)
+        raise LaunchError(f"cancelled {rec.name}'s job {moved.from_job_id} on {moved.from_cluster}, but could not "
+                          f"move it to {moving.target}: {err}; 'launcher resume {rec.name}' submits it where it "
+                          "was") from None
+    moved.job_id, moved.cluster, moved.run_dir = there["job_id"], moving.target, f"{remote.cluster}:{there['run_dir']}"
+    append_event(run_dir, moved)
+    remember(remote.cluster, [RunRecord(**there)])
+    set_aside(run_dir)
+    return MovedRun(rec.name, moved.from_cluster or "", moved.from_job_id or "", moved.waited_s, moving.target,
+                    there["job_id"])
+
+
+def asked(moved: Moved) -> dict:
+    """The ``moved`` event's fields the cluster's side records (it adds the job it submitted, on its cluster)."""
+    return {"time": moved.time, "from_job_id": moved.from_job_id, "from_cluster": moved.from_cluster,
+            "waited_s": moved.waited_s, "by": moved.by}
+
+
+def carried(run_dir: Path) -> List[str]:
+    """What of the run goes to another cluster: its record, its frozen code, and its newest good checkpoint (its
+    rank logs, older checkpoints and claims stay)."""
+    names = [name for name in (RECORD, CONFIG, PLAN, "run.yaml", "sbatch.sh", EVENTS, METRICS, CODE)
+             if (run_dir / name).exists()]
+    newest = latest_checkpoint(run_dir)
+    return names + ([str(newest.relative_to(run_dir))] if newest else [])
+
+
+def set_aside(run_dir: Path) -> None:
+    """Move the run's old directory under its run root's ``.moved/`` (hidden from listings and lookups, so the
+    name finds the run where it went), kept there as the record of the move."""
+    aside = run_dir.parent / MOVED_AWAY
+    aside.mkdir(mode=0o700, exist_ok=True)
+    if aside.is_symlink() or not aside.is_dir():
+        raise LaunchError(f"{aside} is not a folder of the run root; {run_dir} stays")
+    run_dir.rename(aside / f"{run_dir.name}.{int(time.time())}")
 
 
 def leave(slurm: Slurm, rec: RunRecord, run_dir: Path) -> None:
