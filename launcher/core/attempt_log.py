@@ -44,6 +44,7 @@ class AttemptRow:
     cause: str = ""
     then: str = ""
     queued_s: Optional[float] = None  # how long its job waited in the queue before the attempt began
+    cluster: Optional[str] = None  # the cluster of its job (None: a record of an older launcher, the run's)
 
 
 @dataclass
@@ -241,7 +242,8 @@ class AttemptLog:
                 queued = event.time
             if isinstance(event, Attempt):
                 rows.append(AttemptRow(event.attempt, event.job_id, event.nodes, event.time,
-                                       queued_s=None if queued is None else max(0.0, event.time - queued)))
+                                       queued_s=None if queued is None else max(0.0, event.time - queued),
+                                       cluster=event.cluster))
                 queued = None
             elif not rows:
                 continue

@@ -14,13 +14,12 @@ import io
 import json
 import shlex
 import shutil
-import subprocess
 import tarfile
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Union
 
 from launcher.errors import LaunchError
-from launcher.remote.ssh import Remote, Stream, destination, options, remote_command, run, stream
+from launcher.remote.ssh import Remote, Stream, run, sink, stream
 from launcher.core.rundir import SOURCE_ROOT, frozen_files
 
 CODE_HOME = ".launcher/code"  # under the remote user's home, where ssh's commands start
@@ -166,8 +165,7 @@ def fetch_dir(remote: Remote, path: str, into: Path) -> Path:
 def send_files(remote: Remote, folder: Path, names: Sequence[str], into: str) -> None:
     """Copy the files and folders ``names`` of the local ``folder`` into the folder ``into`` on the cluster over
     the same connection, as a tar stream (never held whole: a checkpoint may be large)."""
-    cmd = ["ssh", *options(remote), *destination(remote), remote_command(remote, ["tar", "-x", "-f", "-", "-C", into])]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = sink(remote, ["tar", "-x", "-f", "-", "-C", into])
     assert proc.stdin is not None
     try:
         with tarfile.open(fileobj=proc.stdin, mode="w|") as archive:

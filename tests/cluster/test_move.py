@@ -38,8 +38,9 @@ def local2(tmp_path_factory):
 
 def occupy(slurm, env) -> str:
     """Hold the second cluster's one node with a sleeping job (cancelled by :func:`free`); its job id."""
-    held = subprocess.run(["sbatch", "--parsable", "--exclusive", "--wrap", "sleep 900"], capture_output=True,
-                          env={**slurm.env, "SLURM_CONF": env["LAUNCHER_LOCAL2_CONF"]}, text=True, timeout=60)
+    held = subprocess.run(["sbatch", "--parsable", "--exclusive", "--output=/dev/null", "--wrap", "sleep 900"],
+                          env={**slurm.env, "SLURM_CONF": env["LAUNCHER_LOCAL2_CONF"]}, capture_output=True, text=True,
+                          timeout=60)
     assert held.returncode == 0, held.stderr
     return held.stdout.strip()
 
