@@ -114,8 +114,9 @@ def laptop(remote_site, local2, tmp_path):
 
 
 def test_a_waiting_run_with_a_checkpoint_moved_over_ssh_resumes_there_from_it(slurm, laptop, remote_site, tmp_path):
-    name = run_name(tmp_path, launch(slurm, tmp_path, "cluster=local2", "train.steps=400", "train.checkpoint_every=1000",
-                                     defaults=RUN, env={**laptop, **UNTIL_STOPPED}), "local2")
+    job = launch(slurm, tmp_path, "cluster=local2", "train.steps=400", "train.checkpoint_every=1000", defaults=RUN,
+                 env={**laptop, **UNTIL_STOPPED})
+    name = run_name(tmp_path, job, "local2")
     run_dir = tmp_path / name
     wait_for(lambda: (run_dir / "metrics.jsonl").exists(), 120, f"a step of {name}", patient=True)
     stopped = slurm.launcher("stop", name, root=tmp_path, env=laptop)
@@ -142,3 +143,6 @@ def test_a_waiting_run_with_a_checkpoint_moved_over_ssh_resumes_there_from_it(sl
     assert (move["from_cluster"], move["cluster"]) == ("local2", SITE)
     rows = {row["name"]: row for row in json.loads(slurm.launcher("runs", "--json", root=tmp_path, env=laptop).stdout)}
     assert rows[name]["cluster"] == SITE and rows[name]["status"] == "COMPLETED", rows
+    described = slurm.launcher("describe", name, root=tmp_path, env=laptop).stdout  # asked there, where the run is
+    assert f"Run {name}: Slurm job {move['job_id']} on cluster {SITE}" in described, described
+    assert "Moved: from local2" in described, described

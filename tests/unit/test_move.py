@@ -7,15 +7,18 @@ import json
 import os
 
 import pytest
+from starlette.testclient import TestClient
 
 from launcher.cli import main
 from launcher.console import actions
+from launcher.console.app import Console, application
 from launcher.core.attempt_log import AttemptLog
 from launcher.core.events import Attempt, Moved, Submitted
 from launcher.core.rundir import append_event, names_this_job
 from launcher.core.run_index import RunRecord, save_record
 from launcher.errors import LaunchError
 from launcher.job import claim
+from launcher.remote.ssh import Remote
 from launcher.service.move import moved_line, target_of, targets, unmovable
 
 
@@ -98,8 +101,15 @@ def test_a_move_in_words_and_the_wait_it_ended():
 
 
 def test_the_consoles_move_names_its_cluster_and_acts_only_on_this_machines_runs(tmp_path):
-    with pytest.raises(LaunchError, match=r"^a move names the cluster it goes to: /api/run/r/move\?to=CLUSTER$"):
-        actions.act("move", tmp_path, "r")
+    web = TestClient(application(Console([tmp_path], tmp_path, "t", ["127.0.0.1:8000"])),
+                     base_url="http://127.0.0.1:8000")
+    web.get("/?token=t")
+    own = {"origin": "http://127.0.0.1:8000"}
+    answer = web.post("/api/run/r/move", headers=own)
+    assert answer.status_code == 400 and answer.json()["error"] == "a move names the cluster it goes to: " \
+        "/api/run/r/move?to=CLUSTER"
     a_record(tmp_path)
-    with pytest.raises(LaunchError, match="^r is UNKNOWN; only a waiting"):
-        actions.act("move", tmp_path, "r", to="local2")
+    answer = web.post("/api/run/r/move?to=local2", headers=own)  # Slurm's stubs: not known to wait
+    assert answer.status_code == 400 and answer.json()["error"].startswith("r is UNKNOWN; only a waiting (PENDING)")
+    with pytest.raises(LaunchError, match="^r is on site, reached over SSH: 'launcher move' there moves it$"):
+        actions.act("move", tmp_path, "r", Remote("site", "site", 5.0, None, None, None), to="local2")
