@@ -79,10 +79,17 @@ def launch(payload: Dict[str, Any]) -> Dict[str, Any]:
 def incoming(payload: Dict[str, Any]) -> Dict[str, Any]:
     """A new folder in this cluster's run root that a run moved here is copied into (launcher/service/move.py),
     refused where the root has a run of its name."""
-    root = ensure_root(str(default_root()))
-    if (root / payload["name"]).exists():
-        raise LaunchError(f"the run root {root} there already has a run named {payload['name']}")
+    root, name = ensure_root(str(default_root())), run_name(payload["name"])
+    if (root / name).exists():
+        raise LaunchError(f"the run root {root} there already has a run named {name}")
     return {"path": tempfile.mkdtemp(prefix=INCOMING, dir=root)}
+
+
+def run_name(name: Any) -> str:
+    """``name`` when it can name a run directory of the run root (a folder of it, not hidden); LaunchError if not."""
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        raise LaunchError(f"{name!r} is not a run's name")
+    return name
 
 
 def adopt(payload: Dict[str, Any]) -> Dict[str, Any]:
@@ -91,8 +98,8 @@ def adopt(payload: Dict[str, Any]) -> Dict[str, Any]:
     from launcher.job.submission import resubmit, watch  # lazy: keeps submitit out of start-up
     from launcher.submit.relayout import rewrite  # lazy: keeps hydra out of start-up
 
-    root, name, moved = default_root(), payload["name"], payload["moved"]
-    folder, run_dir = Path(payload["incoming"]), default_root() / payload["name"]
+    root, name, moved = default_root(), run_name(payload["name"]), payload["moved"]
+    folder, run_dir = Path(payload["incoming"]), root / name
     if folder.parent != root or not folder.name.startswith(INCOMING) or run_dir.exists():
         raise LaunchError(f"cannot take {folder} in as run {name} of the run root {root} there")
     folder.rename(run_dir)
