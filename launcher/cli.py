@@ -47,6 +47,7 @@ COMMANDS: Dict[str, Command] = {
                     "stay", True),
     "resume": Command("launcher.commands.resume",
                       "continue a failed, stopped or finished-early run from its newest good checkpoint", True),
+    "move": Command("launcher.commands.move", "move a run waiting in one cluster's queue to another cluster", True),
     "delete": Command("launcher.commands.delete", "cancel runs' jobs if active, then remove their directories",
                       True),
     "compare": Command("launcher.commands.compare", "compare runs' speed, scaling and loss (a sweep, or named runs)",

@@ -38,11 +38,14 @@ def event_line(event: Dict[str, Any]) -> str:
 
 
 def attempt_lines(rows: List[Dict[str, Any]]) -> List[str]:
-    """The attempts table (a run that never started an attempt has none), then a blank line."""
+    """The attempts table (a run that never started an attempt has none), then a blank line; where its attempts ran
+    on more than one cluster (a moved run), each job is named with its cluster."""
     if not rows:
         return []
     when = lambda t: time.strftime("%H:%M:%S", time.localtime(t)) if t else ""  # noqa: E731
-    table = [[r["attempt"], r["job_id"], r["nodes"], duration(r.get("queued_s")), when(r["start"]), when(r["end"]),
+    moved = len({r.get("cluster") for r in rows}) > 1  # job ids repeat across clusters: name each job's
+    job = lambda r: f"{r['job_id']} ({r.get('cluster')})" if moved else r["job_id"]  # noqa: E731
+    table = [[r["attempt"], job(r), r["nodes"], duration(r.get("queued_s")), when(r["start"]), when(r["end"]),
               r["outcome"], r["cause"], r["then"]] for r in rows]
     return ["Attempts:", fit_table(table, ["#", "JOB", "NODES", "QUEUED", "START", "END", "OUTCOME", "CAUSE", "THEN"],
                                    {"NODES": 12, "CAUSE": 16, "THEN": 12}, ["QUEUED", "JOB", "START"]), ""]
@@ -55,6 +58,7 @@ def render(info: Description, config: bool = False) -> str:
         f"Run {info.name}: Slurm job {info.job_id} on cluster {info.cluster}"
         + (f", sweep {info.sweep}" if info.sweep else ""),
         *([trial_line(info.trial)] if info.trial else []),
+        *info.moves,
         *([f"Record: rebuilt from events.jsonl and plan.json ({info.rebuilt})"] if info.rebuilt else []),
         f"Status: {state}  [from {info.state_source}]"
         + "".join(f"  {k} {getattr(info, k)}" for k in ("start", "end", "elapsed", "exit_code") if getattr(info, k)),

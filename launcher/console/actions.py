@@ -1,4 +1,5 @@
-"""The console's buttons: stop, resume and delete as ``launcher stop``, ``resume`` and ``delete`` do them, through
+"""The console's buttons: stop, resume, move and delete as ``launcher stop``, ``resume``, ``move`` and ``delete`` do
+them, through
 the same service (launcher/service/), so a refusal is the CLI's own one line (``error: ...`` there, the answer's
 ``error`` here) and a success the same words, which the answer's ``said`` holds.
 
@@ -19,21 +20,26 @@ from launcher.core.damage import DamagedRun
 from launcher.errors import LaunchError
 from launcher.remote.ship import remote_error, run_launcher
 from launcher.remote.ssh import Remote
-from launcher.service import delete, resume, stop
+from launcher.service import delete, move, resume, stop
 from launcher.slurm.client import SHARED
 from launcher.views.lookup import roots_for
 
 _ONE_AT_A_TIME = threading.Lock()
-ACTIONS = ("stop", "stop-sweep", "resume", "delete")
+ACTIONS = ("stop", "stop-sweep", "resume", "move", "delete")
 
 
-def act(action: str, root: Optional[Path], name: str, remote: Optional[Remote] = None) -> Dict[str, str]:
-    """Do ``action`` (stop, resume, delete, stop-sweep) on the run (or sweep) ``name`` in ``root`` (None: every
-    run root): ``{"said": ...}`` with the command's words, or its LaunchError (its one-line refusal). A run on a
-    cluster reached over SSH is acted on there, by the same command, as the CLI forwards it
-    (launcher/remote/forward.py)."""
+def act(action: str, root: Optional[Path], name: str, remote: Optional[Remote] = None,
+        to: Optional[str] = None) -> Dict[str, str]:
+    """Do ``action`` (stop, resume, move to cluster ``to``, delete, stop-sweep) on the run (or sweep) ``name`` in
+    ``root`` (None: every run root): ``{"said": ...}`` with the command's words, or its LaunchError (its one-line
+    refusal). A run on a cluster reached over SSH is acted on there, by the same command, as the CLI forwards it
+    (launcher/remote/forward.py); it is not moved from here."""
     if action not in ACTIONS:
         raise LaunchError(f"unknown action '{action}': allowed {', '.join(ACTIONS)}")
+    if action == "move" and remote is not None:
+        raise LaunchError(f"{name} is on {remote.cluster}, reached over SSH: 'launcher move' there moves it")
+    if action == "move" and not to:
+        raise LaunchError(f"a move names the cluster it goes to: /api/run/{name}/move?to=CLUSTER")
     if remote is not None:
         return act_there(action, name, remote)
     roots = roots_for(root)
@@ -42,6 +48,9 @@ def act(action: str, root: Optional[Path], name: str, remote: Optional[Remote] =
     with acting():
         if action == "resume":
             return said([resume.submit(resume.ready(roots, name)).line()])
+        if action == "move":
+            moving = move.ready(roots, name, str(to))
+            return said([*moving.warnings, move.move(moving).line()])
         deleted = delete.delete(delete.chosen(roots, [name], None))
         deleted.check()
         return said(deleted.lines())

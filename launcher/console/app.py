@@ -154,7 +154,7 @@ class Pages:
             raise LaunchError(f"no action on '{what}': allowed /api/run/NAME/ACTION and /api/sweep/ID/stop")
         try:
             return act("stop-sweep" if what == "sweep" and kind == "stop" else kind, self.console.root, name,
-                       readers.remote_named(request.query_params.get("cluster")))
+                       readers.remote_named(request.query_params.get("cluster")), request.query_params.get("to"))
         finally:
             self.console.forget_pages()
 

@@ -39,6 +39,7 @@ from launcher.forecast.target import hardware_for, precision_of
 from launcher.errors import LaunchError
 from launcher.service.clusters import configured, survey, to_json, your_jobs
 from launcher.service.describe import describe
+from launcher.service.move import targets, unmovable
 from launcher.service.resume import unresumable
 from launcher.service.runs import Filters, gather, row_dict, statuses
 from launcher.service.stop import unstoppable
@@ -90,6 +91,7 @@ def run_page(roots: List[Path], name: str) -> Dict[str, Any]:
     info["run_file"] = run_file.read_text() if run_file.is_file() else None
     info["gpus"] = rec.gpus
     info["predicted"] = predicted(Path(rec.run_dir), described.latest_metrics)
+    info["move_to"] = targets(rec.cluster)
     return info
 
 
@@ -109,19 +111,21 @@ def remote_run_page(remote: Remote, name: str, tails: Tails, rank: int, log_offs
     run_file = info["paths"]["run_dir"] + "/run.yaml"
     current = AttemptLog([decode(line) for line in info["events"]]).current()
     steps = int(((yaml.safe_load(info["config"]) or {}).get("train") or {}).get("steps") or 0)
-    return {**info, "refused": refusals(info, steps),
+    refused = {**refusals(info, steps), "move": f"{info['name']} is on {remote.cluster}, reached over SSH: "
+               f"'launcher move' there moves it between the clusters that machine has"}
+    return {**info, "refused": refused,
             "curves": curves(records, info["plan"]["gpus"], points, current, earlier), "log": answer["log"],
             "again": f"launcher -f {run_file}  (on {remote.cluster})", "run_file": None, "predicted": None,
-            "remote": remote.cluster}
+            "remote": remote.cluster, "move_to": []}
 
 
 def refusals(info: Dict[str, Any], steps: int) -> Dict[str, Optional[str]]:
-    """Why Stop and Resume cannot act on the run ``info`` (``describe --json``) describes, in the service's words
+    """Why Stop, Resume and Move cannot act on the run ``info`` (``describe --json``) describes, in the service's words
     (None: it can); Delete always can."""
     name, job_id, state = info["name"], info["job_id"], info["state"]
     final = row_of(info["final_metrics"]) if info.get("final_metrics") else None
     return {"stop": unstoppable(name, job_id, state), "resume": unresumable(name, job_id, state, steps, final),
-            "delete": None}
+            "move": unmovable(name, job_id, state), "delete": None}
 
 
 def remote_named(cluster: Optional[str]) -> Optional[Remote]:

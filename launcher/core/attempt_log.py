@@ -15,18 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Set, Tuple, Type, TypeVar, Union
 
-from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Event, Failed, Finished, Outcome, Requeued,
-                                   Resubmitted, Resumed, Retrying, Stalled, Started, Submitted, Watching)
+from launcher.core.events import (Attempt, AttemptEnded, Cancelled, Event, Failed, Finished, Moved, Outcome,
+                                   Requeued, Resubmitted, Resumed, Retrying, Stalled, Started, Submitted, Watching)
 
 E = TypeVar("E", bound=Event)
 # The events that say where the run stands between attempts: begun, retrying, given up or done.
 STANDING = (Attempt, Retrying, Failed, Finished)
 # The events after which the run's job waits in the queue for its next attempt (the newest one before it counts).
-QUEUED = (Submitted, Retrying, Resubmitted, Requeued, AttemptEnded)
+QUEUED = (Submitted, Retrying, Resubmitted, Moved, Requeued, AttemptEnded)
 # The events after which the run goes on: an end recorded before one of them is not the run's.
-GOING_ON = (Submitted, Started, Requeued, Resumed, Retrying, Resubmitted, Attempt)
+GOING_ON = (Submitted, Started, Requeued, Resumed, Retrying, Resubmitted, Moved, Attempt)
 # The events after which the run's job waits for an attempt that has not begun: its rows are not the next one's.
-AWAITING = (Retrying, Resubmitted, Requeued)
+AWAITING = (Retrying, Resubmitted, Moved, Requeued)
 # How an attempt ends that recovery answers with a retry or a verdict (launcher/job/recovery.py ``respond``).
 FAILURES = (Outcome.FAILED, Outcome.STALLED, Outcome.LOST, Outcome.PREFLIGHT)
 
@@ -44,6 +44,7 @@ class AttemptRow:
     cause: str = ""
     then: str = ""
     queued_s: Optional[float] = None  # how long its job waited in the queue before the attempt began
+    cluster: Optional[str] = None  # the cluster of its job (None: a record of an older launcher, the run's)
 
 
 @dataclass
@@ -160,6 +161,20 @@ class AttemptLog:
         judge its attempt should its batch step die; None when none was submitted."""
         return next((e for e in reversed(self.events) if isinstance(e, Watching)), None)
 
+    def queued_since(self) -> Optional[float]:
+        """When the run's job began to wait for its next attempt (its submission, a retry, a resume, a move, a
+        requeue, an attempt's end), or None when an attempt began since."""
+        for event in reversed(self.events):
+            if isinstance(event, Attempt):
+                return None
+            if isinstance(event, QUEUED):
+                return event.time
+        return None
+
+    def moves(self) -> List[Moved]:
+        """The run's moves to another cluster, oldest first."""
+        return [e for e in self.events if isinstance(e, Moved)]
+
     def since_resumed(self) -> "AttemptLog":
         """The record since the newest ``resubmitted`` (the user's ``launcher resume``), else all of it."""
         start = max((i for i, e in enumerate(self.events) if isinstance(e, Resubmitted)), default=-1) + 1
@@ -227,7 +242,8 @@ class AttemptLog:
                 queued = event.time
             if isinstance(event, Attempt):
                 rows.append(AttemptRow(event.attempt, event.job_id, event.nodes, event.time,
-                                       queued_s=None if queued is None else max(0.0, event.time - queued)))
+                                       queued_s=None if queued is None else max(0.0, event.time - queued),
+                                       cluster=event.cluster))
                 queued = None
             elif not rows:
                 continue

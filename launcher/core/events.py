@@ -58,7 +58,9 @@ class Fault(str, Enum):
 @dataclass(kw_only=True)
 class Event:
     """What every line has: when it was written, and the fields a newer writer added that this kind does not
-    declare (kept so that they are shown and written back unchanged)."""
+    declare (kept so that they are shown and written back unchanged). A kind that names a Slurm job names its
+    cluster beside it (``cluster``: job ids repeat across clusters, and a moved run has jobs on two); a line of an
+    older launcher has none, and its job is on the run's cluster."""
 
     kind: ClassVar[str] = ""
     time: float = field(default_factory=time.time)
@@ -70,6 +72,7 @@ class Submitted(Event):
     """The launcher submitted the run's job."""
     kind: ClassVar[str] = "submitted"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
 
 
 @dataclass(kw_only=True)
@@ -78,6 +81,7 @@ class Attempt(Event):
     kind: ClassVar[str] = "attempt"
     attempt: Optional[int] = None
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     nodes: Optional[str] = None  # Slurm's node list of the attempt
     restart: int = 0  # SLURM_RESTART_COUNT
     log_offset: int = 0  # where this attempt's part of the batch log begins
@@ -90,6 +94,7 @@ class Preflight(Event):
     (launcher/train/preflight.py)."""
     kind: ClassVar[str] = "preflight"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     allreduce_mb: Optional[float] = None
     ranks: Optional[int] = None
     median_gbps: Optional[float] = None
@@ -105,6 +110,7 @@ class PreflightFailed(Event):
     """A rank's pre-training check found its node unfit."""
     kind: ClassVar[str] = "preflight_failed"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     rank: Optional[int] = None
     node: Optional[str] = None
     problem: Optional[str] = None
@@ -117,6 +123,7 @@ class Started(Event):
     ``preflight``, ``data`` (the data's checks)."""
     kind: ClassVar[str] = "started"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     world_size: Optional[int] = None
     nodes: list = field(default_factory=list)
     code: Optional[str] = None  # where the task imported the launcher from (the frozen copy)
@@ -129,6 +136,7 @@ class Ready(Event):
     build (``build_s``), the checkpoint's load (``load_s``, 0 from scratch) and the first step (``first_step_s``)."""
     kind: ClassVar[str] = "ready"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     build_s: Optional[float] = None
     load_s: Optional[float] = None
     first_step_s: Optional[float] = None
@@ -155,6 +163,7 @@ class Stalled(Event):
     """The watchdog found the attempt's steps stopped, and the ranks to blame."""
     kind: ClassVar[str] = "stalled"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     cause: Optional[str] = None
     ranks: list = field(default_factory=list)
     nodes: list = field(default_factory=list)
@@ -166,6 +175,7 @@ class Failed(Event):
     """A rank's own failure, or (``final``) the run's verdict: it will not be retried."""
     kind: ClassVar[str] = "failed"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     rank: Optional[int] = None
     node: Optional[str] = None
     step: Optional[int] = None
@@ -183,6 +193,7 @@ class AttemptEnded(Event):
     kind: ClassVar[str] = "attempt_ended"
     attempt: Optional[int] = None
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     outcome: Optional[Outcome] = None
     cause: Optional[str] = None
     short: Optional[str] = None
@@ -204,6 +215,7 @@ class Retrying(Event):
     kind: ClassVar[str] = "retrying"
     attempt: Optional[int] = None
     job_id: Optional[str] = None  # the retry's
+    cluster: Optional[str] = None
     previous_job_id: Optional[str] = None
     exclude: list = field(default_factory=list)
     allowed: Optional[list] = None  # exclusions dropped so that the retry can be scheduled
@@ -218,6 +230,7 @@ class Resubmitted(Event):
     what)."""
     kind: ClassVar[str] = "resubmitted"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     previous_job_id: Optional[str] = None
     by: Optional[str] = None
     layout: Optional[str] = None
@@ -228,6 +241,7 @@ class Watching(Event):
     """The job that judges an attempt whose batch step died before it could (``watcher``), or why none watches."""
     kind: ClassVar[str] = "watching"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     watcher: Optional[str] = None
     refused: Optional[str] = None
 
@@ -242,6 +256,7 @@ class DuplicateJob(Event):
     """A job of the run found another job of it alive (the run's claim) and ended without training."""
     kind: ClassVar[str] = "duplicate_job"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     holder: Optional[str] = None
     cause: Optional[str] = None
 
@@ -254,6 +269,7 @@ class Signalled(Event):
     (launcher/train/interrupt.py). Written by that rank, once per attempt."""
     kind: ClassVar[str] = "signalled"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     signal: Optional[str] = None
     rank: Optional[int] = None
     node: Optional[str] = None
@@ -268,6 +284,7 @@ class Requeued(Event):
     older launcher wrote may have no ``by``: submitit's handler requeued its job."""
     kind: ClassVar[str] = "requeued"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     step: Optional[int] = None
     by: Optional[str] = None
 
@@ -286,6 +303,22 @@ class Cancelled(Event):
     """``launcher stop`` cancelled the run's job."""
     kind: ClassVar[str] = "cancelled"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class Moved(Event):
+    """``launcher move`` (or the console's Move) cancelled the run's waiting job ``from_job_id`` on ``from_cluster``,
+    which had waited ``waited_s`` seconds, and submitted the run as job ``job_id`` on ``cluster``; ``by``: who moved
+    it; ``run_dir``: where the run went when it left this directory (``CLUSTER:PATH`` on a cluster over SSH)."""
+    kind: ClassVar[str] = "moved"
+    job_id: Optional[str] = None
+    cluster: Optional[str] = None
+    from_job_id: Optional[str] = None
+    from_cluster: Optional[str] = None
+    waited_s: Optional[float] = None
+    by: Optional[str] = None
+    run_dir: Optional[str] = None
 
 
 @dataclass(kw_only=True)
@@ -343,6 +376,7 @@ class PathRefused(Event):
     (launcher/core/nodelocal.py). Written by the node's first rank."""
     kind: ClassVar[str] = "path_refused"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     node: Optional[str] = None
     rank: Optional[int] = None
     path: Optional[str] = None
@@ -358,6 +392,7 @@ class HeartbeatFailed(Event):
     by the node's first rank."""
     kind: ClassVar[str] = "heartbeat_failed"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     node: Optional[str] = None
     rank: Optional[int] = None
     path: Optional[str] = None
@@ -372,6 +407,7 @@ class StopAsked(Event):
     cancels the job. The attempt then ends CANCELLED, never requeued or retried."""
     kind: ClassVar[str] = "stop_asked"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     by: Optional[str] = None
     wait_s: Optional[float] = None
 
@@ -382,6 +418,7 @@ class Stopped(Event):
     after the save (launcher/train/interrupt.py)."""
     kind: ClassVar[str] = "stopped"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     step: Optional[int] = None
     by: Optional[str] = None
 
@@ -395,6 +432,7 @@ class Terminated(Event):
     until the SIGKILL, and ``reason`` says why (launcher/train/interrupt.py). Written by rank 0."""
     kind: ClassVar[str] = "terminated"
     job_id: Optional[str] = None
+    cluster: Optional[str] = None
     signal: Optional[str] = None
     step: Optional[int] = None
     saved: Optional[bool] = None
@@ -412,8 +450,9 @@ class UnknownEvent(Event):
 
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Submitted, Attempt, Preflight, PreflightFailed, Started, Ready, Resumed, CheckpointDamaged, Stalled, Failed,
-    AttemptEnded, Retrying, Resubmitted, Watching, DuplicateJob, Signalled, Requeued, Finished, Cancelled, Evaluated,
-    Exported, ExportFailed, TrialReported, SearchFailed, PathRefused, HeartbeatFailed, StopAsked, Stopped, Terminated)}
+    AttemptEnded, Retrying, Resubmitted, Watching, DuplicateJob, Signalled, Requeued, Finished, Cancelled, Moved,
+    Evaluated, Exported, ExportFailed, TrialReported, SearchFailed, PathRefused, HeartbeatFailed, StopAsked, Stopped,
+    Terminated)}
 
 
 def fields_of(kind: type[Event]) -> list[str]:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from launcher.core.events import Failed, Fault, Requeued
-from launcher.core.rundir import append_event, read_events
+from launcher.core.rundir import append_event, names_this_job, read_events
 
 
 # Python's errors by errno: a full disk, and the I/O and network errors a healthy node or a later try may not see.
@@ -125,4 +125,5 @@ def record(run_dir: Path, err: BaseException, step: Optional[int], secrets: Sequ
 def being_requeued(run_dir: Path) -> bool:
     """True when rank 0 has requeued this job (the newest event is its ``requeued``)."""
     events = read_events(run_dir)
-    return bool(events) and isinstance(events[-1], Requeued) and events[-1].job_id == os.environ.get("SLURM_JOB_ID")
+    return bool(events) and isinstance(events[-1], Requeued) and names_this_job(run_dir, events[-1].job_id,
+                                                                                 events[-1].cluster)

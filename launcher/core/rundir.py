@@ -4,6 +4,7 @@ runs (records, listing, lookup) is the launcher's alone: launcher/core/run_index
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -138,8 +139,43 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def append_event(run_dir: Path, event: Event) -> None:
-    """Append ``event`` to the run's event log as one line (launcher/core/events.py, docs/design-contract.md)."""
+    """Append ``event`` to the run's event log as one line (launcher/core/events.py, docs/design-contract.md). An
+    event naming a job but not its cluster is written with the run's cluster (:func:`cluster_of`): job ids repeat
+    across clusters."""
+    if getattr(event, "job_id", None) is not None and getattr(event, "cluster", "") is None:
+        event = dataclasses.replace(event, cluster=cluster_of(run_dir))  # type: ignore[call-arg]
     append_jsonl(Path(run_dir) / EVENTS, encode(event))
+
+
+_CLUSTER_NAMES: dict[tuple[str, int], Optional[str]] = {}
+
+
+def cluster_of(run_dir: Path) -> Optional[str]:
+    """The cluster the run's config.yaml names, the one its newest job was submitted to (a move rewrites it before
+    it submits); None without a readable config. Read once a version of the file in a process: every rank and the
+    batch script's steps write events."""
+    path = Path(run_dir) / CONFIG
+    try:
+        key = (str(path), path.stat().st_mtime_ns)
+    except OSError:
+        return None
+    if key not in _CLUSTER_NAMES:
+        import yaml  # lazy: ``runs`` and the other status commands load no YAML library
+
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            loaded = None
+        cluster = loaded.get("cluster") if isinstance(loaded, dict) else None
+        name = cluster.get("name") if isinstance(cluster, dict) else None
+        _CLUSTER_NAMES[key] = name if isinstance(name, str) else None
+    return _CLUSTER_NAMES[key]
+
+
+def names_this_job(run_dir: Path, job_id: Optional[str], cluster: Optional[str]) -> bool:
+    """Whether an event's job ``job_id`` on ``cluster`` is the job this process runs in: its ``SLURM_JOB_ID``, on the
+    run's cluster (job ids repeat across clusters; an event of an older launcher names none: the run's)."""
+    return job_id == os.environ.get("SLURM_JOB_ID") and cluster in (None, cluster_of(run_dir))
 
 
 def read_events(run_dir: Path) -> list[Event]:

@@ -9,9 +9,10 @@ run holding the claim, still alive in Slurm, does not train.
 The claim is a generation of files, ``RUN/claims/00000001.json``, ``00000002.json``, ...: the newest is the
 claim. A claim is taken by creating the next generation's file with a hard link of a complete temporary file,
 which fails when the file exists (atomic on local file systems and on NFS, as ``O_EXCL`` is): of two takers,
-exactly one creates generation N+1, and the other reads it and is refused. No lock is held across the
-submission, and no file is ever rewritten by two processes: only the taker renames its own generation's file
-when it names the job.
+exactly one creates generation N+1, and the other reads it and is refused. A move takes the claim over the
+waiting job it is about to cancel (:func:`take_over`), so that of two moves, or a move and a resume, one wins. No
+lock is held across the submission, and no file is ever rewritten by two processes: only the taker renames its own
+generation's file when it names the job.
 
 A claim left by a job that has ended (Slurm no longer lists it alive) or by a submitter that died before naming
 its job (older than :data:`SUBMIT_WINDOW_S`) is stale: the next taker takes the next generation over it.
@@ -126,6 +127,24 @@ def take(run_dir: Path, by: str, job_state: JobState, holder: Optional[str] = No
         races += 1  # another taker between reading and creating: read again, and find it
         if races > 10:
             raise ClaimHeld(f"{Path(run_dir).name}'s claim kept changing hands; try again")
+
+
+def take_over(run_dir: Path, by: str, job_id: str) -> Claim:
+    """Take the run's claim from its waiting job ``job_id``, which the taker cancels before it submits another (a
+    move: launcher/service/move.py), for a submission by ``by``; ClaimHeld naming the holder when the claim names
+    anything else (another move or a resume took it first). Of two takers, one creates the next generation."""
+    folder = Path(run_dir) / CLAIMS
+    folder.mkdir(exist_ok=True)
+    held, newest = _read(folder)
+    if held is None or held.job_id == job_id:
+        claim = Claim(generation=newest + 1, job_id=None, by=by, host=socket.gethostname(), pid=os.getpid(),
+                      time=round(time.time(), 3))
+        if _create(folder, claim):
+            _prune(folder, claim.generation)
+            return claim
+        held = _read(folder)[0]
+    holder = held.holder() if held is not None else "another taker"
+    raise ClaimHeld(f"{Path(run_dir).name} already has {holder}; one job of a run at a time")
 
 
 def name(run_dir: Path, claim: Claim, job_id: str) -> Claim:

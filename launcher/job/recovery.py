@@ -38,7 +38,7 @@ from launcher.core.measured import record_completed
 from launcher.core.heartbeats import Pulse, read_pulses, sweep_local
 from launcher.core.events import (EXIT_NOT_OURS, Attempt, AttemptEnded, Cancelled, DuplicateJob, Event, Failed, Fault,
                                    Finished, Outcome, Requeued, Resumed, Retrying, Stalled)
-from launcher.core.rundir import EVENTS, append_event, last_step, read_events, read_metrics
+from launcher.core.rundir import EVENTS, append_event, last_step, names_this_job, read_events, read_metrics
 from launcher.core.run_index import mend_record
 from launcher.job import claim, endings
 from launcher.job.attempts import Cause, attribute
@@ -129,7 +129,7 @@ def unjudged(run_dir: Path, attempt: Attempt, since: List[Event]) -> AttemptEnde
     nodes = probes.held_down(attempt.nodes)
     pulses = read_pulses(run_dir, since=attempt.time)
     step = max([last_step(Path(run_dir)) or 0, *(p.step for p in pulses)])
-    if attempt.job_id != os.environ.get("SLURM_JOB_ID"):  # another job: that one ended, nobody requeued it
+    if not names_this_job(run_dir, attempt.job_id, attempt.cluster):  # another job: it ended, nobody requeued it
         return AttemptEnded(attempt=attempt.attempt, job_id=attempt.job_id, step=step, outcome=Outcome.FAILED,
                             fault=Fault.UNKNOWN, short="not judged", cause=f"job {attempt.job_id} ended at step "
                             f"{step} without judging its attempt (its batch step died, and no watcher judged it)")

@@ -31,14 +31,15 @@ SUBMIT_BACKOFF_S = (2, 4, 8, 16, 30, 60, 60, 60, 60)  # about five minutes of as
 
 
 def submit_job(cfg: RunConfig, plan: Plan, run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0,
-               by: str = "launch", holder: Optional[str] = None) -> str:
+               by: str = "launch", holder: Optional[str] = None, taken: Optional[claim.Claim] = None) -> str:
     """Submit the run in ``run_dir`` as one Slurm job (launcher/job/task.py), eligible ``begin_s`` from now, under
     the run's claim (launcher/job/claim.py: ClaimHeld when another job of the run is alive), taken for ``by``
-    (``holder``: the job submitting its own retry); returns its job id. The claim, the task's pickle, the script and
-    the job are the run's files (:class:`RunWriter`; sbatch hands the umask to the job)."""
+    (``holder``: the job submitting its own retry), or ``taken`` already (a move's); returns its job id. The claim,
+    the task's pickle, the script and the job are the run's files (:class:`RunWriter`; sbatch hands the umask to the
+    job)."""
     slurm = for_cluster(cfg.cluster)
     with RunWriter(cfg.share_group):
-        taken = claim.take(run_dir, by, slurm.job_state, holder)
+        taken = claim.take(run_dir, by, slurm.job_state, holder) if taken is None else taken
         try:
             script = render_sbatch(cfg, plan, run_dir.name, run_dir / "submitit", [str(secrets_dir())], exclude,
                                    begin_s)
@@ -102,16 +103,17 @@ def frozen_layout_problem(run_dir: Path) -> str | None:
 
 
 def resubmit(run_dir: Path, exclude: Sequence[str] = (), begin_s: int = 0, by: str = "resume",
-             holder: Optional[str] = None) -> str:
+             holder: Optional[str] = None, taken: Optional[claim.Claim] = None) -> str:
     """Submit the run in ``run_dir`` again, as it was composed, as a new job that resumes from its newest good
     checkpoint (automatic recovery, ``launcher resume``) with the code frozen at its first submission; the
     record follows the new job. Returns its id; LaunchError when the frozen code is of an older layout, ClaimHeld
-    when another job of the run is alive (``holder``: the job retrying itself, whose own claim it takes over)."""
+    when another job of the run is alive (``holder``: the job retrying itself, whose own claim it takes over;
+    ``taken``: the claim a move took)."""
     problem = frozen_layout_problem(run_dir)
     if problem:
         raise LaunchError(problem)
     cfg, plan = load_run_config(run_dir / CONFIG), read_plan(run_dir)
-    job_id = submit_job(cfg, plan, run_dir, exclude, begin_s, by=by, holder=holder)
+    job_id = submit_job(cfg, plan, run_dir, exclude, begin_s, by=by, holder=holder, taken=taken)
     record = load_or_damage(run_dir)
     if isinstance(record, RunRecord):
         record.job_id = job_id

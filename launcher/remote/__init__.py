@@ -4,5 +4,5 @@ with the cluster's interpreter (agent.py), its answers read back as JSON.
 
 The commands import it.
 
-Imports: compose, core, dataset, errors, slurm, status, submit.
+Imports: compose, core, dataset, errors, job, slurm, status, submit.
 """

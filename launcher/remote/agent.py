@@ -1,5 +1,6 @@
 """The cluster's side of a launch from another machine: ``python -m launcher.remote.agent launch`` with a JSON
-request on standard input and a JSON answer on standard output (launcher/remote/ship.py runs it over SSH).
+request on standard input and a JSON answer on standard output (launcher/remote/ship.py runs it over SSH); and of a
+run moved here from another cluster (``incoming``, then ``adopt``: launcher/service/move.py).
 
 The request holds runs composed, checked and planned on the user's machine from its config layers (so a mistake
 is found there at once) and that machine's git state. Here, where the cluster's paths mean something, each run's
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List
@@ -23,7 +25,9 @@ from launcher.core.config import RunConfig
 from launcher.core.damage import DamagedRun
 from launcher.core.metrics import encode
 from launcher.core.plan import Plan
-from launcher.core.rundir import METRICS, SOURCE_ROOT
+from launcher.core.events import Moved
+from launcher.core.rundir import METRICS, SOURCE_ROOT, append_event
+from launcher.core.run_index import RunRecord, default_root, ensure_root, index_run
 from launcher.dataset.check import check_data
 from launcher.errors import LaunchError
 from launcher.slurm.client import Slurm, SlurmError
@@ -32,15 +36,22 @@ from launcher.status.usage import usage
 from launcher.submit.freeze import adopt_source, source_state
 from launcher.submit.git import TreeState
 
+INCOMING = ".incoming-"  # a folder of the run root a moved run is copied into: hidden from listings
+
 
 def request(runs: List[ComposedRun], sweep: bool, argv: List[str]) -> Dict[str, Any]:
     """The launch request for ``runs``, from this machine: what the cluster's side needs to submit them."""
     state = source_state()
-    return {"runs": [{"overrides": run.overrides, "resolved": OmegaConf.to_container(run.resolved),
-                      "plan": run.plan.to_dict(), "run_file": run.run_file} for run in runs],
+    return {"runs": [request_item(run) for run in runs],
             "sweep": sweep, "argv": argv,
             "source": {"commit": state.commit, "changed": state.changed, "diff": state.diff,
                        "where": f"{socket.gethostname()}:{SOURCE_ROOT}"}}
+
+
+def request_item(run: ComposedRun) -> Dict[str, Any]:
+    """One run of a request, as :func:`composed` reads it there."""
+    return {"overrides": run.overrides, "resolved": OmegaConf.to_container(run.resolved), "plan": run.plan.to_dict(),
+            "run_file": run.run_file}
 
 
 def composed(item: Dict[str, Any]) -> ComposedRun:
@@ -63,6 +74,42 @@ def launch(payload: Dict[str, Any]) -> Dict[str, Any]:
     launched = submit(runs, payload["sweep"])
     return {"records": [asdict(record) for record in launched.records], "sweep_id": launched.sweep_id,
             "note": launched.note}
+
+
+def incoming(payload: Dict[str, Any]) -> Dict[str, Any]:
+    """A new folder in this cluster's run root that a run moved here is copied into (launcher/service/move.py),
+    refused where the root has a run of its name."""
+    root, name = ensure_root(str(default_root())), run_name(payload["name"])
+    if (root / name).exists():
+        raise LaunchError(f"the run root {root} there already has a run named {name}")
+    return {"path": tempfile.mkdtemp(prefix=INCOMING, dir=root)}
+
+
+def run_name(name: Any) -> str:
+    """``name`` when it can name a run directory of the run root (a folder of it, not hidden); LaunchError if not."""
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        raise LaunchError(f"{name!r} is not a run's name")
+    return name
+
+
+def adopt(payload: Dict[str, Any]) -> Dict[str, Any]:
+    """The run copied into the folder ``incoming`` made a run of this cluster's (its files rewritten for it,
+    launcher/submit/relayout.py) and submitted here, as a move's new job; the run's record."""
+    from launcher.job.submission import resubmit, watch  # lazy: keeps submitit out of start-up
+    from launcher.submit.relayout import rewrite  # lazy: keeps hydra out of start-up
+
+    root, name, moved = default_root(), run_name(payload["name"]), payload["moved"]
+    folder, run_dir = Path(payload["incoming"]), root / name
+    if folder.parent != root or not folder.name.startswith(INCOMING) or run_dir.exists():
+        raise LaunchError(f"cannot take {folder} in as run {name} of the run root {root} there")
+    folder.rename(run_dir)
+    record = RunRecord(**{**payload["record"], "run_dir": str(run_dir), "rebuilt": None})
+    rewrite(record, composed(payload["run"]))
+    index_run(root, name, record.submitted_at)
+    record.job_id = resubmit(run_dir, by="move")
+    append_event(run_dir, Moved(**{**moved, "job_id": record.job_id, "cluster": record.cluster}))
+    watch(run_dir, record.job_id)
+    return {"record": asdict(record)}
 
 
 def partitions(payload: Dict[str, Any]) -> Dict[str, Any]:
@@ -103,7 +150,8 @@ def follow(payload: Dict[str, Any]) -> Dict[str, Any]:
     return {"metrics": [encode(row) for row in rows], "metrics_offset": offset, "again": again, "log": log}
 
 
-ACTIONS = {"launch": launch, "partitions": partitions, "scripts": scripts, "follow": follow}
+ACTIONS = {"launch": launch, "partitions": partitions, "scripts": scripts, "follow": follow, "incoming": incoming,
+           "adopt": adopt}
 
 
 def main(argv: List[str]) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Union
 
 from launcher.errors import LaunchError
-from launcher.remote.ssh import Remote, Stream, run, stream
+from launcher.remote.ssh import Remote, Stream, run, sink, stream
 from launcher.core.rundir import SOURCE_ROOT, frozen_files
 
 CODE_HOME = ".launcher/code"  # under the remote user's home, where ssh's commands start
@@ -160,6 +160,25 @@ def fetch_dir(remote: Remote, path: str, into: Path) -> Path:
     if status or top is None:
         raise LaunchError(f"cluster {remote.cluster}: could not copy {path} from there (exit status {status})")
     return into / top
+
+
+def send_files(remote: Remote, folder: Path, names: Sequence[str], into: str) -> None:
+    """Copy the files and folders ``names`` of the local ``folder`` into the folder ``into`` on the cluster over
+    the same connection, as a tar stream (never held whole: a checkpoint may be large)."""
+    proc = sink(remote, ["tar", "-x", "-f", "-", "-C", into])
+    assert proc.stdin is not None
+    try:
+        with tarfile.open(fileobj=proc.stdin, mode="w|") as archive:
+            for name in names:
+                archive.add(folder / name, arcname=name)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # the unpacker there ended: its exit status and its words say why
+    finally:
+        status, said = proc.wait(), proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if status:
+        raise LaunchError(f"cluster {remote.cluster}: could not copy {folder.name} into {into} there: "
+                          f"{last_line(said)}")
 
 
 def unpack(source: BinaryIO, into: Path) -> Optional[str]:

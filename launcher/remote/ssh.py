@@ -124,6 +124,13 @@ def stream(remote: Remote, argv: Sequence[str], env: Optional[Dict[str, str]] = 
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace")
 
 
+def sink(remote: Remote, argv: Sequence[str]) -> Stream:
+    """Start ``argv`` on the cluster with its standard input a pipe written as bytes (its output dropped, its
+    standard error a pipe): for data too large to hold, sent as it is made."""
+    cmd = ["ssh", *options(remote), *destination(remote), remote_command(remote, argv)]
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
 def why_unreachable(remote: Remote, stderr: Union[str, bytes, None]) -> str:
     """ssh's last complaint, and what to do about it, in one line."""
     if isinstance(stderr, bytes):

@@ -22,6 +22,7 @@ from launcher.core.run_index import RunRecord
 from launcher.search.study import trial_of
 from launcher.search.view import view
 from launcher.slurm.client import Slurm, SlurmError
+from launcher.service.move import moved_line
 from launcher.status.goodput import goodput
 from launcher.status.job_state import job_states
 from launcher.status.reading import reading
@@ -62,6 +63,7 @@ class Description:
     trial: Optional[Dict[str, Any]]
     evaluations: List[Dict[str, Any]]
     exports: List[Dict[str, Any]]
+    moves: List[str]  # each move to another cluster, in words (launcher/service/move.py)
 
     def to_dict(self) -> Dict[str, Any]:
         """``describe --json``, which the console's run page is too: the metrics rows as their lines in
@@ -111,6 +113,7 @@ def describe(rec: RunRecord) -> Description:
         trial=trial_info(run_dir),
         evaluations=[_fields(e) for e in events if isinstance(e, Evaluated)],
         exports=[_fields(e) for e in events if isinstance(e, (Exported, ExportFailed))],
+        moves=[moved_line(moved) for moved in AttemptLog(events).moves()],
     )
 
 

@@ -17,6 +17,7 @@ from launcher.console import readers
 from launcher.console.app import Console, application
 from launcher.console.serve import write_token
 from launcher.errors import LaunchError
+from launcher.service.move import unmovable
 from launcher.core.metrics import Row
 from launcher.slurm.client import SharedAnswers, SlurmError
 from launcher.submit.submitter import write_run_files
@@ -286,11 +287,12 @@ def test_an_empty_listing_says_how_many_runs_are_in_which_other_states(tmp_path,
 def test_stop_and_resume_are_offered_only_where_the_commands_would_act():
     running = {"name": "r", "job_id": "7", "state": "RUNNING", "final_metrics": None}
     assert readers.refusals(running, 100) == {
-        "stop": None, "resume": "r is RUNNING (job 7); nothing to resume (stop it first to restart it)", "delete": None}
+        "stop": None, "resume": "r is RUNNING (job 7); nothing to resume (stop it first to restart it)",
+        "move": "r is RUNNING (job 7); only a waiting (PENDING) run moves: it trains where it is", "delete": None}
     done = {**running, "state": "COMPLETED", "final_metrics": {"step": 100, "final": True, "loss": 2.0}}
     assert readers.refusals(done, 100) == {"stop": "r (job 7) is not active; nothing to stop.",
                                            "resume": "r already trained all 100 steps; nothing to resume",
-                                           "delete": None}
+                                           "move": unmovable("r", "7", "COMPLETED"), "delete": None}
     stopped = {**done, "state": "CANCELLED", "final_metrics": {"step": 40, "final": True, "loss": 2.5}}
     assert readers.refusals(stopped, 100)["resume"] is None
 

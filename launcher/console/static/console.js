@@ -218,14 +218,15 @@ function attemptsTable(info) {
 // Each button says what it is about to do and acts once that is confirmed; while it acts, no button acts again (a
 // stop waits for the run to save); then the page says what happened (after a Delete, the runs page it leads to).
 let acting = false;
-async function act(what, name, action, question, cluster) {
+async function act(what, name, action, question, cluster, to) {
   if (!confirm(question)) return;
   const gen = generation, said = document.getElementById("said");
   acting = true;
   document.querySelectorAll("button.action").forEach(button => { button.disabled = true; });
   said.className = "";
-  said.textContent = `${action === "delete" ? "Deleting" : action === "resume" ? "Resuming" : "Stopping"} ${name}…`;
-  const where = cluster ? `?cluster=${encodeURIComponent(cluster)}` : "";
+  const doing = {delete: "Deleting", resume: "Resuming", move: "Moving"}[action] || "Stopping";
+  said.textContent = `${doing} ${name}…`;
+  const where = cluster ? `?cluster=${encodeURIComponent(cluster)}` : to ? `?to=${encodeURIComponent(to)}` : "";
   const answer = await api(`/api/${what}/${encodeURIComponent(name)}/${action}${where}`, {method: "POST"});
   acting = false;
   if (!answer.error && action === "delete") { notice = answer.said; location.hash = "#/"; return; }
@@ -245,6 +246,10 @@ function stopQuestion(name, info) {
   return info.state === "RUNNING" ? `Stop ${name}? Its ranks save the step they are at, then its job ${info.job_id} ` +
     "ends (cancelled if they have not saved in time); Resume goes on from there."
     : `Stop ${name}? Its job ${info.job_id} is ${info.state}: it is cancelled at once.`;
+}
+function moveQuestion(name, info, to) {
+  return `Move ${name} to cluster ${to}? Its job ${info.job_id}, waiting on ${info.cluster}, is cancelled, and the ` +
+    `run is submitted on ${to} as a new Slurm job.`;
 }
 function resumeQuestion(name, info) {
   const saved = (info.checkpoints || []).filter(c => !c.damaged).map(c => c.step);
@@ -270,6 +275,10 @@ async function runView(view, name, cluster, gen) {
                                 onclick: () => act("run", name, "stop", stopQuestion(name, runInfo), cluster)}, "Stop"),
         h("button", {id: "resume", class: "action", disabled: true,
                      onclick: () => act("run", name, "resume", resumeQuestion(name, runInfo), cluster)}, "Resume"),
+        h("button", {id: "move", class: "action", disabled: true, onclick: () => {
+          const to = document.getElementById("move-to").value;
+          act("run", name, "move", moveQuestion(name, runInfo, to), "", to); }}, "Move"),
+        h("select", {id: "move-to", title: "the cluster a waiting run moves to"}),
         h("button", {id: "delete", class: "action danger", disabled: true, onclick: () => act("run", name, "delete",
           `Delete run ${name}? Its job is cancelled if active, and its directory (checkpoints, logs, metrics) ` +
           "removed: this cannot be undone.", cluster)}, "Delete")),
@@ -290,9 +299,18 @@ async function runView(view, name, cluster, gen) {
       h("h3", {}, "config.yaml"), h("pre", {class: "config", id: "config"})));
   }
   runInfo = info;
-  for (const action of ["stop", "resume", "delete"]) enable(action, (info.refused || {})[action]);
+  const targets = info.move_to || [], select = document.getElementById("move-to");
+  if (select.dataset.for !== targets.join(",")) {  // the configured clusters but the run's own, kept as chosen
+    select.replaceChildren(...targets.map(t => h("option", {value: t}, t)));
+    select.dataset.for = targets.join(",");
+  }
+  const refused = {...(info.refused || {})};
+  refused.move = refused.move || (targets.length ? null : `no cluster but ${info.cluster} is configured here`);
+  for (const action of ["stop", "resume", "move", "delete"]) enable(action, refused[action]);
+  select.disabled = Boolean(refused.move);
   document.getElementById("run-head").replaceChildren(h("table", {}, h("tbody", {}, h("tr", {},
     statusCell(info.state, info.reason), h("td", {}, `job ${info.job_id || "-"} on ${info.cluster}`),
+    h("td", {id: "moves"}, (info.moves || []).join("; ")),
     h("td", {}, info.sweep ? h("a", {href: `#/sweep/${encodeURIComponent(info.sweep)}`}, "sweep " + info.sweep) : ""),
     h("td", {}, info.elapsed ? "elapsed " + info.elapsed : "")))));
   document.getElementById("plan-box").replaceChildren(planTable(info));
