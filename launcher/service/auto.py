@@ -14,18 +14,18 @@ nothing waits for it.
 """
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from launcher.compose.catalog import AUTO_CLUSTER as AUTO
 from launcher.compose.composer import ComposedRun, compose_runs
 from launcher.compose.runfile import read_run_file
-from launcher.core.config import load_run_config
-from launcher.core.rundir import CONFIG
+from launcher.core.config import ClusterConfig, RunConfig
 from launcher.errors import LaunchError
 from launcher.remote.clusters import remote_of
 from launcher.remote.ship import call
@@ -33,6 +33,7 @@ from launcher.service.clusters import configured
 from launcher.slurm.client import for_cluster
 from launcher.slurm.output import SlurmError
 from launcher.submit.placement import Candidate, ask_here, best_first, cannot
+from launcher.views.lookup import invocation
 
 ASK_TIMEOUT_S = 30.0  # each candidate's answer, from its first question to Slurm's test-only
 CANDIDATES = "cluster.candidates"
@@ -111,7 +112,7 @@ def ask(runs: Sequence[ComposedRun], timeout: float = ASK_TIMEOUT_S) -> List[Can
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     return [answers.get(run.config.cluster.name) or cannot(run.config.cluster.name,
-                                                           f"unreachable: no answer within {timeout:.0f} s")
+                                                           f"unreachable: no answer within {timeout:g} s")
             for run in runs]
 
 
@@ -141,37 +142,41 @@ class Sooner:
         return f"would start sooner on {self.candidate.cluster}: {when}; {self.command}"
 
 
-def sooner(run_dir: Path, name: str, job_id: str, invocation: str,
-           asker: Callable[[Sequence[ComposedRun]], List[Candidate]] = ask) -> Optional[Sooner]:
+SOONER_MAX_AGE_S = 60.0  # a run's answer is asked again at most once a minute (the console's refreshes)
+_known: Dict[str, Tuple[float, Optional[Sooner]]] = {}
+
+
+def sooner(run_dir: Path, cfg: RunConfig, name: str, job_id: str, asker=ask) -> Optional[Sooner]:
     """For a waiting run that ``cluster=auto`` placed (its config names candidates): the other candidate where it
-    would start first, if that is sooner than Slurm expects it where it waits (a job Slurm has not planned yet
-    counts as later than a start now elsewhere); None otherwise. The run's own request, composed for each other
-    candidate from its run.yaml, is asked as a launch would be."""
-    cfg = load_run_config(run_dir / CONFIG)
+    would start first, where that is sooner than Slurm expects it where it waits (a job Slurm has not planned yet
+    counts as later than any start elsewhere); None otherwise, and at once for a run placed by name. The run's own
+    request, composed for each other candidate from its run.yaml, is asked as a launch would ask it; the answer is
+    kept for :data:`SOONER_MAX_AGE_S`, so a page refreshed every few seconds asks once a minute."""
     others = [c for c in cfg.cluster.candidates if c != cfg.cluster.name]
     if not others:
         return None
-    overrides = read_run_file(run_dir / "run.yaml")
+    kept = _known.get(str(run_dir))
+    if kept is not None and time.monotonic() - kept[0] < SOONER_MAX_AGE_S:
+        return kept[1]
+    overrides = [o for o in read_run_file(run_dir / "run.yaml") if o.split("=", 1)[0] != "cluster"]
     runs = []
     for other in others:
         try:
-            runs += compose_runs(for_candidate([o for o in overrides if o.split("=", 1)[0] != "cluster"], other,
-                                               cfg.cluster.candidates))
+            runs += compose_runs(for_candidate(overrides, other, cfg.cluster.candidates))
         except LaunchError:
-            continue
+            continue  # a candidate that no longer takes the run's composition: not where it would start
     best = next(iter(best_first(asker(runs))), None)
-    if best is None or best.start is None or best.start >= _expected(cfg.cluster, job_id):
-        return None
-    return Sooner(best, f"{invocation} move {name} cluster={best.cluster}")
+    found = None
+    if best is not None and best.start is not None and best.start < _expected(cfg.cluster, job_id):
+        found = Sooner(best, f"{invocation()} move {name} cluster={best.cluster}")
+    _known[str(run_dir)] = (time.monotonic(), found)
+    return found
 
 
-def _expected(cluster, job_id: str) -> float:
+def _expected(cluster: ClusterConfig, job_id: str) -> float:
     """When Slurm expects a pending job to start (its StartTime), or never where it has not planned it."""
     try:
         rows = [r for r in for_cluster(cluster).squeue() if r.job_id == job_id]
-    except SlurmError:
-        return float("inf")
-    try:
-        return time.mktime(time.strptime(rows[0].start, "%Y-%m-%dT%H:%M:%S")) if rows else float("inf")
-    except ValueError:
-        return float("inf")
+        return time.mktime(time.strptime(rows[0].start, "%Y-%m-%dT%H:%M:%S"))
+    except (SlurmError, IndexError, ValueError):
+        return math.inf

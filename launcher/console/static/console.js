@@ -294,7 +294,8 @@ async function runView(view, name, cluster, gen) {
   document.getElementById("run-head").replaceChildren(h("table", {}, h("tbody", {}, h("tr", {},
     statusCell(info.state, info.reason), h("td", {}, `job ${info.job_id || "-"} on ${info.cluster}`),
     h("td", {}, info.sweep ? h("a", {href: `#/sweep/${encodeURIComponent(info.sweep)}`}, "sweep " + info.sweep) : ""),
-    h("td", {}, info.elapsed ? "elapsed " + info.elapsed : "")))));
+    h("td", {}, info.elapsed ? "elapsed " + info.elapsed : "")))),
+    info.sooner ? h("p", {id: "sooner"}, info.sooner) : "");
   document.getElementById("plan-box").replaceChildren(planTable(info));
   document.getElementById("attempts-box").replaceChildren(attemptsTable(info));
   document.getElementById("files-box").replaceChildren(h("table", {id: "checkpoints"}, h("tbody", {},
