@@ -174,9 +174,11 @@ def sooner(run_dir: Path, cfg: RunConfig, name: str, job_id: str, asker=ask) -> 
 
 
 def _expected(cluster: ClusterConfig, job_id: str) -> float:
-    """When Slurm expects a pending job to start (its StartTime), or never where it has not planned it."""
+    """When Slurm expects a pending job to start (its StartTime), or never where it has not planned it: no StartTime,
+    or one not ahead (a job the scheduler has not looked at yet holds its submission time there)."""
     try:
         rows = [r for r in for_cluster(cluster).squeue() if r.job_id == job_id]
-        return time.mktime(time.strptime(rows[0].start, "%Y-%m-%dT%H:%M:%S"))
+        start = time.mktime(time.strptime(rows[0].start, "%Y-%m-%dT%H:%M:%S"))
     except (SlurmError, IndexError, ValueError):
         return math.inf
+    return start if start > time.time() else math.inf
