@@ -86,6 +86,8 @@ def main(args: argparse.Namespace) -> int:
     overrides = overrides_of(args)
     store_secrets(secrets_dir())  # a bucket's data is checked with the credentials its tasks will have
     if asked(overrides):  # search=optuna: launcher/search/
+        if auto_asked(overrides):
+            raise LaunchError("cluster=auto places one run; a search (search=optuna) names its cluster: cluster=NAME")
         return search(overrides, args.multirun)
     if auto_asked(overrides):  # cluster=auto: where it starts first (launcher/service/auto.py)
         runs = [placed(overrides, args.multirun, json_out=dry_run_asked(overrides, "json"))]

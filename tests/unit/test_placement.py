@@ -139,6 +139,8 @@ def test_no_candidate_that_can_run_it_is_one_line_naming_each():
 @pytest.mark.parametrize("args, said", [
     (["-m", "cluster=auto", "gpus=1,2"], "error: cluster=auto places one run; a sweep (-m) names its clusters: "
                                          "-m cluster=a,b"),
+    (["-m", "cluster=auto", "search=optuna", "train.lr=interval(1e-4, 3e-3)"],
+     "error: cluster=auto places one run; a search (search=optuna) names its cluster: cluster=NAME"),
     (["cluster=auto", "cluster.candidates=[nowhere]", "dry_run=true"], "error: cluster.candidates=[nowhere] must name "
                                                                        "configured clusters"),
 ])  # fmt: skip
