@@ -148,3 +148,49 @@ def test_a_launch_refuses_what_auto_cannot_place_in_one_line(capsys, args, said)
     assert main(["model=gpt_tiny", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith(said) and err.count("\n") == 1, err
+
+
+@pytest.fixture
+def waiting(tmp_path, monkeypatch):
+    """A waiting run's directory as cluster=auto placed it on ``local`` among ``local`` and ``slurm``; Slurm
+    expects its job nowhere (the quick tier's Slurm does not answer)."""
+    from launcher.compose.composer import compose_runs
+    from launcher.core.config import load_run_config
+    from launcher.submit.submitter import write_run_files
+
+    (run,) = compose_runs(["model=gpt_tiny", "gpus=1", "cluster=local", "cluster.candidates=[local,slurm]"])
+    write_run_files(run, tmp_path)
+    monkeypatch.setattr(auto, "_known", {})
+    return tmp_path, load_run_config(tmp_path / "config.yaml")
+
+
+class Asker:
+    """The candidates' answers, counting the times it was asked."""
+
+    def __init__(self, *answers):
+        self.answers, self.asked = list(answers), []
+
+    def __call__(self, runs):
+        self.asked.append([run.config.cluster.name for run in runs])
+        return self.answers
+
+
+def test_a_waiting_run_is_told_where_it_would_start_sooner_asked_once_a_minute(waiting):
+    run_dir, cfg = waiting
+    asker = Asker(Candidate("slurm", time.time(), words="starts now (16 GPUs free)", step_s=0.1))
+    found = auto.sooner(run_dir, cfg, "r", "7", asker)
+    assert found.words.startswith("would start sooner on slurm: now (16 GPUs free); ")
+    assert found.words.endswith(" move r cluster=slurm")
+    assert auto.sooner(run_dir, cfg, "r", "7", asker) == found
+    assert asker.asked == [["slurm"]]  # the other candidate only, and once within the minute
+
+
+def test_no_hint_where_it_starts_sooner_where_it_waits_or_nowhere_else(waiting, monkeypatch):
+    run_dir, cfg = waiting
+    monkeypatch.setattr(auto, "_expected", lambda cluster, job_id: time.time() + 60)
+    assert auto.sooner(run_dir, cfg, "r", "7", Asker(Candidate("slurm", time.time() + 3600, words="x"))) is None
+    monkeypatch.setattr(auto, "_known", {})
+    assert auto.sooner(run_dir, cfg, "r", "7", Asker(cannot("slurm", "refused: no"))) is None
+    cfg.cluster.candidates = []
+    asker = Asker()
+    assert auto.sooner(run_dir, cfg, "r", "7", asker) is None and asker.asked == []  # a run placed by name: nothing
