@@ -27,8 +27,10 @@ from launcher.compose.composer import ComposedRun, compose_runs
 from launcher.compose.runfile import read_run_file
 from launcher.core.config import ClusterConfig, RunConfig
 from launcher.errors import LaunchError
+from launcher.remote.agent import run_item
 from launcher.remote.clusters import remote_of
 from launcher.remote.ship import call
+from launcher.remote.ssh import Unreachable
 from launcher.service.clusters import configured
 from launcher.slurm.client import for_cluster
 from launcher.slurm.output import SlurmError
@@ -117,16 +119,18 @@ def ask(runs: Sequence[ComposedRun], timeout: float = ASK_TIMEOUT_S) -> List[Can
 
 
 def _asked(run: ComposedRun, timeout: float) -> Candidate:
+    """One candidate's answer: here, or from its agent over SSH (which cannot be reached, or refuses the run there,
+    in one line)."""
     cluster = run.config.cluster
+    if not cluster.ssh:
+        return ask_here(run, timeout)
     try:
-        if not cluster.ssh:
-            return ask_here(run, timeout)
-        from launcher.remote.agent import run_item  # lazy: keeps hydra out of start-up
-
-        answer = call(remote_of(cluster), "place", {"runs": [run_item(run)], "timeout": timeout}, timeout=timeout)
-        return Candidate(**answer)
-    except (LaunchError, SlurmError) as err:
-        return cannot(cluster.name, f"unreachable: {err.message if isinstance(err, LaunchError) else err}")
+        return Candidate(**call(remote_of(cluster), "place", {"runs": [run_item(run)], "timeout": timeout},
+                                timeout=timeout))
+    except Unreachable as err:
+        return cannot(cluster.name, f"unreachable: {err.message}")
+    except LaunchError as err:
+        return cannot(cluster.name, f"refused: {err.message}")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from launcher.forecast.estimate import estimate
 from launcher.forecast.target import hardware_for, precision_of
 from launcher.slurm.client import Slurm, SlurmError, for_cluster
 from launcher.slurm.fit import explain_rejection
+from launcher.slurm.output import TestOnly
 from launcher.status.pending import NOT_ELIGIBLE
 from launcher.status.usage import usage
 from launcher.submit.checks import judge
@@ -62,10 +63,9 @@ def best_first(candidates: Sequence[Candidate], now: Optional[float] = None) -> 
 
     def key(candidate: Candidate) -> tuple:
         if candidate.start is None:
-            return (1, 0, 0, math.inf)
+            return (1, 0, math.inf)
         wait = max(0.0, candidate.start - now)
-        step = candidate.step_s if candidate.step_s is not None else math.inf
-        return (0, int(wait // TIE_S), 0, step)
+        return (0, int(wait // TIE_S), candidate.step_s if candidate.step_s is not None else math.inf)
 
     return sorted(candidates, key=key)
 
@@ -85,12 +85,14 @@ def ask_here(run: ComposedRun, timeout: float = 20) -> Candidate:
     try:
         answer = test_only(run, slurm, timeout)
     except SlurmError as err:
+        if err.transient:  # the controller did not answer in time: no refusal of the run's
+            return cannot(cluster.name, f"unreachable: {err}")
         return cannot(cluster.name, f"refused: {explain_rejection(str(err), run.plan, cluster, None)}")
-    return Candidate(cluster.name, answer.start, None, start_words(slurm, answer.start, answer.partition, run),
+    return Candidate(cluster.name, answer.start, None, start_words(slurm, answer.start, answer.partition),
                      step.step_s, answer.partition)
 
 
-def test_only(run: ComposedRun, slurm: Slurm, timeout: float):
+def test_only(run: ComposedRun, slurm: Slurm, timeout: float) -> TestOnly:
     """``sbatch --test-only`` of the script a launch of ``run`` would submit (launcher/submit/submitter.py
     ``scripts``), written to a private temporary file of its own (created exclusively) and removed after."""
     name = run.config.name or base_name(run.plan.model, run.plan.gpus)
@@ -104,7 +106,7 @@ def test_only(run: ComposedRun, slurm: Slurm, timeout: float):
         os.unlink(path)
 
 
-def start_words(slurm: Slurm, start: float, partition: str, run: ComposedRun, now: Optional[float] = None) -> str:
+def start_words(slurm: Slurm, start: float, partition: str, now: Optional[float] = None) -> str:
     """``starts now (16 GPUs free)``, ``starts in about 3 h (behind 4 jobs waiting on partition 'gpu')`` or ``starts
     in about 25 min (16 of its 16 GPUs in use)``: the queue and the partition's GPUs asked only as far as the words
     need them (one sinfo, and one squeue for a start that is not now); where Slurm does not answer, fewer words."""

@@ -80,7 +80,7 @@ class FakeSlurm:
     (FakeSlurm(silent=True), NOW + 7200, "starts in about 2 h"),
 ])  # fmt: skip
 def test_the_words_of_a_start(asked, start, words):
-    assert start_words(asked, start, "gpu", None, now=NOW) == words
+    assert start_words(asked, start, "gpu", now=NOW) == words
 
 
 def test_cluster_auto_is_a_string_test_and_a_sweep_over_clusters_is_not_it():
