@@ -8,9 +8,9 @@ cluster of this machine through its Slurm, one over SSH through its agent, which
 (launcher/submit/placement.py ``ask_here``, the same code). A cluster that does not answer in time is one line;
 nothing waits for it.
 
-:func:`place` serves a launch, a dry run and ``launcher plan``; :func:`ask` serves any composed runs of one request
-(``launcher move``: an existing run's request for other clusters). :func:`sooner` tells a waiting run's
-``describe`` where it would start sooner, asked when ``describe`` is asked, never while the job waits.
+:func:`place` serves a launch, a dry run and ``launcher plan``, and with :func:`again` an existing run's request
+(``launcher move RUN cluster=auto``, and :func:`sooner`, which tells a waiting run's ``describe`` where it would start
+sooner, asked when ``describe`` is asked, never while the job waits).
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from launcher.compose.catalog import AUTO_CLUSTER as AUTO
 from launcher.compose.composer import ComposedRun, compose_runs
 from launcher.compose.runfile import read_run_file
-from launcher.core.config import ClusterConfig, RunConfig
+from launcher.core.config import ClusterConfig, RunConfig, load_run_config
+from launcher.core.rundir import CONFIG
 from launcher.errors import LaunchError
 from launcher.remote.agent import run_item
 from launcher.remote.clusters import remote_of
@@ -60,21 +61,31 @@ class Placement:
                            f"({'; '.join(c.line for c in self.candidates)})")
 
 
-def place(overrides: Sequence[str], multirun: bool = False) -> Placement:
-    """Compose the run of ``overrides`` (which say ``cluster=auto``) for each candidate cluster, ask them all at
-    once, and return them best first. LaunchError for a sweep, or a candidate that is no configured cluster."""
+def place(overrides: Sequence[str], multirun: bool = False, leave_out: Sequence[str] = (), asker=None) -> Placement:
+    """Compose the run of ``overrides`` (which say ``cluster=auto``) for each candidate cluster but those left out,
+    ask them all at once (:func:`ask`, or ``asker``), and return them best first. LaunchError for a sweep, or a
+    candidate that is no configured cluster."""
     if multirun:
         raise LaunchError("cluster=auto places one run; a sweep (-m) names its clusters: -m cluster=a,b")
     names = candidate_names(overrides)
     runs: Dict[str, ComposedRun] = {}
     refused: List[Candidate] = []
-    for name in names:
+    for name in (name for name in names if name not in leave_out):
         try:
             (runs[name],) = compose_runs(for_candidate(overrides, name, names))
         except LaunchError as err:
             refused.append(cannot(name, f"refused: {err.message}"))
-    answers = {c.cluster: c for c in ask(list(runs.values())) + refused}
-    return Placement(best_first([answers[name] for name in names]), runs)
+    answers = {c.cluster: c for c in (asker or ask)(list(runs.values())) + refused}
+    return Placement(best_first([answers[name] for name in names if name in answers]), runs)
+
+
+def again(run_dir: Path, names: Sequence[str] = ()) -> List[str]:
+    """The overrides that place the run of ``run_dir`` again with ``cluster=auto``: its own request (run.yaml)
+    among ``names``, else among the candidates it records, else every configured cluster (``launcher move``)."""
+    kept = [line for line in read_run_file(run_dir / "run.yaml")
+            if line.split("=", 1)[0] not in ("cluster", CANDIDATES)]
+    chosen = list(names) or load_run_config(run_dir / CONFIG).cluster.candidates
+    return [*kept, f"cluster={AUTO}", *([f"{CANDIDATES}=[{','.join(chosen)}]"] if chosen else [])]
 
 
 def candidate_names(overrides: Sequence[str]) -> List[str]:
@@ -150,27 +161,23 @@ SOONER_MAX_AGE_S = 60.0  # a run's answer is asked again at most once a minute (
 _known: Dict[str, Tuple[float, Optional[Sooner]]] = {}
 
 
-def sooner(run_dir: Path, cfg: RunConfig, name: str, job_id: str, asker=ask) -> Optional[Sooner]:
+def sooner(run_dir: Path, cfg: RunConfig, name: str, job_id: str, asker=None) -> Optional[Sooner]:
     """For a waiting run that ``cluster=auto`` placed (its config names candidates): the other candidate where it
     would start first, where that is sooner than Slurm expects it where it waits (a job Slurm has not planned yet
     counts as later than any start elsewhere); None otherwise, and at once for a run placed by name. The run's own
-    request, composed for each other candidate from its run.yaml, is asked as a launch would ask it; the answer is
-    kept for :data:`SOONER_MAX_AGE_S`, so a page refreshed every few seconds asks once a minute."""
-    others = [c for c in cfg.cluster.candidates if c != cfg.cluster.name]
-    if not others:
+    request is placed again (:func:`again`) among the other candidates, as a launch would place it (``asker``: how
+    they are asked); the answer is kept for :data:`SOONER_MAX_AGE_S`, so a page refreshed every few seconds asks
+    once a minute."""
+    if not [c for c in cfg.cluster.candidates if c != cfg.cluster.name]:
         return None
     kept = _known.get(str(run_dir))
     if kept is not None and time.monotonic() - kept[0] < SOONER_MAX_AGE_S:
         return kept[1]
-    overrides = [o for o in read_run_file(run_dir / "run.yaml") if o.split("=", 1)[0] != "cluster"]
-    runs = []
-    for other in others:
-        try:
-            runs += compose_runs(for_candidate(overrides, other, cfg.cluster.candidates))
-        except LaunchError:
-            continue  # a candidate that no longer takes the run's composition: not where it would start
-    best = next(iter(best_first(asker(runs))), None)
-    found = None
+    try:
+        placement = place(again(run_dir), leave_out=[cfg.cluster.name], asker=asker)
+    except LaunchError:  # a candidate no longer configured: nothing to say of the others
+        placement = Placement([])
+    best, found = next(iter(placement.candidates), None), None
     if best is not None and best.start is not None and best.start < _expected(cfg.cluster, job_id):
         found = Sooner(best, f"{invocation()} move {name} cluster={best.cluster}")
     _known[str(run_dir)] = (time.monotonic(), found)

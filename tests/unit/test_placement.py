@@ -194,3 +194,10 @@ def test_no_hint_where_it_starts_sooner_where_it_waits_or_nowhere_else(waiting, 
     cfg.cluster.candidates = []
     asker = Asker()
     assert auto.sooner(run_dir, cfg, "r", "7", asker) is None and asker.asked == []  # a run placed by name: nothing
+
+
+def test_a_runs_request_placed_again_keeps_its_settings_among_its_candidates_or_those_named(waiting):
+    run_dir, _ = waiting
+    assert auto.again(run_dir) == ["model=gpt_tiny", "gpus=1", "tracking=none", "cluster=auto",
+                                   "cluster.candidates=[local,slurm]"]
+    assert auto.again(run_dir, ["slurm"])[-1] == "cluster.candidates=[slurm]"
