@@ -201,3 +201,17 @@ def test_a_runs_request_placed_again_keeps_its_settings_among_its_candidates_or_
     assert auto.again(run_dir) == ["model=gpt_tiny", "gpus=1", "tracking=none", "cluster=auto",
                                    "cluster.candidates=[local,slurm]"]
     assert auto.again(run_dir, ["slurm"])[-1] == "cluster.candidates=[slurm]"
+
+
+def test_compositions_in_threads_at_once_all_compose():
+    """The console's threads may each ask where a waiting run would start sooner: Hydra composes one at a time."""
+    from launcher.compose.composer import compose_runs
+
+    composed, threads = [], []
+    for gpus in (1, 2, 3):
+        threads.append(threading.Thread(target=lambda n=gpus: composed.append(
+            compose_runs(["model=gpt_tiny", f"gpus={n}"])[0].plan.gpus)))
+        threads[-1].start()
+    for thread in threads:
+        thread.join()
+    assert sorted(composed) == [1, 2, 3]
