@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence
 from launcher.compose.composer import ComposedRun
 from launcher.core.run_index import base_name
 from launcher.forecast.estimate import estimate
+from launcher.forecast.learned import correction_for
 from launcher.forecast.target import hardware_for, precision_of
 from launcher.slurm.client import Slurm, SlurmError, for_cluster
 from launcher.slurm.fit import explain_rejection
@@ -35,8 +36,8 @@ TIE_S = 60  # starts within the same minute tie: the faster cluster (the plan's 
 @dataclass(frozen=True)
 class Candidate:
     """One cluster as ``cluster=auto`` found it: when Slurm expects the run to start there (epoch seconds), or why
-    it cannot run there; the line's words after the cluster's name; the plan's step time on its GPUs (None where
-    the GPU's speed is not known)."""
+    it cannot run there; the line's words after the cluster's name; the plan's step time on its GPUs, as corrected by
+    the cluster's completed runs (None where the GPU's speed is not known)."""
 
     cluster: str
     start: Optional[float] = None  # None: it cannot run there (``why_not`` says why)
@@ -81,15 +82,24 @@ def ask_here(run: ComposedRun, timeout: float = 20) -> Candidate:
     verdict = judge([run])
     if verdict.refusals:
         return cannot(cluster.name, f"refused: {verdict.refusals[0].text}")
-    step = estimate(run.config, run.plan, hardware_for(cluster, precision_of(run.config), query_slurm=True)).timing
+    step = step_time(run)
     try:
         answer = test_only(run, slurm, timeout)
     except SlurmError as err:
         if err.transient:  # the controller did not answer in time: no refusal of the run's
             return cannot(cluster.name, f"unreachable: {err}")
         return cannot(cluster.name, f"refused: {explain_rejection(str(err), run.plan, cluster, None)}")
-    return Candidate(cluster.name, answer.start, None, start_words(slurm, answer.start, answer.partition),
-                     step.step_s, answer.partition)
+    return Candidate(cluster.name, answer.start, None, start_words(slurm, answer.start, answer.partition), step,
+                     answer.partition)
+
+
+def step_time(run: ComposedRun) -> Optional[float]:
+    """The plan's step time on the cluster's GPUs, corrected by the cluster's similar completed runs where it has
+    some (launcher/forecast/learned.py); None where the GPU's speed is not known."""
+    hw = hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True)
+    formula = estimate(run.config, run.plan, hw).timing.step_s
+    correction = correction_for(run.config, run.plan, hw)
+    return correction.step_time(formula) if correction is not None else formula
 
 
 def test_only(run: ComposedRun, slurm: Slurm, timeout: float) -> TestOnly:
