@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,8 @@ def sites(remote_site, slurm, tmp_path_factory):
     wait_for(lambda: queued(sites, "abusy") == [f"{sites['sleeper']} wrap R"], 30, "the sleeper running")
     yield sites
     listener.close()
-    for state in states.values():
-        run_down(state)
+    with ThreadPoolExecutor() as pool:  # each waits for its daemons to end: at once, not one after another
+        list(pool.map(run_down, states.values()))
     subprocess.run(["rm", "-rf", env["LAUNCHER_HOME"]])
     remote_site.ssh("rm", "-rf", remote_root)
 
