@@ -65,8 +65,9 @@ def sites(remote_site, slurm, tmp_path_factory):
                  f"slurm_conf: {remote_site.slurm_conf}", f"run_root: {remote_root}", "ssh_timeout_s: 5")
     env = {**slurm.env, "LAUNCHER_SITE_CONFIG": str(base / "site"), "LAUNCHER_SSH_CONFIG": str(remote_site.ssh_config),
            "LAUNCHER_HOME": f"/tmp/lh-auto-{os.getpid()}", "LAUNCHER_RUN_ROOT": str(base / "runs")}
-    sleeper = subprocess.run(["sbatch", "--parsable", "-N2", "--gpus-per-node=8", "-t", "30", "--wrap", "sleep 1800"],
-                             env={**slurm.env, "SLURM_CONF": str(confs["abusy"])}, capture_output=True, text=True)
+    sleeper = subprocess.run(["sbatch", "--parsable", "-N2", "--gpus-per-node=8", "-t", "30", "-o", "/dev/null",
+                              "--wrap", "sleep 1800"], env={**slurm.env, "SLURM_CONF": str(confs["abusy"])},
+                             capture_output=True, text=True)
     assert sleeper.returncode == 0, sleeper.stderr
     sites = {"env": env, "confs": confs, "root": base / "runs", "sleeper": sleeper.stdout.strip()}
     wait_for(lambda: queued(sites, "abusy") == [f"{sites['sleeper']} wrap R"], 30, "the sleeper running")
