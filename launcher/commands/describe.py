@@ -62,6 +62,7 @@ def render(info: Description, config: bool = False) -> str:
         *([f"Record: rebuilt from events.jsonl and plan.json ({info.rebuilt})"] if info.rebuilt else []),
         f"Status: {state}  [from {info.state_source}]"
         + "".join(f"  {k} {getattr(info, k)}" for k in ("start", "end", "elapsed", "exit_code") if getattr(info, k)),
+        *([f"  {info.sooner}"] if info.sooner else []),
         "",
         "Paths:",
         *(f"  {key:<14}{path}" for key, path in info.paths.items()),

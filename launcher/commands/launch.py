@@ -12,9 +12,9 @@ import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Optional
 
-from launcher.compose.catalog import GROUPS, options
+from launcher.compose.catalog import GROUPS, auto_asked, options
 from launcher.core.run_index import base_name
 from launcher.errors import LaunchError
 from launcher.job.secret_store import secrets_dir, store_secrets
@@ -86,11 +86,16 @@ def main(args: argparse.Namespace) -> int:
     overrides = overrides_of(args)
     store_secrets(secrets_dir())  # a bucket's data is checked with the credentials its tasks will have
     if asked(overrides):  # search=optuna: launcher/search/
+        if auto_asked(overrides):
+            raise LaunchError("cluster=auto places one run; a search (search=optuna) names its cluster: cluster=NAME")
         return search(overrides, args.multirun)
-    from launcher.submit.prefetch import prefetch  # lazy: keeps omegaconf out of start-up
+    if auto_asked(overrides):  # cluster=auto: where it starts first (launcher/service/auto.py)
+        runs = [placed(overrides, args.multirun, json_out=dry_run_asked(overrides, "json"))]
+    else:
+        from launcher.submit.prefetch import prefetch  # lazy: keeps omegaconf out of start-up
 
-    prefetch(overrides, source=not dry_run_asked(overrides))  # Slurm (and git, to submit) answer while Hydra composes
-    runs = compose_runs(overrides, multirun=args.multirun)
+        prefetch(overrides, source=not dry_run_asked(overrides))  # Slurm (and git) answer while Hydra composes
+        runs = compose_runs(overrides, multirun=args.multirun)
     modes = {run.config.dry_run for run in runs}
     if len(modes) > 1:
         raise LaunchError("dry_run must be the same for every run of a sweep")
@@ -113,6 +118,23 @@ def main(args: argparse.Namespace) -> int:
 
     print_submitted(launch(runs, sweep=args.multirun))
     return 0
+
+
+def placed(overrides: List[str], multirun: bool, json_out: bool = False) -> ComposedRun:
+    """``cluster=auto``: every candidate's line (on stderr where stdout is JSON), then the run composed for the
+    cluster where it starts first; LaunchError where none can run it."""
+    from launcher.service.auto import place  # lazy: keeps hydra out of start-up
+
+    placement = place(overrides, multirun)
+    for candidate in placement.candidates:
+        if json_out:
+            to_stderr(candidate.line)
+        else:
+            print(wrap(candidate.line, indent="  "))
+    chosen = placement.chosen
+    if chosen is None:
+        raise placement.refusal()
+    return chosen
 
 
 def warn(lines: List[str]) -> None:
@@ -167,11 +189,11 @@ def print_runs(runs: List[ComposedRun], mode: object, sweep: bool = False) -> No
         print_dry_run(runs, sweep)
 
 
-def dry_run_asked(overrides: List[str]) -> bool:
-    """Whether the overrides ask for a dry run (composition decides; this only spares a dry run the
-    submission's early question to git)."""
+def dry_run_asked(overrides: List[str], kind: Optional[str] = None) -> bool:
+    """Whether the overrides ask for a dry run (of ``kind``, ``json``, where named; composition decides: this only
+    spares a dry run the submission's early question to git, and keeps stdout JSON's own)."""
     return any(o.split("=", 1)[0].lstrip("+") == "dry_run" and o.split("=", 1)[1].lower() != "false"
-               for o in overrides if "=" in o)
+               and kind in (None, o.split("=", 1)[1].lower()) for o in overrides if "=" in o)
 
 
 def display_name(run: ComposedRun) -> str:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, List, Optional
 
+from launcher.compose.catalog import auto_asked
 from launcher.core.gpus import DEFAULT_GPU, GPUS
 from launcher.core.config import CHECKPOINTING, LOCAL_CLUSTER
 from launcher.forecast.estimate import Estimate, estimate, set_scaling
@@ -83,12 +84,16 @@ def main(args: argparse.Namespace) -> int:
     if args.accuracy:
         return print_accuracy(args.overrides, args.json, args.root)
 
-    from launcher.commands.launch import overrides_of, warn  # lazy: keeps launcher.commands.launch out of start-up
+    from launcher.commands.launch import overrides_of, placed, warn  # lazy: keeps launcher.commands.launch out
     from launcher.compose.composer import compose_runs  # lazy: keeps hydra out of start-up
     from launcher.submit.checks import judge  # lazy: keeps hydra, submitit out of start-up
 
     store_secrets(secrets_dir())  # a bucket's data is checked with the credentials its tasks will have
-    runs = compose_runs(overrides_of(args), multirun=args.multirun)
+    overrides = overrides_of(args)
+    if auto_asked(overrides):  # the candidates' lines, then the plan of the run where it starts first
+        runs = [placed(overrides, args.multirun, json_out=args.json)]
+    else:
+        runs = compose_runs(overrides, multirun=args.multirun)
     estimates = [estimate(run.config, run.plan,
                           hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True), opts,
                           overrides=run.overrides) for run in runs]

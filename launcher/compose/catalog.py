@@ -40,6 +40,9 @@ GROUPS = ("model", "gpus", "cluster", "tracking", "search")
 
 # The gpus option that takes its count from ``layout.gpus``.
 CUSTOM_GPUS = "custom"
+# The cluster choice that is no cluster file: the run goes to the candidate where it starts first
+# (launcher/service/auto.py).
+AUTO_CLUSTER = "auto"
 
 
 @dataclass(frozen=True)
@@ -183,3 +186,8 @@ def model_micro_batch(model: str) -> int | None:
         return None
     value = OmegaConf.select(OmegaConf.load(path), "train.micro_batch")
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def auto_asked(overrides: List[str]) -> bool:
+    """Whether the overrides say ``cluster=auto`` (a string test: a launch of one cluster pays nothing for it)."""
+    return f"cluster={AUTO_CLUSTER}" in overrides

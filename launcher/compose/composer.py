@@ -11,6 +11,7 @@ submitted, so one bad combination fails the whole command up front.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Sequence
 
@@ -38,6 +39,9 @@ from launcher.slurm.batch import request_params
 from launcher.compose.validate import validate
 from launcher.compose.layout import plan_of
 
+# Hydra's global state holds one composition at a time: the console's threads (a waiting run's page asks where it
+# would start sooner, launcher/service/auto.py) compose one after another.
+_COMPOSING = threading.Lock()
 # What Hydra and OmegaConf raise for bad input (Hydra also raises bare ValueError).
 _CONFIG_ERRORS = (HydraException, OmegaConfBaseException, ValueError)
 
@@ -63,7 +67,7 @@ def compose_runs(overrides: Sequence[str], multirun: bool = False) -> List[Compo
     store.store(name="base", node=RunConfig)
     store.store(group="hydra", name="config", node=hydra_node(), provider="hydra")
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="launcher"):
+        with _COMPOSING, initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="launcher"):
             # With the config loader, glob() sweeps can list a group's options.
             parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
             runs = ov.expand(ov.parse(parser, overrides), multirun)

@@ -282,6 +282,9 @@ class ClusterConfig:
     # Everything else in the file then means the same on the cluster's side.
     ssh: Optional[str] = None
     ssh_timeout_s: float = 5.0  # how long connecting may take before the cluster counts as unreachable
+    # The clusters ``cluster=auto`` chose this one among (launcher/service/auto.py), each asked when the run would
+    # start there; empty where the cluster was named. ``cluster=auto cluster.candidates=[a,b]`` names them.
+    candidates: List[str] = field(default_factory=list)
 
 
 @dataclass

@@ -42,14 +42,13 @@ INCOMING = ".incoming-"  # a folder of the run root a moved run is copied into: 
 def request(runs: List[ComposedRun], sweep: bool, argv: List[str]) -> Dict[str, Any]:
     """The launch request for ``runs``, from this machine: what the cluster's side needs to submit them."""
     state = source_state()
-    return {"runs": [request_item(run) for run in runs],
-            "sweep": sweep, "argv": argv,
+    return {"runs": [run_item(run) for run in runs], "sweep": sweep, "argv": argv,
             "source": {"commit": state.commit, "changed": state.changed, "diff": state.diff,
                        "where": f"{socket.gethostname()}:{SOURCE_ROOT}"}}
 
 
-def request_item(run: ComposedRun) -> Dict[str, Any]:
-    """One run of a request, as :func:`composed` reads it there."""
+def run_item(run: ComposedRun) -> Dict[str, Any]:
+    """A composed run as a request carries it (:func:`composed` makes it a run again on the cluster's side)."""
     return {"overrides": run.overrides, "resolved": OmegaConf.to_container(run.resolved), "plan": run.plan.to_dict(),
             "run_file": run.run_file}
 
@@ -134,6 +133,15 @@ def scripts(payload: Dict[str, Any]) -> Dict[str, Any]:
             "data": [run.data.line() for run in runs]}
 
 
+def place(payload: Dict[str, Any]) -> Dict[str, Any]:
+    """When the request's one run would start on this cluster (``cluster=auto``, launcher/submit/placement.py): the
+    checks a launch makes here and ``sbatch --test-only`` of its script; nothing is written or queued."""
+    from launcher.submit.placement import ask_here  # lazy: keeps submitit out of start-up
+
+    (item,) = payload["runs"]
+    return asdict(ask_here(composed(item), timeout=float(payload.get("timeout") or 20)))
+
+
 def follow(payload: Dict[str, Any]) -> Dict[str, Any]:
     """A run's metrics rows appended since ``metrics_offset`` (as their lines' objects: the answer is JSON) and rank
     ``rank``'s log from ``log_offset``, in one answer: the web console's refresh of a run on this cluster
@@ -151,7 +159,7 @@ def follow(payload: Dict[str, Any]) -> Dict[str, Any]:
 
 
 ACTIONS = {"launch": launch, "partitions": partitions, "scripts": scripts, "follow": follow, "incoming": incoming,
-           "adopt": adopt}
+           "adopt": adopt, "place": place}
 
 
 def main(argv: List[str]) -> int:

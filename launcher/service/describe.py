@@ -12,7 +12,7 @@ import yaml
 
 from launcher.core.attempt_log import AttemptLog
 from launcher.core.checkpoints import DAMAGED, complete_checkpoints, damaged_checkpoints, saved_steps, step_of
-from launcher.core.config import load_run_config
+from launcher.core.config import RunConfig, load_run_config
 from launcher.core.events import Evaluated, Event, ExportFailed, Exported, encode
 from launcher.core.metrics import MARKS, FinalRow, Row, encode as row_line
 from launcher.core.plan import read_plan
@@ -64,6 +64,8 @@ class Description:
     evaluations: List[Dict[str, Any]]
     exports: List[Dict[str, Any]]
     moves: List[str]  # each move to another cluster, in words (launcher/service/move.py)
+    # A waiting run placed by cluster=auto: where it would start sooner, and how to move it (launcher/service/auto.py)
+    sooner: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """``describe --json``, which the console's run page is too: the metrics rows as their lines in
@@ -114,7 +116,19 @@ def describe(rec: RunRecord) -> Description:
         evaluations=[_fields(e) for e in events if isinstance(e, Evaluated)],
         exports=[_fields(e) for e in events if isinstance(e, (Exported, ExportFailed))],
         moves=[moved_line(moved) for moved in AttemptLog(events).moves()],
+        sooner=waiting_hint(rec, run_dir, cfg, state.state),
     )
+
+
+def waiting_hint(rec: RunRecord, run_dir: Path, cfg: RunConfig, state: str) -> Optional[str]:
+    """Where a waiting run that cluster=auto placed would start sooner (asked now, or a minute ago at most), in
+    words with the command that moves it; None for any other run, which costs nothing."""
+    if state != "PENDING" or not cfg.cluster.candidates or rec.job_id is None:
+        return None
+    from launcher.service.auto import sooner  # lazy: Hydra, for a waiting run placed by cluster=auto only
+
+    found = sooner(run_dir, cfg, rec.name, rec.job_id)
+    return found.words if found is not None else None
 
 
 def node_states(rec: RunRecord, nodelist: str, answering: bool) -> Dict[str, str]:

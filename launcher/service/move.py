@@ -178,13 +178,13 @@ def move_there(moving: Moving, remote: Remote, moved: Moved, taken: claim.Claim)
     """The move's submission on a cluster over SSH: the run's record and newest checkpoint copied into that
     cluster's run root and submitted there; this directory, its ``moved`` event naming where the run went, set
     aside. LaunchError, the claim given back, when the copy or the submission there fails."""
-    from launcher.remote.agent import request_item  # lazy: keeps omegaconf out of start-up
+    from launcher.remote.agent import run_item  # lazy: keeps omegaconf out of start-up
 
     rec, run_dir = moving.rec, Path(moving.rec.run_dir)
     try:
         into = call(remote, "incoming", {"name": rec.name})["path"]
         send_files(remote, run_dir, carried(run_dir), into)
-        there = call(remote, "adopt", {"name": rec.name, "incoming": into, "run": request_item(moving.run),
+        there = call(remote, "adopt", {"name": rec.name, "incoming": into, "run": run_item(moving.run),
                                        "record": rec.to_json(), "moved": asked(moved)})["record"]
     except LaunchError as err:
         claim.drop(run_dir, taken)

@@ -25,8 +25,9 @@ from launcher.core.store import CREDENTIAL_VARIABLES
 from launcher.slurm.limits import (ASSOC_FIELDS, QOS_FIELDS, SiteRules, cached, enforce_words, parse_associations,
                                    parse_partition_rules, parse_qos)
 from launcher.slurm.output import (NODE_FIELDS, SACCT_FIELDS, SQUEUE_FIELDS, JobRow, Node, NoPartition, Partition,
-                                   SlurmError, Unreachable, array_elements, field_list, field_rows, parse_nodes,
-                                   parse_sacct, parse_squeue, partitions_of, sbatch_reason, srun_lost_nodes, unusable)
+                                   SlurmError, TestOnly, Unreachable, array_elements, field_list, field_rows,
+                                   parse_nodes, parse_sacct, parse_squeue, parse_test_only, partitions_of,
+                                   sbatch_reason, srun_lost_nodes, unusable)
 
 LOCAL_SLURM_CONF = SOURCE_ROOT / ".slurm" / "etc" / "slurm.conf"
 LOCAL_UP = SOURCE_ROOT / "slurm" / "up.sh"  # what starts the local cluster, in a checkout only
@@ -337,17 +338,23 @@ class Slurm:
     def sbatch(self, script: Path, flags: Sequence[str] = ()) -> str:
         """Submit a script (with sbatch's ``flags`` besides its own #SBATCH lines); its job id, or SlurmError with
         Slurm's reason alone (one line)."""
-        try:
-            proc = subprocess.run(["sbatch", "--parsable", *flags, str(script)], capture_output=True, text=True,
-                                  timeout=self.timeout, env=self.env)
-        except FileNotFoundError:
-            raise SlurmError("'sbatch' is not installed; run scripts/setup.sh or load your site's Slurm") from None
-        except subprocess.TimeoutExpired:
-            raise SlurmError(f"sbatch did not answer in {self.timeout:.0f} s", transient=True) from None
+        proc = self._sbatch(["--parsable", *flags, str(script)], self.timeout)
         if proc.returncode != 0:
             raise SlurmError(sbatch_reason(proc.stderr))
         return proc.stdout.strip().split(";")[0]
 
+    def test_only(self, script: Path, timeout: Optional[float] = None) -> TestOnly:
+        """When Slurm would start ``script`` were it submitted now (``sbatch --test-only``: nothing is queued);
+        SlurmError with Slurm's reason where it would refuse it."""
+        return parse_test_only(self._sbatch(["--test-only", str(script)], timeout or self.timeout).stderr)
+
+    def _sbatch(self, args: Sequence[str], timeout: float) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(["sbatch", *args], capture_output=True, text=True, timeout=timeout, env=self.env)
+        except FileNotFoundError:
+            raise SlurmError("'sbatch' is not installed; run scripts/setup.sh or load your site's Slurm") from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"sbatch did not answer in {timeout:.0f} s", transient=True) from None
 
 _CLUSTERS: Dict[Optional[str], Slurm] = {}
 

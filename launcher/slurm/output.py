@@ -7,6 +7,7 @@ tasks and nodes, which it prints only in its own words, are read here too (:func
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -227,6 +228,34 @@ def sbatch_reason(stderr: str) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()] or ["sbatch failed"]
     last = re.sub(r"^sbatch: (error|fatal): ", "", lines[-1])
     return re.sub(r"^Batch job submission failed: ", "", last)
+
+
+# sbatch --test-only's answer on stderr: "sbatch: Job 197 to start at 2026-12-06T06:21:57 using 1 processors on nodes
+# local-node1 in partition gpu".
+_TEST_ONLY = re.compile(r"Job \d+ to start at (?P<start>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) using \d+ "
+                        r"processors? on nodes (?P<nodes>\S+) in partition (?P<partition>\S+)")
+
+
+@dataclass(frozen=True)
+class TestOnly:
+    """When Slurm would start a job (``sbatch --test-only``): its expected start (epoch seconds, this host's
+    clock), the nodes and partition it would be given."""
+
+    __test__ = False  # not a test class, whatever pytest's name rule says
+
+    start: float
+    nodes: str
+    partition: str
+
+
+def parse_test_only(stderr: str) -> TestOnly:
+    """sbatch --test-only's answer; SlurmError with Slurm's reason where it names no start (a refusal:
+    ``allocation failure: Requested node configuration is not available``)."""
+    found = _TEST_ONLY.search(stderr)
+    if found is None:
+        raise SlurmError(sbatch_reason(stderr))
+    when = time.mktime(time.strptime(found["start"], "%Y-%m-%dT%H:%M:%S"))
+    return TestOnly(when, found["nodes"], found["partition"])
 
 
 def field_list(names: Sequence[str]) -> str:

@@ -4,5 +4,5 @@ submitted (submitter).
 
 It is given the composed runs, and the commands print what it returns.
 
-Imports: compose, core, errors, forecast, job, slurm.
+Imports: compose, core, errors, forecast, job, slurm, status.
 """

@@ -277,7 +277,8 @@ UNTIL_STOPPED = paced(0.5)
 # that two checkouts' suites (each with its own cluster, on its own port) can run side by side. A cluster uses
 # its port up to port + 20 + its node count. The SSH site of tests/support/sshd_site.py (an sshd, no cluster) has one too.
 PORT_OFFSETS = {"local2": 100, "noacct": 300, "twice": 400, "dies": 500, "restart": 600, "limited": 700,
-                "sshd": 800, "strict": 900, "move": 950}
+                "sshd": 800, "strict": 900, "move": 950, "auto_busy": 200,
+                "auto_strict": 240}
 
 
 def suite_port() -> int:

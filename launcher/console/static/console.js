@@ -312,7 +312,8 @@ async function runView(view, name, cluster, gen) {
     statusCell(info.state, info.reason), h("td", {}, `job ${info.job_id || "-"} on ${info.cluster}`),
     h("td", {id: "moves"}, (info.moves || []).join("; ")),
     h("td", {}, info.sweep ? h("a", {href: `#/sweep/${encodeURIComponent(info.sweep)}`}, "sweep " + info.sweep) : ""),
-    h("td", {}, info.elapsed ? "elapsed " + info.elapsed : "")))));
+    h("td", {}, info.elapsed ? "elapsed " + info.elapsed : "")))),
+    info.sooner ? h("p", {id: "sooner"}, info.sooner) : "");
   document.getElementById("plan-box").replaceChildren(planTable(info));
   document.getElementById("attempts-box").replaceChildren(attemptsTable(info));
   document.getElementById("files-box").replaceChildren(h("table", {id: "checkpoints"}, h("tbody", {},
