@@ -11,12 +11,13 @@ from launcher.service import move
 from launcher.views.lookup import roots_of
 from launcher.views.width import wrap
 
-USAGE = "cluster=NAME, the configured cluster the waiting run goes to"
+USAGE = "cluster=NAME, the configured cluster the waiting run goes to, or cluster=auto, where it starts first"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="RUN", help="run name (or unique prefix)")
-    parser.add_argument("target", metavar="cluster=NAME", help="the cluster the run goes to (launcher clusters)")
+    parser.add_argument("target", metavar="cluster=NAME", help="the cluster the run goes to (launcher clusters), or "
+                        "cluster=auto: the candidate where it would start first")
 
 
 def cluster_asked(text: str) -> str:
@@ -33,5 +34,7 @@ def main(args: argparse.Namespace) -> int:
         from launcher.commands.launch import warn  # lazy: the launch's imports, only for the target's warnings
 
         warn(moving.warnings)
+    for line in moving.asked:  # cluster=auto: each candidate's answer, as a launch prints them
+        print(wrap(line))
     print(wrap(move.move(moving).line()))
     return 0

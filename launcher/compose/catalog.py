@@ -110,10 +110,19 @@ def layer_settings() -> Dict[str, tuple]:
     return found
 
 
+SITE_TEMPLATE = "slurm"  # the package's cluster file a site copies and edits: no cluster of its own
+
+
+def cluster_choices(*excluded: str) -> List[str]:
+    """The clusters configured (their files' names, sorted) besides ``excluded`` and the site template: what a run
+    may be placed on or moved to, without reading the files."""
+    return [name for name in sorted(option_files("cluster")) if name not in {*excluded, SITE_TEMPLATE}]
+
+
 def other_clusters(*excluded: str) -> str:
-    """The clusters configured besides ``excluded`` (and ``slurm``, the package's template for a site), as a hint
-    to end a message with: `` (configured: a, b; cluster=a?)``, or "" where there are none."""
-    others = [name for name in sorted(option_files("cluster")) if name not in {*excluded, "slurm"}]
+    """The clusters configured besides ``excluded`` (:func:`cluster_choices`), as a hint to end a message with:
+    `` (configured: a, b; cluster=a?)``, or "" where there are none."""
+    others = cluster_choices(*excluded)
     return f" (configured: {', '.join(others)}; cluster={others[0]}?)" if others else ""
 
 

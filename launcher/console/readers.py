@@ -91,7 +91,7 @@ def run_page(roots: List[Path], name: str) -> Dict[str, Any]:
     info["run_file"] = run_file.read_text() if run_file.is_file() else None
     info["gpus"] = rec.gpus
     info["predicted"] = predicted(Path(rec.run_dir), described.latest_metrics)
-    info["move_to"] = targets(rec.cluster)
+    info["move_to"] = sorted(targets(rec.cluster), key=lambda name: name != described.sooner_on)  # sooner first
     return info
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from launcher.compose.catalog import AUTO_CLUSTER as AUTO
+from launcher.compose.catalog import AUTO_CLUSTER as AUTO, SITE_TEMPLATE
 from launcher.compose.composer import ComposedRun, compose_runs
 from launcher.compose.runfile import read_run_file
 from launcher.core.config import ClusterConfig, RunConfig, load_run_config
@@ -89,8 +89,9 @@ def again(run_dir: Path, names: Sequence[str] = ()) -> List[str]:
 
 
 def candidate_names(overrides: Sequence[str]) -> List[str]:
-    """The clusters ``cluster.candidates=[a,b]`` names (each a configured one), else every configured cluster."""
-    known = list(configured())
+    """The clusters ``cluster.candidates=[a,b]`` names (each a configured one), else every configured cluster (but
+    the package's template for a site)."""
+    known = [name for name in configured() if name != SITE_TEMPLATE]
     given = [line.split("=", 1)[1] for line in overrides if line.split("=", 1)[0] == CANDIDATES]
     if not given:
         return known
@@ -174,14 +175,24 @@ def sooner(run_dir: Path, cfg: RunConfig, name: str, job_id: str, asker=None) ->
     if kept is not None and time.monotonic() - kept[0] < SOONER_MAX_AGE_S:
         return kept[1]
     try:
-        placement = place(again(run_dir), leave_out=[cfg.cluster.name], asker=asker)
+        _, best = elsewhere(run_dir, cfg, job_id, asker=asker)
     except LaunchError:  # a candidate no longer configured: nothing to say of the others
-        placement = Placement([])
-    best, found = next(iter(placement.candidates), None), None
-    if best is not None and best.start is not None and best.start < _expected(cfg.cluster, job_id):
-        found = Sooner(best, f"{invocation()} move {name} cluster={best.cluster}")
+        best = None
+    found = Sooner(best, f"{invocation()} move {name} cluster={best.cluster}") if best is not None else None
     _known[str(run_dir)] = (time.monotonic(), found)
     return found
+
+
+def elsewhere(run_dir: Path, cfg: RunConfig, job_id: str, names: Sequence[str] = (),
+              asker=None) -> Tuple[Placement, Optional[Candidate]]:
+    """The waiting run of ``run_dir`` placed again (:func:`again`, among ``names`` where given) on every candidate
+    but the cluster it waits on, and the best of them where it starts sooner than Slurm expects it where it waits
+    (else None): what :func:`sooner` tells and ``launcher move RUN cluster=auto`` acts on."""
+    placement = place(again(run_dir, names), leave_out=[cfg.cluster.name], asker=asker)
+    best = next(iter(placement.candidates), None)
+    if best is None or best.start is None or best.start >= _expected(cfg.cluster, job_id):
+        return placement, None
+    return placement, best
 
 
 def _expected(cluster: ClusterConfig, job_id: str) -> float:

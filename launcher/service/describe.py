@@ -66,6 +66,7 @@ class Description:
     moves: List[str]  # each move to another cluster, in words (launcher/service/move.py)
     # A waiting run placed by cluster=auto: where it would start sooner, and how to move it (launcher/service/auto.py)
     sooner: Optional[str] = None
+    sooner_on: Optional[str] = None  # that cluster's name (the console's Move offers it first)
 
     def to_dict(self) -> Dict[str, Any]:
         """``describe --json``, which the console's run page is too: the metrics rows as their lines in
@@ -116,19 +117,20 @@ def describe(rec: RunRecord) -> Description:
         evaluations=[_fields(e) for e in events if isinstance(e, Evaluated)],
         exports=[_fields(e) for e in events if isinstance(e, (Exported, ExportFailed))],
         moves=[moved_line(moved) for moved in AttemptLog(events).moves()],
-        sooner=waiting_hint(rec, run_dir, cfg, state.state),
+        **waiting_hint(rec, run_dir, cfg, state.state),
     )
 
 
-def waiting_hint(rec: RunRecord, run_dir: Path, cfg: RunConfig, state: str) -> Optional[str]:
-    """Where a waiting run that cluster=auto placed would start sooner (asked now, or a minute ago at most), in
-    words with the command that moves it; None for any other run, which costs nothing."""
+def waiting_hint(rec: RunRecord, run_dir: Path, cfg: RunConfig, state: str) -> Dict[str, str]:
+    """Where a waiting run that cluster=auto placed would start sooner (asked now, or a minute ago at most): the
+    words with the command that moves it (``sooner``) and the cluster (``sooner_on``); none for any other run,
+    which costs nothing."""
     if state != "PENDING" or not cfg.cluster.candidates or rec.job_id is None:
-        return None
+        return {}
     from launcher.service.auto import sooner  # lazy: Hydra, for a waiting run placed by cluster=auto only
 
     found = sooner(run_dir, cfg, rec.name, rec.job_id)
-    return found.words if found is not None else None
+    return {"sooner": found.words, "sooner_on": found.candidate.cluster} if found is not None else {}
 
 
 def node_states(rec: RunRecord, nodelist: str, answering: bool) -> Dict[str, str]:

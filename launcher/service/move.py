@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from launcher.core.attempt_log import AttemptLog
 from launcher.core.checkpoints import latest_checkpoint
@@ -61,6 +61,7 @@ class Moving:
     run: "ComposedRun"
     warnings: List[str] = field(default_factory=list)
     remote: Optional[Remote] = None  # the target is reached over SSH
+    asked: List[str] = field(default_factory=list)  # with cluster=auto: each candidate's line, the chosen first
 
 
 @dataclass
@@ -101,27 +102,46 @@ def unmovable(name: str, job_id: Optional[str], state: str) -> Optional[str]:
             "'launcher -f RUN_DIR/run.yaml cluster=NAME' trains it anew elsewhere")
 
 
-def target_of(rec: RunRecord, asked: str) -> str:
-    """The cluster the run of ``rec`` goes to when ``asked`` names one: a configured cluster of this machine other
-    than the run's own; LaunchError in one line naming the clusters there are."""
-    from launcher.service.clusters import configured  # lazy: keeps omegaconf out of start-up
+def target_of(rec: RunRecord, asked: str) -> Tuple[str, List[str]]:
+    """The cluster the run of ``rec`` goes to, and with ``cluster=auto`` each candidate's line: ``asked`` names a
+    configured cluster of this machine other than the run's own, or is ``auto``, the candidate where the run would
+    start first (launcher/service/auto.py: those ``cluster=auto`` placed it among, else every configured cluster),
+    where that is sooner than where it waits; LaunchError in one line naming the clusters there are, or why the
+    run stays."""
+    from launcher.compose.catalog import AUTO_CLUSTER  # lazy: keeps the catalogue out of start-up
 
-    clusters = configured()
-    others = [name for name in clusters if name not in (rec.cluster, "slurm")]
+    if asked == AUTO_CLUSTER:
+        return soonest(rec)
+    others = targets(rec.cluster)
     allowed = f"configured here: {', '.join(others)}" if others else "no other cluster is configured here"
     if asked == rec.cluster:
         raise LaunchError(f"{rec.name} already waits on cluster {asked}; move it to another ({allowed})")
-    if asked not in clusters or asked == "slurm":
-        raise LaunchError(f"cluster={asked} is not a configured cluster ({allowed})")
-    return asked
+    if asked not in others:
+        raise LaunchError(f"cluster={asked} is not a configured cluster ({allowed}), or {AUTO_CLUSTER}")
+    return asked, []
+
+
+def soonest(rec: RunRecord) -> Tuple[str, List[str]]:
+    """``move RUN cluster=auto``: the other candidate where the run would start first, and each one's line;
+    LaunchError in one line, with the candidates' lines, where none starts it sooner than where it waits."""
+    from launcher.core.config import load_run_config  # lazy: keeps omegaconf out of start-up
+    from launcher.service.auto import elsewhere  # lazy: Hydra, for cluster=auto only
+
+    run_dir = Path(rec.run_dir)
+    placement, best = elsewhere(run_dir, load_run_config(run_dir / CONFIG), str(rec.job_id))
+    lines = [candidate.line for candidate in placement.candidates]
+    if best is None:
+        raise LaunchError(f"{rec.name} stays on {rec.cluster}: no other candidate would start it sooner "
+                          f"({'; '.join(lines) or 'no other cluster is configured here'})")
+    return best.cluster, lines
 
 
 def targets(cluster: str) -> List[str]:
     """The clusters a run on ``cluster`` may be asked to move to (the console's choice): every configured one but
     its own and the package's template for a site, as listed, without reading them."""
-    from launcher.compose.catalog import option_files  # lazy: keeps the catalogue out of start-up
+    from launcher.compose.catalog import cluster_choices  # lazy: keeps the catalogue out of start-up
 
-    return [name for name in sorted(option_files("cluster")) if name not in (cluster, "slurm")]
+    return cluster_choices(cluster)
 
 
 def ready(roots: Sequence[Path], name: str, cluster: str) -> Moving:
@@ -132,7 +152,7 @@ def ready(roots: Sequence[Path], name: str, cluster: str) -> Moving:
     refused = unmovable(rec.name, rec.job_id, state.state)
     if refused:
         raise LaunchError(refused)
-    target = target_of(rec, cluster)
+    target, asked = target_of(rec, cluster)
     from launcher.compose.runfile import key_of, read_run_file  # lazy: keeps hydra out of start-up
     from launcher.submit.relayout import recompose  # lazy: keeps hydra out of start-up
 
@@ -140,7 +160,7 @@ def ready(roots: Sequence[Path], name: str, cluster: str) -> Moving:
             if key_of(line) != "cluster" and not key_of(line).startswith("cluster.")]
     run, warnings = recompose([*kept, f"cluster={target}"])
     remote = remote_of(run.config.cluster) if run.config.cluster.ssh else None
-    return Moving(rec, state, target, run, warnings, remote)
+    return Moving(rec, state, target, run, warnings, remote, asked)
 
 
 def move(moving: Moving) -> MovedRun:

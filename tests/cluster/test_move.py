@@ -63,13 +63,18 @@ def test_a_waiting_run_moved_to_a_free_cluster_trains_as_a_run_launched_there(sl
     assert wait_status(slurm, tmp_path, name, {"PENDING"}, env=busy)["cluster"] == "local2"
 
     env = {**slurm.env, **busy, "LAUNCHER_RUN_ROOT": str(tmp_path)}
-    moves = [subprocess.Popen([sys.executable, "-m", "launcher", "move", name, "cluster=local"], env=env, cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    # two moves at once, one to a named cluster, one to where it starts first (cluster=auto: local, the only other)
+    moves = [subprocess.Popen([sys.executable, "-m", "launcher", "move", name, target], env=env, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for target in ("cluster=local", "cluster=auto")]
     answers = sorted((move.wait(timeout=180), *move.communicate()) for move in moves)
     (ok, said, _), (refused, _, why) = answers
     assert (ok, refused) == (0, 2), answers
-    assert said.startswith(f"Moved {name} from local2 (job ") and " to local as Slurm job " in said, said
-    assert why.count("\n") == 1 and ("one job of a run at a time" in why or "already waits on" in why), why
+    assert f"Moved {name} from local2 (job " in said and " to local as Slurm job " in said, said
+    assert said.startswith((f"Moved {name}", "local: starts now")), said  # auto's: each candidate's line first
+    assert why.count("\n") == 1 and any(words in why for words in (
+        "one job of a run at a time", "already waits on", f"{name} stays on local: no other candidate would start "
+        "it sooner (local2: ", "only a waiting (PENDING) run moves")), why
 
     for run in (name, direct):
         assert wait_status(slurm, tmp_path, run, {"COMPLETED", "FAILED"}, timeout=240, env=busy)["status"] \

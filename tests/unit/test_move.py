@@ -55,7 +55,7 @@ def test_a_move_refused_is_one_line_and_exit_2(tmp_path, capsys):
     a_record(tmp_path)
     assert main(["move", "r", "gpus=2", "--root", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "error: move takes cluster=NAME, the configured cluster the waiting run goes " \
-        "to; got 'gpus=2'\n"
+        "to, or cluster=auto, where it starts first; got 'gpus=2'\n"
     assert main(["move", "r", "cluster=local", "--root", str(tmp_path)]) == 2  # Slurm's stubs: not known to wait
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "only a waiting (PENDING) run moves" in err, err

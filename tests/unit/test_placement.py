@@ -10,9 +10,11 @@ import pytest
 
 from launcher.cli import main
 from launcher.compose.catalog import auto_asked
+from launcher.errors import LaunchError
 from launcher.service import auto
 from launcher.slurm.output import JobRow, Node, SlurmError, parse_test_only
 from launcher.submit.placement import Candidate, best_first, cannot, in_about, start_words
+from support.helpers import REPO
 
 NOW = 1_800_000_000.0
 
@@ -152,13 +154,14 @@ def test_a_launch_refuses_what_auto_cannot_place_in_one_line(capsys, args, said)
 
 @pytest.fixture
 def waiting(tmp_path, monkeypatch):
-    """A waiting run's directory as cluster=auto placed it on ``local`` among ``local`` and ``slurm``; Slurm
-    expects its job nowhere (the quick tier's Slurm does not answer)."""
+    """A waiting run's directory as cluster=auto placed it on ``local`` among ``local`` and ``local2`` (a site
+    layer's second cluster); Slurm expects its job nowhere (the quick tier's Slurm does not answer)."""
     from launcher.compose.composer import compose_runs
     from launcher.core.config import load_run_config
     from launcher.submit.submitter import write_run_files
 
-    (run,) = compose_runs(["model=gpt_tiny", "gpus=1", "cluster=local", "cluster.candidates=[local,slurm]"])
+    monkeypatch.setenv("LAUNCHER_SITE_CONFIG", str(REPO / "slurm" / "site"))
+    (run,) = compose_runs(["model=gpt_tiny", "gpus=1", "cluster=local", "cluster.candidates=[local,local2]"])
     write_run_files(run, tmp_path)
     monkeypatch.setattr(auto, "_known", {})
     return tmp_path, load_run_config(tmp_path / "config.yaml")
@@ -177,20 +180,20 @@ class Asker:
 
 def test_a_waiting_run_is_told_where_it_would_start_sooner_asked_once_a_minute(waiting):
     run_dir, cfg = waiting
-    asker = Asker(Candidate("slurm", time.time(), words="starts now (16 GPUs free)", step_s=0.1))
+    asker = Asker(Candidate("local2", time.time(), words="starts now (16 GPUs free)", step_s=0.1))
     found = auto.sooner(run_dir, cfg, "r", "7", asker)
-    assert found.words.startswith("would start sooner on slurm: now (16 GPUs free); ")
-    assert found.words.endswith(" move r cluster=slurm")
+    assert found.words.startswith("would start sooner on local2: now (16 GPUs free); ")
+    assert found.words.endswith(" move r cluster=local2")
     assert auto.sooner(run_dir, cfg, "r", "7", asker) == found
-    assert asker.asked == [["slurm"]]  # the other candidate only, and once within the minute
+    assert asker.asked == [["local2"]]  # the other candidate only, and once within the minute
 
 
 def test_no_hint_where_it_starts_sooner_where_it_waits_or_nowhere_else(waiting, monkeypatch):
     run_dir, cfg = waiting
     monkeypatch.setattr(auto, "_expected", lambda cluster, job_id: time.time() + 60)
-    assert auto.sooner(run_dir, cfg, "r", "7", Asker(Candidate("slurm", time.time() + 3600, words="x"))) is None
+    assert auto.sooner(run_dir, cfg, "r", "7", Asker(Candidate("local2", time.time() + 3600, words="x"))) is None
     monkeypatch.setattr(auto, "_known", {})
-    assert auto.sooner(run_dir, cfg, "r", "7", Asker(cannot("slurm", "refused: no"))) is None
+    assert auto.sooner(run_dir, cfg, "r", "7", Asker(cannot("local2", "refused: no"))) is None
     cfg.cluster.candidates = []
     asker = Asker()
     assert auto.sooner(run_dir, cfg, "r", "7", asker) is None and asker.asked == []  # a run placed by name: nothing
@@ -199,8 +202,25 @@ def test_no_hint_where_it_starts_sooner_where_it_waits_or_nowhere_else(waiting, 
 def test_a_runs_request_placed_again_keeps_its_settings_among_its_candidates_or_those_named(waiting):
     run_dir, _ = waiting
     assert auto.again(run_dir) == ["model=gpt_tiny", "gpus=1", "tracking=none", "cluster=auto",
-                                   "cluster.candidates=[local,slurm]"]
-    assert auto.again(run_dir, ["slurm"])[-1] == "cluster.candidates=[slurm]"
+                                   "cluster.candidates=[local,local2]"]
+    assert auto.again(run_dir, ["local2"])[-1] == "cluster.candidates=[local2]"
+
+
+def test_move_to_auto_goes_to_the_other_candidate_where_it_starts_sooner_or_the_run_stays(waiting, monkeypatch):
+    from launcher.core.run_index import RunRecord
+    from launcher.service.move import target_of
+
+    run_dir, _ = waiting
+    rec = RunRecord(name="r", run_dir=str(run_dir), model="gpt_tiny", gpus=1, nodes=1, gpus_per_node=1, steps=6,
+                    cluster="local", submitted_at=1.0, job_id="7")
+    asker = Asker(Candidate("local2", time.time(), words="starts now (2 GPUs free)", step_s=0.1))
+    monkeypatch.setattr(auto, "ask", asker)  # the candidates' answers (Slurm expects the waiting job nowhere)
+    assert target_of(rec, "auto") == ("local2", ["local2: starts now (2 GPUs free)"])
+    assert asker.asked == [["local2"]]  # every candidate but where it waits
+    monkeypatch.setattr(auto, "ask", Asker(cannot("local2", "refused: QOS normal allows 8 GPUs")))
+    with pytest.raises(LaunchError, match=r"^r stays on local: no other candidate would start it sooner \(local2: "
+                                          r"refused: QOS normal allows 8 GPUs\)$"):
+        target_of(rec, "auto")
 
 
 def test_compositions_in_threads_at_once_all_compose():
