@@ -11,6 +11,7 @@ directory under the cluster's run root, the frozen copy of the shipped code, a S
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import sys
 import tempfile
@@ -84,6 +85,16 @@ def incoming(payload: Dict[str, Any]) -> Dict[str, Any]:
     return {"path": tempfile.mkdtemp(prefix=INCOMING, dir=root)}
 
 
+def discard(payload: Dict[str, Any]) -> Dict[str, Any]:
+    """The folder ``incoming`` removed, where a move's copy into it did not become a run here (the copy or the
+    submission failed); nothing where it is gone. A folder of the run root's that :func:`incoming` made, only."""
+    root, folder = default_root(), Path(payload["incoming"])
+    if folder.parent != root or not folder.name.startswith(INCOMING) or folder.is_symlink():
+        raise LaunchError(f"{folder} is no folder a move copies into in the run root {root} there")
+    shutil.rmtree(folder, ignore_errors=True)
+    return {}
+
+
 def run_name(name: Any) -> str:
     """``name`` when it can name a run directory of the run root (a folder of it, not hidden); LaunchError if not."""
     if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
@@ -103,9 +114,13 @@ def adopt(payload: Dict[str, Any]) -> Dict[str, Any]:
         raise LaunchError(f"cannot take {folder} in as run {name} of the run root {root} there")
     folder.rename(run_dir)
     record = RunRecord(**{**payload["record"], "run_dir": str(run_dir), "rebuilt": None})
-    rewrite(record, composed(payload["run"]))
-    index_run(root, name, record.submitted_at)
-    record.job_id = resubmit(run_dir, by="move")
+    try:
+        rewrite(record, composed(payload["run"]))
+        index_run(root, name, record.submitted_at)
+        record.job_id = resubmit(run_dir, by="move")
+    except BaseException:  # not submitted: no run of that name is left here (the move says why)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     append_event(run_dir, Moved(**{**moved, "job_id": record.job_id, "cluster": record.cluster}))
     watch(run_dir, record.job_id)
     return {"record": asdict(record)}
@@ -159,7 +174,7 @@ def follow(payload: Dict[str, Any]) -> Dict[str, Any]:
 
 
 ACTIONS = {"launch": launch, "partitions": partitions, "scripts": scripts, "follow": follow, "incoming": incoming,
-           "adopt": adopt, "place": place}
+           "adopt": adopt, "discard": discard, "place": place}
 
 
 def main(argv: List[str]) -> int:

@@ -200,7 +200,7 @@ def move_there(moving: Moving, remote: Remote, moved: Moved, taken: claim.Claim)
     aside. LaunchError, the claim given back, when the copy or the submission there fails."""
     from launcher.remote.agent import run_item  # lazy: keeps omegaconf out of start-up
 
-    rec, run_dir = moving.rec, Path(moving.rec.run_dir)
+    rec, run_dir, into = moving.rec, Path(moving.rec.run_dir), None
     try:
         into = call(remote, "incoming", {"name": rec.name})["path"]
         send_files(remote, run_dir, carried(run_dir), into)
@@ -208,8 +208,9 @@ def move_there(moving: Moving, remote: Remote, moved: Moved, taken: claim.Claim)
                                        "record": rec.to_json(), "moved": asked(moved)})["record"]
     except LaunchError as err:
         claim.drop(run_dir, taken)
+        left = "" if into is None or gone(remote, into) else f" (its copy is left in {into} there)"
         raise LaunchError(f"cancelled {rec.name}'s job {moved.from_job_id} on {moved.from_cluster}, but could not "
-                          f"move it to {moving.target}: {err}; 'launcher resume {rec.name}' submits it where it "
+                          f"move it to {moving.target}: {err}{left}; 'launcher resume {rec.name}' submits it where it "
                           "was") from None
     moved.job_id, moved.cluster, moved.run_dir = there["job_id"], moving.target, f"{remote.cluster}:{there['run_dir']}"
     append_event(run_dir, moved)
@@ -217,6 +218,16 @@ def move_there(moving: Moving, remote: Remote, moved: Moved, taken: claim.Claim)
     set_aside(run_dir)
     return MovedRun(rec.name, moved.from_cluster or "", moved.from_job_id or "", moved.waited_s, moving.target,
                     there["job_id"])
+
+
+def gone(remote: Remote, into: str) -> bool:
+    """Whether the copy of a move that failed is removed from the cluster over SSH (a run's checkpoint must not
+    stay behind in a hidden folder of that run root); False where it cannot be reached to remove it."""
+    try:
+        call(remote, "discard", {"incoming": into})
+    except LaunchError:
+        return False
+    return True
 
 
 def asked(moved: Moved) -> dict:

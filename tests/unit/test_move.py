@@ -113,3 +113,22 @@ def test_the_consoles_move_names_its_cluster_and_acts_only_on_this_machines_runs
     assert answer.status_code == 400 and answer.json()["error"].startswith("r is UNKNOWN; only a waiting (PENDING)")
     with pytest.raises(LaunchError, match="^r is on site, reached over SSH: 'launcher move' there moves it$"):
         actions.act("move", tmp_path, "r", Remote("site", "site", 5.0, None, None, None), to="local2")
+
+
+def test_a_moves_copy_that_did_not_become_a_run_is_removed_there_and_nothing_else(tmp_path, monkeypatch):
+    from launcher.remote import agent
+
+    monkeypatch.setenv("LAUNCHER_RUN_ROOT", str(tmp_path))
+    into = agent.incoming({"name": "r"})["path"]
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(LaunchError, match="is no folder a move copies into"):
+        agent.discard({"incoming": str(tmp_path / "kept")})
+    assert agent.discard({"incoming": into}) == {} and not os.path.exists(into) and (tmp_path / "kept").is_dir()
+    assert agent.discard({"incoming": into}) == {}  # gone already: nothing to do
+
+    into = agent.incoming({"name": "r"})["path"]
+    record = {**RunRecord(name="r", run_dir="/elsewhere/r", model="gpt_tiny", gpus=1, nodes=1, gpus_per_node=1,
+                          steps=6, cluster="local", submitted_at=1.0, job_id="7").to_json()}
+    with pytest.raises(Exception):  # a run the cluster's side cannot compose: not submitted
+        agent.adopt({"name": "r", "incoming": into, "run": {}, "record": record, "moved": {}})
+    assert not (tmp_path / "r").exists() and not os.path.exists(into)  # no run of that name left behind
