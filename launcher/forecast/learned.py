@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -37,6 +36,8 @@ class Ratio:
     def of(cls, ratios: Sequence[float]) -> Optional[Ratio]:
         if not ratios:
             return None
+        import statistics  # lazy: a launch whose cluster has no similar runs does without it (and its fractions)
+
         return cls(statistics.fmean(ratios), statistics.stdev(ratios) if len(ratios) > 1 else 0.0, len(ratios))
 
 
@@ -234,6 +235,8 @@ class Summary:
     @classmethod
     def of(cls, errors: Sequence[Error]) -> Summary:
         """The summary of one or more errors."""
+        import statistics  # lazy: as above
+
         before, after = [e.before for e in errors], [e.after for e in errors]
         return cls(statistics.median(map(abs, before)), max(before, key=abs),
                    statistics.median(map(abs, after)), max(after, key=abs))
