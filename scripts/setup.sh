@@ -3,7 +3,8 @@
 #   - the Debian packages of a local Slurm cluster (slurmctld, slurmd, slurm-client, slurmdbd, munge,
 #     mariadb-server), and those of the tests' SSH site (tests/support/sshd_site.py): openssh-server, and acl to let
 #     its user reach the interpreter; and chromium, the browser the web console's tests drive (tests/cluster/
-#     test_console.py, through Playwright, which may not download one);
+#     test_console.py, through Playwright, which may not download one); and strace, with which
+#     scripts/bench_bringup.py counts a rank's file-system calls;
 #   - a virtual environment in .venv with the project and its extras for training and tests ([dev,train]), torch
 #     pinned exactly first ($TORCH_VERSION, default 2.13.0, whose CPU wheel lies on local disk; the extra's loose
 #     torch>=2.9 alone pulls a CUDA build). Its interpreter is $PYTHON if set, else Debian's own python3 (with
@@ -15,7 +16,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 VENV=$ROOT/.venv
-APT_PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server openssh-server acl chromium python3-venv)
+APT_PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server openssh-server acl chromium python3-venv
+  strace)
 
 fail() { echo "scripts/setup.sh: $*" >&2; exit 1; }
 at_least_310() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; }

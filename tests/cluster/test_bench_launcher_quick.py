@@ -1,6 +1,7 @@
 """The launcher's benchmarks run in their quick modes and print their figures (scripts/bench_status.py,
-scripts/bench_launch.py, scripts/bench_sweep.py). Nothing about speed is asserted: a shared machine's timings are no test's business;
-that each benchmark still runs and says what it measured is."""
+scripts/bench_launch.py, scripts/bench_sweep.py, scripts/bench_bringup.py, scripts/bench_rendezvous.py). Nothing about
+speed is asserted: a shared machine's timings are no test's business; that each benchmark still runs and says what it
+measured is, and so are the counts it reports (operations found where they were made, every client registered)."""
 from __future__ import annotations
 
 import os
@@ -61,3 +62,37 @@ def test_bench_sweep_quick_without_a_cluster_says_it_skipped(tmp_path):
 def test_bench_sweep_quick_on_a_cluster_times_a_grid_both_ways(slurm, tmp_path):
     (line,) = figures(bench("bench_sweep.py", slurm.env, tmp_path))
     assert "(12 sbatch, 12 watchers)" in line and "(1 sbatch, 1 watcher)" in line, line
+
+
+def table(lines: list[str], title: str) -> dict[str, dict[str, int]]:
+    """The rows under the line that starts with ``title`` (a header of column names, then indented rows), by row
+    and column."""
+    start = next(index for index, line in enumerate(lines) if line.startswith(title))
+    columns = lines[start + 1].split()
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("  "):
+            break
+        label, *values = line.split()
+        rows[label] = dict(zip(columns, (int(value.replace(",", "")) for value in values)))
+    return rows
+
+
+def test_bench_bringup_quick_counts_a_ranks_metadata_operations_by_kind_and_by_where(slurm, tmp_path):
+    lines = bench("bench_bringup.py", slurm.env, tmp_path)
+    rank, node = table(lines, "per rank"), table(lines, "per node")
+    assert {"stat", "open", "getdents64", "readlink", "access", "all", "fstat"} <= set(rank), lines
+    every = rank["all"]
+    assert all(every[where] > 0 for where in ("torch", "env", "stdlib", "run-code", "run-dir")), every
+    parts = sum(every[where] for where in ("torch", "env", "run-code", "run-dir"))
+    assert abs(every["shared"] - parts) <= 2, every  # each rounded from a median of two ranks
+    assert rank["open"]["torch"] > 0 and rank["open"]["run-code"] > 0, rank["open"]
+    assert node["all"]["shared"] >= every["shared"], (node, every)  # a node's two ranks
+    assert any(line.startswith("the job's opens (its 2 ranks): under torch") for line in lines), lines
+    assert [line.split()[0] for line in lines if line.strip().startswith(("1,024", "16,384"))] == ["1,024", "16,384"]
+
+
+def test_bench_rendezvous_quick_registers_every_client_with_either_server(tmp_path):
+    lines = bench("bench_rendezvous.py", dict(os.environ), tmp_path)
+    rows = [line.split() for line in lines if line.startswith(("libuv ", "legacy "))]
+    assert [(row[0], row[1], row[-1]) for row in rows] == [("libuv", "64", "64"), ("legacy", "64", "64")], lines
