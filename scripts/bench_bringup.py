@@ -48,6 +48,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -215,17 +216,34 @@ def strace_options() -> List[str]:
 
 
 def write_wrapper(folder: Path, traces: Path) -> Path:
-    """The tasks' Python for ``cluster.python``: a task runs under strace, one trace a rank named by its node and
-    rank; anything else (the batch script's own steps, the launch's check of the interpreter) as it is."""
+    """The tasks' Python for ``cluster.python``: a task runs under strace, its trace and strace's pid in a folder of
+    its job and attempt (``JOB.RESTARTS``) named by its node and rank; anything else (the batch script's own steps,
+    the launch's check of the interpreter) runs as it is. strace runs ahead of the ranks (nice -10, where it may):
+    a rank stops at each traced call until its tracer has written it, and a tracer that waits for a core behind 32
+    ranks leaves its rank stopped (state ``t``) long enough for the ranks' watchdog to take it for a frozen one."""
     python, strace = tasks_python(), " ".join(strace_options())
     wrapper = folder / "traced-python"
+    mine = f'{traces}/$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}'
     wrapper.write_text(
         "#!/bin/sh\n# scripts/bench_bringup.py: the tasks' Python under strace\n"
-        f'case " $* " in\n  *" -m launcher.job.task "*)\n'
-        f'    exec {strace} -f -qq -ttt -y -e trace={TRACED} -o "{traces}/$SLURMD_NODENAME.$SLURM_PROCID.trace" '
-        f'{python} "$@" ;;\nesac\nexec {python} "$@"\n')
+        'case " $* " in\n  *" -m launcher.job.task "*)\n'
+        f'    mkdir -p "{mine}" && echo $$ > "{mine}/$SLURMD_NODENAME.$SLURM_PROCID.pid"\n'
+        f'    exec nice -n -10 {strace} -f -qq -ttt -y -e trace={TRACED} '
+        f'-o "{mine}/$SLURMD_NODENAME.$SLURM_PROCID.trace" nice -n 10 {python} "$@" ;;\nesac\nexec {python} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
+
+
+def detach(traces: Path) -> None:
+    """End the tracing (strace detaches on SIGTERM; the rank runs on untraced): once a rank is past its first
+    step nothing more is counted, and every traced call stops it for a moment (:func:`write_wrapper`)."""
+    for record in traces.glob("*/*.pid"):
+        pid = int(record.read_text())
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "strace":
+                os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):
+            pass  # strace and its rank are gone already
 
 
 def events(run_dir: Path) -> List[dict]:
@@ -233,26 +251,31 @@ def events(run_dir: Path) -> List[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
-def launch(shape: Shape, steps: int, wrapper: Path, root: Path, overrides: List[str]) -> Path:
-    """Launch gpt_tiny at ``shape`` with the traced tasks and wait for its attempt's end (stopping it past
-    RUN_BOUND_S); its run directory. The launcher imports from this checkout (the working directory), the tasks
-    from the run's frozen code only: PYTHONPATH is left out."""
+def launch(shape: Shape, steps: int, traces: Path, root: Path, overrides: List[str]) -> Path:
+    """Launch gpt_tiny at ``shape`` with the traced tasks (no retry: an attempt that fails ends the run), end
+    the tracing at its first step and wait for its end (stopping it past RUN_BOUND_S); its run directory. The
+    launcher imports from this checkout (the working directory), the tasks from the run's frozen code only:
+    PYTHONPATH is left out."""
     name = f"bringup-{shape.nodes}x{shape.per_node}-{int(time.time())}"
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     command = [sys.executable, "-m", "launcher", "model=gpt_tiny", f"gpus={shape.ranks}",
                f"layout.nodes={shape.nodes}", f"train.steps={steps}", "train.log_every=1", "train.eval_every=0",
-               "train.checkpoint_every=0", f"cluster.python={wrapper}", f"name={name}", f"run_root={root}",
-               *overrides]
+               "train.checkpoint_every=0", "cluster.max_retries=0",
+               f"cluster.python={write_wrapper(traces.parent, traces)}", f"name={name}", f"run_root={root}", *overrides]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"bench_bringup.py: the launch failed:\n{done.stderr[-3000:]}")
-    run_dir, start = root / name, time.time()
+    run_dir, start, traced = root / name, time.time(), True
     while not any(e["event"] == "attempt_ended" for e in events(run_dir)):
+        if traced and any(e["event"] == "ready" for e in events(run_dir)):
+            detach(traces)
+            traced = False
         if time.time() - start > RUN_BOUND_S:
             subprocess.run([sys.executable, "-m", "launcher", "stop", name, "--root", str(root), "--now"],
                            cwd=ROOT, env=env, capture_output=True)
             raise SystemExit(f"bench_bringup.py: {run_dir} did not end within {RUN_BOUND_S} s: stopped")
         time.sleep(0.5)
+    detach(traces)
     return run_dir
 
 
@@ -285,17 +308,17 @@ class Measured:
 
 def measure(shape: Shape, steps: int, overrides: List[str], workdir: Path) -> Measured:
     traces = workdir / f"traces-{shape.nodes}x{shape.per_node}"
-    traces.mkdir()
-    run_dir = launch(shape, steps, write_wrapper(workdir, traces), workdir / "runs", overrides)
+    run_dir = launch(shape, steps, traces, workdir / "runs", overrides)
     happened = events(run_dir)
     ready = next((e for e in happened if e["event"] == "ready"), None)
     ended = [e for e in happened if e["event"] == "attempt_ended"]
     if ready is None:
         raise SystemExit(f"bench_bringup.py: {run_dir} never reached its first step "
                          f"(outcome {ended[-1].get('outcome') if ended else 'unknown'}); see its logs/")
+    attempts = sorted(traces.glob(f"{ready['job_id']}.*"), key=lambda folder: int(folder.suffix[1:]))
     places = Places(tasks_python(), run_dir)
     ranks = {}
-    for trace in sorted(traces.glob("*.trace")):
+    for trace in sorted(attempts[-1].glob("*.trace")) if attempts else []:
         node, rank = trace.stem.rsplit(".", 1)
         ranks[(node, int(rank))] = count_trace(trace, ready["time"], places)
     if len(ranks) != shape.ranks:
