@@ -75,6 +75,22 @@ def test_world_of_one_brings_up_and_checks(clean_env):
         dist.destroy_process_group()
 
 
+def test_the_ranks_register_with_a_store_that_libuv_serves(clean_env):
+    """The rendezvous's store is rank 0's TCPStore on libuv's server (torch's own choice for a ``tcp://`` init
+    method unless USE_LIBUV=0): measured linear to 1,024 clients, and it looks up no client's name, where the legacy
+    server grows faster and looks up each client's name in its one thread (scripts/bench_rendezvous.py,
+    docs/performance.md)."""
+    clean_env.delenv("USE_LIBUV", raising=False)
+    tdist.init_distributed(timeout_s=30)
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        while isinstance(store, dist.PrefixStore):
+            store = store.underlying_store
+        assert isinstance(store, dist.TCPStore) and store.libuvBackend
+    finally:
+        dist.destroy_process_group()
+
+
 def test_rendezvous_failure_names_node_and_port(clean_env):
     port = free_port()  # nobody listens: rank 1 waits for a rank 0 that never comes
     for var, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
