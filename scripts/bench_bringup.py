@@ -88,15 +88,22 @@ AT_CALLS = {"openat", "openat2", "newfstatat", "fstatat64", "statx", "readlinkat
 
 @dataclass(frozen=True)
 class Shape:
+    """A layout to measure: nodes, and ranks on each (``gpus=`` and ``layout.nodes=`` of the launch)."""
+
     nodes: int
     per_node: int
+
+    def __str__(self) -> str:
+        return f"{self.ranks} ranks ({self.nodes} node{'s' if self.nodes > 1 else ''} x {self.per_node})"
 
     @property
     def ranks(self) -> int:
         return self.nodes * self.per_node
 
-    def __str__(self) -> str:
-        return f"{self.ranks} ranks ({self.nodes} node{'s' if self.nodes > 1 else ''} x {self.per_node})"
+    @property
+    def name(self) -> str:
+        """The shape as ``--shapes`` writes it (``4x8``): it names the run and its traces."""
+        return f"{self.nodes}x{self.per_node}"
 
 
 def parse_shapes(text: str) -> List[Shape]:
@@ -256,7 +263,7 @@ def launch(shape: Shape, steps: int, traces: Path, root: Path, overrides: List[s
     the tracing at its first step and wait for its end (stopping it past RUN_BOUND_S); its run directory. The
     launcher imports from this checkout (the working directory), the tasks from the run's frozen code only:
     PYTHONPATH is left out."""
-    name = f"bringup-{shape.nodes}x{shape.per_node}-{int(time.time())}"
+    name = f"bringup-{shape.name}-{int(time.time())}"
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     command = [sys.executable, "-m", "launcher", "model=gpt_tiny", f"gpus={shape.ranks}",
                f"layout.nodes={shape.nodes}", f"train.steps={steps}", "train.log_every=1", "train.eval_every=0",
@@ -307,7 +314,7 @@ class Measured:
 
 
 def measure(shape: Shape, steps: int, overrides: List[str], workdir: Path) -> Measured:
-    traces = workdir / f"traces-{shape.nodes}x{shape.per_node}"
+    traces = workdir / f"traces-{shape.name}"
     run_dir = launch(shape, steps, traces, workdir / "runs", overrides)
     happened = events(run_dir)
     ready = next((e for e in happened if e["event"] == "ready"), None)
