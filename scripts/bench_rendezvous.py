@@ -16,9 +16,10 @@ what each rank of a GPU job does there, in order:
 The server is the store's real one in this process, ``libuv`` (torch's default since 2.4, what a ``tcp://``
 rendezvous starts unless ``USE_LIBUV=0``) and the ``legacy`` one (``use_libuv=False``); the clients are threads
 in ``--processes`` worker processes, all started first and then released together, so that connecting is part of
-what is timed. The time is from their release to the last client through the
-barrier; each size's median of ``--repeats`` rounds. Growth is each size's time over the previous one's: linear
-growth is the clients' ratio (4x here), worse than linear more.
+what is timed. The time is from their release to the last client through the barrier; each size's median of
+``--repeats`` rounds. Growth is each size's time over the previous one's: linear growth is the clients' ratio (4x
+here), worse than linear more. Peers' names come from a hosts file of the script's own where it can make one
+(:func:`rerun_naming_loopback` says why).
 
     python scripts/bench_rendezvous.py [--sizes 16,64,256,1024] [--repeats 3] [--processes 2]
     python scripts/bench_rendezvous.py --quick   # 64 clients, one round (tests/cluster/test_bench_launcher_quick.py)
