@@ -31,7 +31,6 @@ import linecache
 import marshal
 import os
 import re
-import subprocess
 import sys
 import time
 import types
@@ -63,7 +62,7 @@ def pack(run_dir: Path, root: Optional[Path] = None) -> None:
     """Compile the run's frozen modules into its archive, each named by its frozen source's path, from ``root`` (the
     checkout they were frozen from, whose cached bytecode then serves; by default the frozen copy itself)."""
     root, frozen, buffer = Path(root or code_dir(run_dir)), code_dir(run_dir), io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:  # fast: made per launch
         for path in frozen_files(root):
             if path.suffix == ".py":
                 relative = path.relative_to(root)
@@ -149,10 +148,10 @@ def stage(run_dir: Path) -> Optional[str]:
 def _copies(run_dir: Path, target: Path, nodes: int) -> Tuple[List[dict], Optional[str]]:
     """Every node's :func:`copy`, one task per node through srun: their answers, and what srun said where some
     node gave none (None when each did)."""
+    from launcher.slurm.client import on_every_node  # lazy: a node's own step runs no Slurm tool
+
     try:
-        ran = subprocess.run(["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", sys.executable,
-                              "-m", __spec__.name, "node", str(run_dir), str(target)], stdout=subprocess.PIPE,
-                             text=True)
+        ran = on_every_node([sys.executable, "-m", __spec__.name, "node", str(run_dir), str(target)], nodes)
     except OSError as err:
         return [], f"srun could not run: {err}"
     answers = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
