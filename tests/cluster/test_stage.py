@@ -89,6 +89,7 @@ def test_sixteen_ranks_on_two_nodes_read_the_code_once_per_node_and_train_as_wit
     assert re.fullmatch(rf"/dev/shm/launcher-{os.geteuid()}/code-[0-9a-f]{{12}}-\d+\.zip", started["staged"])
     assert started["code"] == str(code_dir(run_dir)) and not [e for e in events(run_dir) if "staged" in e["event"]]
     assert [e["staged"] for e in events(plain) if e["event"] == "started"] == [None]
+    os.unlink(started["staged"])  # the node's memory is the machine's: not left for a later job's sweep
 
     plan = read_plan(run_dir)  # the layout: two nodes of eight ranks in one group
     assert (plan.nodes, plan.tasks_per_node, plan.world_size) == (2, 8, 16)
