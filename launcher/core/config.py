@@ -272,6 +272,11 @@ class ClusterConfig:
     # no container; null: the one that submits.
     python: Optional[str] = None
     container: ContainerConfig = field(default_factory=ContainerConfig)
+    # The run's code compiled into one archive that one step per node copies to node-local storage, the ranks
+    # importing it from there rather than each walking the frozen copy on the shared file system
+    # (launcher/job/stage.py); never inside a container (the ranks' /dev/shm and /tmp are the container's). null:
+    # where the GPUs are real, not on a cluster of virtual ones (the local cluster, whose nodes share one machine).
+    stage_code: Optional[bool] = None
     # The site's own object store, for data.path=s3://... (a run's data.store wins over it).
     store: StoreConfig = field(default_factory=StoreConfig)
     container_image: Optional[str] = None  # replaced by container.image; refused when set (compose/validate.py)

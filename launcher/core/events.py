@@ -120,7 +120,8 @@ class PreflightFailed(Event):
 class Started(Event):
     """The ranks began training (rank 0 writes it), and how long rank 0's bring-up took so far, in seconds by
     phase: ``imports`` (the process's start to the task's), ``rendezvous`` (the process group and its check),
-    ``preflight``, ``data`` (the data's checks)."""
+    ``preflight``, ``data`` (the data's checks). ``staged``: the node-local copy of the code rank 0 imported
+    (``code.zip``'s), null where it imported ``code`` itself."""
     kind: ClassVar[str] = "started"
     job_id: Optional[str] = None
     cluster: Optional[str] = None
@@ -128,6 +129,7 @@ class Started(Event):
     nodes: list = field(default_factory=list)
     code: Optional[str] = None  # where the task imported the launcher from (the frozen copy)
     bring_up: dict = field(default_factory=dict)
+    staged: Optional[str] = None  # the node-local copy of ``code`` rank 0 imported it from (launcher/job/stage.py)
 
 
 @dataclass(kw_only=True)
@@ -401,6 +403,20 @@ class HeartbeatFailed(Event):
 
 
 @dataclass(kw_only=True)
+class CodeNotStaged(Event):
+    """The run's code could not be copied to node ``node``'s ``path`` (full, unwritable, another user's; the archive
+    damaged), or ``code.zip`` could not be made (``node`` null), so every rank of the job imports ``code/`` from the
+    run directory (launcher/job/stage.py). Written by the batch script's stage step, once per such node and job."""
+    kind: ClassVar[str] = "code_not_staged"
+    job_id: Optional[str] = None
+    cluster: Optional[str] = None
+    node: Optional[str] = None
+    path: Optional[str] = None
+    error: Optional[str] = None  # the error in full ("[Errno 28] No space left on device")
+    errno: Optional[str] = None  # its symbol, ENOSPC
+
+
+@dataclass(kw_only=True)
 class StopAsked(Event):
     """``launcher stop`` (or the console's Stop) asked the running job ``job_id`` to save the step its ranks are at
     and end (launcher/core/stop_request.py): ``by`` is who asked, ``wait_s`` how long it waits for that before it
@@ -451,8 +467,8 @@ class UnknownEvent(Event):
 KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Submitted, Attempt, Preflight, PreflightFailed, Started, Ready, Resumed, CheckpointDamaged, Stalled, Failed,
     AttemptEnded, Retrying, Resubmitted, Watching, DuplicateJob, Signalled, Requeued, Finished, Cancelled, Moved,
-    Evaluated, Exported, ExportFailed, TrialReported, SearchFailed, PathRefused, HeartbeatFailed, StopAsked, Stopped,
-    Terminated)}
+    Evaluated, Exported, ExportFailed, TrialReported, SearchFailed, PathRefused, HeartbeatFailed, CodeNotStaged,
+    StopAsked, Stopped, Terminated)}
 
 
 def fields_of(kind: type[Event]) -> list[str]:

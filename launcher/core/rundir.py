@@ -27,11 +27,15 @@ WANDB = "wandb"  # W&B's files: wandb.init(dir=RUN) keeps them in RUN/wandb
 CODE = "code"  # the frozen copy of the code the run's tasks import (launcher/submit/freeze.py)
 CODE_SOURCE = "source.json"  # in CODE: the copy's checkout, git commit and dirty flag
 CODE_DIFF = "diff.patch"  # in CODE: the uncommitted changes of a dirty checkout
+# CODE compiled into one archive that every node copies once and its ranks import from (launcher/job/stage.py)
+CODE_ARCHIVE = "code.zip"
 DEFAULT_ROOT = "~/.launcher/runs"
 # The code a run's frozen copy holds (launcher/submit/freeze.py), and what a remote cluster is shipped
 # (launcher/remote/ship.py): these folders' .py and .yaml files, from the code's root (a checkout, or
-# site-packages for an installed wheel), where this package is.
-SOURCE_ROOT = Path(__file__).resolve().parents[2]
+# site-packages for an installed wheel), where this package's source is. Its source as its compiled code names it:
+# a rank that imports the run's staged archive (launcher/job/stage.py) has ``__file__`` inside the archive, and its
+# code names the frozen copy it was compiled from.
+SOURCE_ROOT = Path((lambda: None).__code__.co_filename).resolve().parents[2]
 FROZEN = ("launcher", "conf")  # launcher/ holds train/ (the tasks' code) too
 SUFFIXES = (".py", ".yaml")
 FORECAST = "forecast.json"  # what the planner forecast at the launch, on the run's GPU (launcher/core/measured.py)
@@ -99,6 +103,11 @@ def code_dir(run_dir: Path) -> Path:
     return Path(run_dir).absolute() / CODE
 
 
+def code_archive(run_dir: Path) -> Path:
+    """The run's frozen code compiled into one archive (launcher/job/stage.py)."""
+    return Path(run_dir).absolute() / CODE_ARCHIVE
+
+
 def code_source(run_dir: Path) -> Optional[dict]:
     """Where the run's frozen code came from (commit, dirty, ...), or None for a run without a copy."""
     try:
@@ -112,14 +121,14 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str | bytes) -> None:
     """Write a file so that readers see the old one or the new one, never half of one. It gets the
     permissions of its directory (launcher/core/privacy.py), as the run's other files do. Neither step follows
     a symlink: mkstemp creates its file O_EXCL, and the rename replaces whatever ``path`` is."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, file_mode(path.parent))
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:

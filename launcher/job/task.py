@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.core import preemption
+from launcher.job import stage
 from launcher.job.entry import TrainTask
 from launcher.slurm.client import Slurm
 
@@ -65,6 +66,7 @@ def main(argv: Sequence[str]) -> None:
     (launcher/train/interrupt.py). An error ends the task with its traceback and exit status 1."""
     preemption.listen()
     signal.signal(signal.SIGTERM, _before_training)
+    stage.remember_sources(getattr(__spec__.loader, "archive", None))  # where the job staged the run's code
     (folder,) = argv
     with open(Path(folder) / TASK, "rb") as f:
         task = pickle.load(f)

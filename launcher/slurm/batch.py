@@ -176,9 +176,11 @@ def executor_params(cfg: RunConfig, plan: Plan, run_name: str, run_dir: Path | N
 
 def host_steps(cfg: RunConfig, where: str) -> list:
     """The setup lines, after the cluster's own, of the run whose directory the shell word ``where`` names: its
-    frozen code on PYTHONPATH, the attempt's record (launcher/job/recovery.py), and the progress comment, set
-    from here, the host, beside the ranks (launcher/job/comment.py). The begin step's EXIT_NOT_OURS (another job of
-    the run holds it: launcher/job/claim.py) ends the script there; another failure of it lets the attempt go on.
+    frozen code on PYTHONPATH, the attempt's record (launcher/job/recovery.py), the progress comment, set
+    from here, the host, beside the ranks (launcher/job/comment.py), and the code's copy to every node, which the
+    ranks and the end step then import instead where every node has one (launcher/job/stage.py). The begin step's
+    EXIT_NOT_OURS (another job of the run holds it: launcher/job/claim.py) ends the script there; another failure
+    of it lets the attempt go on.
     The begin step prints Slurm's KillWait, which it asks on the host, and the tasks get it in their environment
     (srun passes the script's on; launcher/core/preemption.py), empty where Slurm could not say."""
     python = host_python(cfg.cluster)
@@ -186,7 +188,21 @@ def host_steps(cfg: RunConfig, where: str) -> list:
              f"[ $? -ne {EXIT_NOT_OURS} ] || exit {EXIT_NOT_OURS}", f"export {KILL_WAIT}"]
     if cfg.cluster.progress_comment:  # a site may turn it off (cluster.progress_comment: false)
         steps.append(f"{python} -m launcher.job.comment {where} & {PROGRESS}=$!")
+    if stages_code(cfg.cluster):  # the ranks import the run's code from their node's copy, where every node has one
+        steps.append(f'{STAGED}=$({python} -m launcher.job.stage {where}) && export PYTHONPATH="${STAGED}"')
     return steps
+
+
+# The batch shell's variable holding the ranks' PYTHONPATH that the stage step printed (launcher/job/stage.py).
+STAGED = "LAUNCHER_STAGED"
+
+
+def stages_code(cluster: ClusterConfig) -> bool:
+    """Whether the run's code is staged to node-local storage (``cluster.stage_code``; unset: where the GPUs are real,
+    as a cluster of virtual ones is the local cluster, whose nodes share one machine's disk): never in a container,
+    whose ranks see neither the host's /dev/shm nor its /tmp."""
+    wanted = not cluster.virtual_gpus if cluster.stage_code is None else cluster.stage_code
+    return wanted and cluster.container.image is None
 
 
 # The batch shell's variable holding the progress follower's pid, so that the shell reaps it before it ends: an

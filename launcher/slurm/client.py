@@ -488,6 +488,13 @@ class SharedAnswers:
 SHARED = SharedAnswers()
 
 
+def on_every_node(command: Sequence[str], nodes: int) -> subprocess.CompletedProcess:
+    """Run ``command`` as one task on each of the ``nodes`` nodes of the job whose batch step this process is
+    (``srun``, with the job's own environment), its standard output captured; OSError where srun cannot run."""
+    return subprocess.run(["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", *command],
+                          stdout=subprocess.PIPE, text=True)
+
+
 def user_name() -> str:
     """The user Slurm sees (it goes by the uid): the password entry's name, else $USER."""
     try:

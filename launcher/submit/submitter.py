@@ -22,8 +22,8 @@ from launcher.errors import LaunchError
 from launcher.compose.runfile import dump
 from launcher.core.config import tracker_missing
 from launcher.core.events import Submitted
-from launcher.core.rundir import (CONFIG, FORECAST, PLAN, append_event, launcher_home, sweep_dir, write_atomic,
-                                  write_json_atomic)
+from launcher.core.rundir import (CONFIG, FORECAST, PLAN, SOURCE_ROOT, append_event, launcher_home, sweep_dir,
+                                  write_atomic, write_json_atomic)
 from launcher.core.safepath import check_home
 from launcher.core.run_index import (RunRecord, base_name, create_run_dir, ensure_root, remember_root,
                                    ensure_sweep_dir, save_record)
@@ -31,10 +31,11 @@ from launcher.core.privacy import RunWriter, group_id
 from launcher.core.store import STORE_CREDENTIALS, is_remote, login_credentials
 from launcher.forecast.learned import forecast_of
 from launcher.job.secret_store import keep_run_credentials, load_all, secrets_dir
+from launcher.job.stage import pack
 from launcher.slurm.fit import explain_rejection, refusal
 from launcher.job.submission import submit_job, watch, watch_array
 from launcher.submit.array import submit_array
-from launcher.slurm.batch import array_script, render_sbatch
+from launcher.slurm.batch import array_script, render_sbatch, stages_code
 from launcher.submit.freeze import dirty_note, freeze, source_state
 from launcher.slurm.client import Partition, SlurmError, Unreachable, for_cluster, slurm_conf_for
 
@@ -241,6 +242,8 @@ def prepare(run: ComposedRun, run_dir: Path, writer: RunWriter) -> None:
     writer.own(run_dir)
     write_run_files(run, run_dir)
     freeze(run_dir)  # what the job and its requeues import, whatever happens to the checkout meanwhile
+    if stages_code(run.config.cluster):
+        pack(run_dir, SOURCE_ROOT)  # the copy compiled, from the checkout's cached bytecode, for every node to copy
     if is_remote(run.config.data.path):
         keep_store_credentials(run_dir)
 

@@ -35,6 +35,9 @@ from launcher.train.preflight import preflight, verify_data
 from launcher.train.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
+# The node's copy of the run's code this process imports the launcher from, where its job staged one
+# (launcher/job/stage.py: zipimport's importer has its path); None where it imports the frozen copy itself.
+STAGED = getattr(__spec__.loader, "archive", None)
 
 def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> None:
     """Bring up the process group, check it, train, and record the outcome in the run's files (events, metrics).
@@ -58,7 +61,7 @@ def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> None:
         if env.is_main:
             append_event(run_dir, Started(job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
                                           nodes=env.nodes, code=str(SOURCE_ROOT),  # the run's frozen copy
-                                          bring_up=clock.seconds))
+                                          bring_up=clock.seconds, staged=STAGED))
         first = env.rank - env.local_rank  # Slurm's block distribution: a node's ranks are consecutive
         local = node_local(env, run_dir)
         if cfg.parallel.compile:

@@ -23,8 +23,9 @@ import pytest
 from support.helpers import (REPO, cluster_port, job_id_of, own_cluster_port, run_down, run_launcher, run_up,
                              wait_for)
 
-# Its clusters are on fixed ports (the module's fixture): its tests run on one worker, after one another.
-pytestmark = pytest.mark.xdist_group("auto_cluster")
+# Its clusters are on fixed ports (the module's fixture), and it uses the SSH site (a fixed sshd port): its tests
+# run in the SSH site's group, on one worker, after one another.
+pytestmark = pytest.mark.xdist_group("remote_site")
 HELD = "+cluster.sbatch_flags.hold=true"  # submitted, never started: nothing trains
 RUN = ("model=gpt_tiny", "gpus=16", "train.steps=5")
 CANDIDATES = "cluster.candidates=[abusy,astrict,asilent,afree,asite]"

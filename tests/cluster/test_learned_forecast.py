@@ -5,6 +5,7 @@ as the launch and the trainer write them: tests/unit/test_learned_forecast.py)."
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,8 @@ def test_plan_accuracy_prints_the_measured_errors_and_the_correction_is_closer(s
     for formula, corrected, got in (
             (planned["step_time_s"], planned["corrected"]["step_time_s"], measured["step_time"]),
             (planned["mem_per_gpu_gib"], planned["corrected"]["mem_per_gpu_gib"], measured["peak_mem_gb"] * 1e9 / GIB)):
-        assert abs(corrected - got) < abs(formula - got), (formula, corrected, got)
+        # closer as a factor (the correction is one): a CPU's step time on a loaded machine varies 2x between runs,
+        # the formula's H100 stand-in is off by thousands
+        assert abs(math.log(corrected / got)) < abs(math.log(formula / got)), (formula, corrected, got)
     runs = json.loads(slurm.launcher("plan", "--accuracy", "--json", root=tmp_path).stdout)["clusters"][0]["runs"]
     assert run_dir.name in [r["run"] for r in runs] and len(runs) == 3

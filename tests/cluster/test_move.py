@@ -19,7 +19,8 @@ import pytest
 from support.helpers import (REPO, UNTIL_STOPPED, cluster_port, events, launch, losses, run_down, run_name, run_up,
                              runs_json, wait_for, wait_status)
 
-pytestmark = pytest.mark.xdist_group("move")  # a cluster of the module's own on a fixed port
+# A cluster of the module's own on a fixed port, and the SSH site's fixed sshd port: the SSH site's group, one worker.
+pytestmark = pytest.mark.xdist_group("remote_site")
 RUN = ("model=gpt_tiny", "gpus=1", "train.steps=6", "train.log_every=1")
 
 
