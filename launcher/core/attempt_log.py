@@ -23,6 +23,8 @@ E = TypeVar("E", bound=Event)
 STANDING = (Attempt, Retrying, Failed, Finished)
 # The events after which the run's job waits in the queue for its next attempt (the newest one before it counts).
 QUEUED = (Submitted, Retrying, Resubmitted, Moved, Requeued, AttemptEnded)
+# The events that name a new job for the run: the newest is the job its record names once it is rewritten.
+SUBMITTING = (Submitted, Retrying, Resubmitted, Moved)
 # The events after which the run goes on: an end recorded before one of them is not the run's.
 GOING_ON = (Submitted, Started, Requeued, Resumed, Retrying, Resubmitted, Moved, Attempt)
 # The events after which the run's job waits for an attempt that has not begun: its rows are not the next one's.

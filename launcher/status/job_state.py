@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
-from launcher.core.attempt_log import AttemptLog
+from launcher.core.attempt_log import SUBMITTING, AttemptLog
 from launcher.core.damage import DamagedRun, read_json_object
 from launcher.core.events import Cancelled, Failed, Finished, Retrying
 from launcher.core.heartbeats import read_pulses, stalled_for
@@ -161,16 +161,17 @@ def in_a_word(failure: Failed) -> str:
 
 
 def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = None,
-                 jobs: Optional[Dict[str, JobState]] = None) -> JobState:
+                 jobs: Optional[Dict[str, JobState]] = None, job_id: Optional[str] = None) -> JobState:
     """Slurm's view of a job, told with what the run recorded: a pending retry is RECOVERING, and so is a failed
-    attempt until its retry or verdict is recorded (:func:`recovering`); a failure carries its cause ("rank 2
-    killed", "OSError") instead of an exit code, even when the attempt's end was never judged (its batch script
-    died before it could be). ``files``: the run directory as already read, if it was; the answer carries it.
-    ``jobs``: what Slurm said of the listing's jobs and of this user's others alive in the queue, by job id."""
+    attempt until its retry or verdict is recorded (:func:`recovering`) or once recorded (:func:`retried`); a
+    failure carries its cause ("rank 2 killed", "OSError") instead of an exit code, even when the attempt's end was
+    never judged (its batch script died before it could be). ``files``: the run directory as already read, if it
+    was; the answer carries it. ``jobs``: what Slurm said of the listing's jobs and of this user's others alive in
+    the queue, by job id. ``job_id``: the job Slurm's state is of, as the run's record named it."""
     files = files or RunFiles(run_dir)
     state = dataclasses.replace(state, files=files)
     attempts = files.attempts
-    waiting = recovering(state, attempts, jobs or {})
+    waiting = retried(state, attempts, job_id) or recovering(state, attempts, jobs or {})
     if waiting is not None:
         return waiting
     last = attempts.standing()
@@ -200,6 +201,19 @@ def in_its_words(state: JobState, run_dir: Path, files: Optional[RunFiles] = Non
         if idle is not None:
             return dataclasses.replace(state, reason=f"stalled? no step for {idle:.0f} s")
     return state
+
+
+def retried(state: JobState, attempts: AttemptLog, job_id: Optional[str]) -> Optional[JobState]:
+    """RECOVERING where Slurm's state is of a job the run has retried already (None otherwise): the record read
+    before the retry's submission rewrote it, the events after, so Slurm was asked about the failed job, not the
+    retry's."""
+    newest = attempts.newest(*SUBMITTING)
+    if job_id is None or not isinstance(newest, Retrying) or newest.job_id in (None, job_id):
+        return None
+    ended = attempts.last_ended()
+    why = f"attempt {(newest.attempt or 0) + 1} submitted as job {newest.job_id} after " \
+          f"{(ended and ended.short) or 'a failure'} (job {job_id})"
+    return dataclasses.replace(state, state="RECOVERING", reason=why)
 
 
 def recovering(state: JobState, attempts: AttemptLog, jobs: Dict[str, JobState]) -> Optional[JobState]:
@@ -386,7 +400,7 @@ def _states_on_cluster(slurm: Slurm, files: Dict[str, RunFiles], records: List[R
                                  [rec.job_id for rec in settled if rec.job_id])
     # A settled job still in the queue is alive again (requeued by hand) unless Slurm is only ending it: a job
     # sacct has FAILED stays COMPLETING in squeue while its processes are killed (seconds, longer under load).
-    states = {rec.name: in_its_words(known[rec.job_id], Path(rec.run_dir), files[rec.name], known)
+    states = {rec.name: in_its_words(known[rec.job_id], Path(rec.run_dir), files[rec.name], known, rec.job_id)
               for rec in settled if rec.job_id in known and known[rec.job_id].active and not known[rec.job_id].ending}
     return dated({**_unknown_or_recorded(records, files, failures, known), **states}, slurm.stale)
 
@@ -408,7 +422,7 @@ def _unknown_or_recorded(records: List[RunRecord], files: Dict[str, RunFiles], f
     for rec in records:
         state = known.get(rec.job_id or "")
         run_dir, read = Path(rec.run_dir), files[rec.name]
-        state = in_its_words(state, run_dir, read, known) if state else from_run_dir(run_dir, read)
+        state = in_its_words(state, run_dir, read, known, rec.job_id) if state else from_run_dir(run_dir, read)
         if state is None:
             if len(failures) == 2:  # neither sacct nor squeue answered
                 why = f"Slurm could not be reached on cluster {rec.cluster} ({failures[-1]})"

@@ -113,6 +113,16 @@ def test_an_elements_batch_shell_killed_is_judged_by_the_arrays_watcher_once_the
     queue = slurm.run("squeue", "-h", "-O", "JobArrayID:|,JobID:|").stdout.splitlines()
     own = next(line.split("|")[1] for line in queue if line.split("|")[0] == victim["job_id"])
     os.kill(batch_shell_pid(run_dir, own), signal.SIGKILL)
+    seen = []  # what `runs --json` says of the element from the kill until after its retry: never a final state
+
+    def retried():
+        done = any(e["event"] == "retrying" for e in events(run_dir))  # before the reading: one reading after it
+        row = runs_json(slurm, tmp_path)[run_dir.name]
+        seen.append((row["status"], row.get("reason")))
+        return done
+    wait_for(retried, 240, "the retry, seen by `runs`", interval=1, patient=True)
+    statuses = {status for status, _ in seen}
+    assert statuses <= {"RUNNING", "RECOVERING"} and "RECOVERING" in statuses, seen
 
     ended = wait_for(lambda: [e for e in events(run_dir) if e["event"] == "attempt_ended"], 240, "attempt end")[0]
     assert (ended["job_id"], ended["fault"]) == (own, "batch step died"), ended  # the element's own job id

@@ -112,6 +112,25 @@ def test_a_failed_attempt_is_recovering_until_its_retry_or_verdict_is_recorded(t
     assert in_its_words(died, run_dir, jobs=watcher).state == "FAILED"  # the verdict: final
 
 
+def test_a_failed_job_read_after_its_retry_was_recorded_is_recovering(tmp_path):
+    """`runs` reads the record (still the array element's job) before the watcher's retry rewrites it, and the
+    events after the retry is recorded: Slurm's FAILED is of the old job, and the run is recovering."""
+    run_dir = tmp_path / "r"
+    events = [{"event": "submitted", "job_id": "5_1", "time": 100.0},
+              {"event": "watching", "job_id": "5_1", "watcher": "9", "time": 101.0},
+              {"event": "attempt", "attempt": 1, "job_id": "6", "time": 110.0},
+              {"event": "attempt_ended", "attempt": 1, "job_id": "6", "outcome": "FAILED", "short": "rank 0 killed",
+               "time": 130.0},
+              {"event": "retrying", "attempt": 1, "job_id": "12", "previous_job_id": "6", "time": 131.0}]
+    write(run_dir, events)
+    died = JobState("FAILED", "exit code 0:9", "sacct")
+    state = in_its_words(died, run_dir, jobs={}, job_id="5_1")
+    assert (state.state, state.reason) == ("RECOVERING", "attempt 2 submitted as job 12 after rank 0 killed (job 5_1)")
+    assert in_its_words(died, run_dir, jobs={}).state == "FAILED"  # without the job's id nothing says it is old
+    retry_failed = in_its_words(JobState("FAILED", "exit code 1:0", "sacct"), run_dir, jobs={}, job_id="12")
+    assert retry_failed.state == "FAILED"  # the retry's own job failing is told as it is
+
+
 @pytest.fixture
 def fake_slurm(tmp_path, monkeypatch):
     """Slurm's client tools as scripts on PATH: ``scontrol ping`` answers UP; squeue and sacct print their files
