@@ -60,6 +60,9 @@ def validate(cfg: RunConfig) -> None:
         raise LaunchError(f"cluster.container_image is now cluster.container.image; set "
                           f"cluster.container.image={cfg.cluster.container_image} (and cluster.container.python, "
                           "the interpreter inside it, if it is not python)")
+    if cfg.cluster.stage_env and cfg.cluster.container.image is not None:
+        raise LaunchError(f"cluster.stage_env=true with cluster.container.image={cfg.cluster.container.image}: the "
+                          "image is on every node already; set cluster.stage_env=false (docs/site.md, which to choose)")
     if cfg.model.d_model % cfg.model.n_heads:
         raise LaunchError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
     if cfg.share_group and cfg.cluster.ssh is None:  # a remote cluster's groups are its own, checked there

@@ -277,6 +277,10 @@ class ClusterConfig:
     # (launcher/job/stage.py); never inside a container (the ranks' /dev/shm and /tmp are the container's). null:
     # where the GPUs are real, not on a cluster of virtual ones (the local cluster, whose nodes share one machine).
     stage_code: Optional[bool] = None
+    # The tasks' environment (cluster.python's prefix) packed once per version and unpacked by one task per node into
+    # node-local storage, every rank running its interpreter from there (launcher/job/stage_env.py); refused with a
+    # container image, which is node-local already.
+    stage_env: bool = False
     # The site's own object store, for data.path=s3://... (a run's data.store wins over it).
     store: StoreConfig = field(default_factory=StoreConfig)
     container_image: Optional[str] = None  # replaced by container.image; refused when set (compose/validate.py)

@@ -121,7 +121,8 @@ class Started(Event):
     """The ranks began training (rank 0 writes it), and how long rank 0's bring-up took so far, in seconds by
     phase: ``imports`` (the process's start to the task's), ``rendezvous`` (the process group and its check),
     ``preflight``, ``data`` (the data's checks). ``staged``: the node-local copy of the code rank 0 imported
-    (``code.zip``'s), null where it imported ``code`` itself."""
+    (``code.zip``'s), null where it imported ``code`` itself; ``python``: the interpreter rank 0 ran (the node's copy
+    of the tasks' environment where it was staged: launcher/job/stage_env.py)."""
     kind: ClassVar[str] = "started"
     job_id: Optional[str] = None
     cluster: Optional[str] = None
@@ -130,6 +131,7 @@ class Started(Event):
     code: Optional[str] = None  # where the task imported the launcher from (the frozen copy)
     bring_up: dict = field(default_factory=dict)
     staged: Optional[str] = None  # the node-local copy of ``code`` rank 0 imported it from (launcher/job/stage.py)
+    python: Optional[str] = None  # the interpreter rank 0 ran: a node-local copy's where the environment was staged
 
 
 @dataclass(kw_only=True)
@@ -405,8 +407,9 @@ class HeartbeatFailed(Event):
 @dataclass(kw_only=True)
 class CodeNotStaged(Event):
     """The run's code could not be copied to node ``node``'s ``path`` (full, unwritable, another user's; the archive
-    damaged), or ``code.zip`` could not be made (``node`` null), so every rank of the job imports ``code/`` from the
-    run directory (launcher/job/stage.py). Written by the batch script's stage step, once per such node and job."""
+    damaged), or (``node`` null) ``code.zip`` could not be made or some node's stage step gave no answer, so every
+    rank of the job imports ``code/`` from the run directory (launcher/job/stage.py). Written by the batch script's
+    stage step, once per such node and job."""
     kind: ClassVar[str] = "code_not_staged"
     job_id: Optional[str] = None
     cluster: Optional[str] = None
@@ -414,6 +417,40 @@ class CodeNotStaged(Event):
     path: Optional[str] = None
     error: Optional[str] = None  # the error in full ("[Errno 28] No space left on device")
     errno: Optional[str] = None  # its symbol, ENOSPC
+
+
+@dataclass(kw_only=True)
+class EnvNotStaged(CodeNotStaged):
+    """The tasks' environment could not be unpacked on node ``node`` at ``path`` (no room, unwritable, another
+    user's; the archive damaged), or (``node`` null) could not be packed or some node's stage step gave no answer, so
+    every rank of the job runs the shared environment's interpreter (launcher/job/stage_env.py). Written by the batch
+    script's stage step, once per such node and job."""
+    kind: ClassVar[str] = "env_not_staged"
+
+
+@dataclass(kw_only=True)
+class EnvPacked(Event):
+    """Job ``job_id``'s stage step packed the tasks' environment ``version`` into ``archive`` because the one there was
+    ``why`` (``missing``: a version the launch did not pack; ``damaged (...)``: its checksum failed), before any node
+    read it (launcher/job/stage_env.py)."""
+    kind: ClassVar[str] = "env_packed"
+    job_id: Optional[str] = None
+    cluster: Optional[str] = None
+    archive: Optional[str] = None
+    version: Optional[str] = None
+    why: Optional[str] = None
+
+
+@dataclass(kw_only=True)
+class EnvStaged(Event):
+    """Every node of job ``job_id`` has the tasks' environment ``version`` (from ``archive``), and its ranks run
+    ``python``, the copy's interpreter (launcher/job/stage_env.py)."""
+    kind: ClassVar[str] = "env_staged"
+    job_id: Optional[str] = None
+    cluster: Optional[str] = None
+    python: Optional[str] = None
+    archive: Optional[str] = None
+    version: Optional[str] = None
 
 
 @dataclass(kw_only=True)
@@ -468,7 +505,7 @@ KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     Submitted, Attempt, Preflight, PreflightFailed, Started, Ready, Resumed, CheckpointDamaged, Stalled, Failed,
     AttemptEnded, Retrying, Resubmitted, Watching, DuplicateJob, Signalled, Requeued, Finished, Cancelled, Moved,
     Evaluated, Exported, ExportFailed, TrialReported, SearchFailed, PathRefused, HeartbeatFailed, CodeNotStaged,
-    StopAsked, Stopped, Terminated)}
+    EnvNotStaged, EnvPacked, EnvStaged, StopAsked, Stopped, Terminated)}
 
 
 def fields_of(kind: type[Event]) -> list[str]:

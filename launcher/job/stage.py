@@ -22,6 +22,7 @@ another user could plant there. A copy whose job has ended is removed by the nex
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import importlib.util
@@ -31,24 +32,28 @@ import linecache
 import marshal
 import os
 import re
+import shlex
 import sys
+import tarfile
 import time
 import types
 import zipfile
 import zlib
 from importlib.machinery import SourceFileLoader
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from launcher.core import nodelocal
-from launcher.core.events import CodeNotStaged
+from launcher.core.events import CodeNotStaged, EnvNotStaged, EnvPacked, EnvStaged
 from launcher.core.rundir import append_event, code_archive, code_dir, frozen_files, write_atomic
+from launcher.job import stage_env
 
 # A .pyc's header: this Python's magic number, then flags, source mtime and size, which zipimport checks only against a
 # source in the archive, and the archive holds none.
 HEADER = importlib.util.MAGIC_NUMBER + bytes(12)
 COPY = re.compile(r"code-[0-9a-f]{12}-[^/]+\.zip")  # copy_name's: what the sweep of ended jobs' copies looks at
 GRACE_S = 600.0  # a copy is left alone this long after it was made: its job's ranks may not have started yet
+STAGE_TIMEOUT_S = 900  # the nodes' copies: an environment of a few GB unpacked; a node that hangs longer is left out
 SOURCES = "source"  # the archive's folder of the frozen sources, for the ranks' tracebacks (no module's path)
 
 
@@ -119,60 +124,149 @@ def copy_name(run_dir: Path, job_id: str) -> str:
     return f"code-{hashlib.sha1(str(code_dir(run_dir)).encode()).hexdigest()[:12]}-{job_id}.zip"
 
 
-def stage(run_dir: Path) -> Optional[str]:
-    """The batch host's step: the archive checked (made again where it does not fit this Python, the run's directory,
-    or is damaged), then copied by one task per node; the ranks' PYTHONPATH when every node has its copy, else None,
-    each node that could not recorded."""
-    archive, job_id = code_archive(run_dir), os.environ.get("SLURM_JOB_ID", "0")
+def stage(run_dir: Path, code: bool = True, env: bool = False) -> Dict[str, str]:
+    """The batch host's step: the code's archive checked (made again where it does not fit this Python, the run's
+    directory, or is damaged) and, with ``env``, the environment's (launcher/job/stage_env.py), then each copied by one
+    task per node. The variables the ranks' command takes, each only where every node has its copy: ``PYTHONPATH``
+    with the code's copy, ``LAUNCHER_TASK_PYTHON`` the environment copy's interpreter; each node that could not is
+    recorded, and so is a staged environment."""
+    job_id, asked = os.environ.get("SLURM_JOB_ID", "0"), {}
+    target = _code_ready(run_dir, job_id) if code else None
+    if target is not None:
+        asked["code"] = target
+    environment = _env_ready(run_dir, job_id) if env else None
+    if environment is not None:
+        asked["env"] = {**environment.to_json(), "checksum": environment.checksum.read_text().strip()}
+    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
+    answers, unanswered = _copies(run_dir, asked, nodes)
+    staged = {kind: _everywhere(run_dir, kind, answers, unanswered) for kind in asked}
+    if environment is not None and staged.get("env"):
+        append_event(run_dir, EnvStaged(job_id=job_id, python=staged["env"], archive=str(environment.archive),
+                                        version=environment.version))
+    return _variables(run_dir, {kind: path for kind, path in staged.items() if path})
+
+
+def _everywhere(run_dir: Path, kind: str, answers: List[dict], unanswered: Optional[str]) -> Optional[str]:
+    """Where every node put its copy of ``kind`` (``code``, ``env``), or None, each node that could not recorded."""
+    event = {"code": CodeNotStaged, "env": EnvNotStaged}[kind]
+    failed = [answer[kind] for answer in answers if answer[kind].get("error")]
+    for answer in failed:
+        append_event(run_dir, event(job_id=os.environ.get("SLURM_JOB_ID"), **answer))
+    if unanswered:
+        _record(run_dir, event, None, OSError(unanswered))
+    return None if failed or unanswered else answers[0][kind]["path"]
+
+
+def _env_ready(run_dir: Path, job_id: str) -> Optional[stage_env.Environment]:
+    """The tasks' environment, its archive checked and packed where it cannot be used (recorded, with why); None where
+    it cannot be (recorded)."""
+    try:
+        environment = stage_env.this_environment()
+        why = stage_env.ensure(environment)
+    except (OSError, ValueError, tarfile.TarError) as err:
+        _record(run_dir, EnvNotStaged, sys.prefix, err)
+        return None
+    if why is not None:
+        append_event(run_dir, EnvPacked(job_id=job_id, archive=str(environment.archive), version=environment.version,
+                                        why=why))
+    return environment
+
+
+def _code_ready(run_dir: Path, job_id: str) -> Optional[str]:
+    """The code's archive checked, and made again where it cannot be used: the path of each node's copy, or None where
+    it cannot be made (recorded)."""
+    archive = code_archive(run_dir)
     try:
         if problem(_read(archive), run_dir):
             pack(run_dir)
     except OSError as err:
-        _record(run_dir, None, str(archive), err)
+        _record(run_dir, CodeNotStaged, str(archive), err)
         return None
-    target = nodelocal.shared_place() / f"{nodelocal.PREFIX}{os.geteuid()}" / copy_name(run_dir, job_id)
-    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
-    answers, unanswered = _copies(run_dir, target, nodes)
-    for answer in answers:
-        if answer.get("error"):
-            append_event(run_dir, CodeNotStaged(job_id=job_id, **answer))
-    if unanswered:
-        _record(run_dir, None, str(target), OSError(f"{nodes - len(answers)} of {nodes} nodes' stage step ended "
-                                                    f"without a word ({unanswered})"))
-    if unanswered or any(answer.get("error") for answer in answers):
-        return None
-    rest = [path for path in os.environ.get("PYTHONPATH", "").split(":") if path and Path(path) != code_dir(run_dir)]
-    return ":".join([str(target), *rest])
+    return str(nodelocal.shared_place() / f"{nodelocal.PREFIX}{os.geteuid()}" / copy_name(run_dir, job_id))
 
 
-def _copies(run_dir: Path, target: Path, nodes: int) -> Tuple[List[dict], Optional[str]]:
-    """Every node's :func:`copy`, one task per node through srun: their answers, and what srun said where some
+def _variables(run_dir: Path, staged: Dict[str, str]) -> Dict[str, str]:
+    """The batch shell's variables for what every node staged: the code's copy first on PYTHONPATH in place of the
+    frozen copy, the environment copy's interpreter for the ranks."""
+    from launcher.slurm.batch import TASK_PYTHON  # lazy: the ranks import this module, and need no batch script
+
+    exports = {}
+    if "code" in staged:
+        rest = [path for path in os.environ.get("PYTHONPATH", "").split(":")
+                if path and Path(path) != code_dir(run_dir)]
+        exports["PYTHONPATH"] = ":".join([staged["code"], *rest])
+    if "env" in staged:
+        exports[TASK_PYTHON] = staged["env"]
+    return exports
+
+
+def _copies(run_dir: Path, asked: Dict[str, Any], nodes: int) -> Tuple[List[dict], Optional[str]]:
+    """Every node's :func:`copy` of what was ``asked``, one task per node through srun: their answers, and why some
     node gave none (None when each did)."""
     from launcher.slurm.client import on_every_node  # lazy: a node's own step runs no Slurm tool
 
+    if not asked:
+        return [], None
+    command = [sys.executable, "-m", __spec__.name, "node", str(run_dir), json.dumps(asked)]
     try:
-        ran = on_every_node([sys.executable, "-m", __spec__.name, "node", str(run_dir), str(target)], nodes)
+        said, ended = on_every_node(command, nodes, timeout=STAGE_TIMEOUT_S)
     except OSError as err:
         return [], f"srun could not run: {err}"
-    answers = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
-    return answers, None if len(answers) >= nodes else f"srun's exit status {ran.returncode}"
+    answers = []
+    for line in said.splitlines():
+        with contextlib.suppress(ValueError):
+            answers.append(json.loads(line))
+    answers = [answer for answer in answers if isinstance(answer, dict) and set(asked) <= set(answer)]
+    if len(answers) >= nodes:
+        return answers, None
+    return answers, f"{nodes - len(answers)} of {nodes} nodes' stage step ended without a word ({ended})"
 
 
-def copy(run_dir: Path, target: Path) -> dict:
-    """One node's part: the run's archive read once, checked, and written to ``target`` in this user's node-local
-    folder, after removing the copies of jobs that ended; what happened, as the ``code_not_staged`` event's fields."""
-    answer = {"node": os.environ.get("SLURMD_NODENAME"), "path": str(target)}
+def copy(run_dir: Path, asked: Dict[str, Any]) -> dict:
+    """One node's part: the run's code archive read once, checked, and written to ``asked["code"]`` in this user's
+    node-local folder, after removing the copies of jobs that ended; and the environment unpacked there
+    (``asked["env"]``: launcher/job/stage_env.py). What happened to each, as its ``*_not_staged`` event's fields, with
+    ``path`` the copy's (the environment's: its interpreter)."""
+    node = os.environ.get("SLURMD_NODENAME")
+    answer: Dict[str, Any] = {}
+    if asked.get("code"):
+        target = Path(asked["code"])
+        answer["code"] = _attempt(node, target, lambda: _copy_code(run_dir, target))
+    if asked.get("env"):
+        env = asked["env"]
+        environment = stage_env.Environment.from_json(env)
+        folder_path = nodelocal.shared_place() / f"{nodelocal.PREFIX}{os.geteuid()}"
+        answer["env"] = _attempt(node, folder_path / environment.name,
+                                 lambda: _unpack_env(environment, env["checksum"], folder_path))
+    return answer
+
+
+def _attempt(node: Optional[str], path: Path, work: Callable[[], Optional[Path]]) -> dict:
+    """``work``'s answer: where it put its copy, else its error."""
+    answer: Dict[str, Any] = {"node": node, "path": str(path)}
     try:
-        data = code_archive(run_dir).read_bytes()
-        damaged = problem(data, run_dir)
-        if damaged:
-            raise ValueError(f"{code_archive(run_dir)}: {damaged}")
-        with nodelocal.Folder.open(target.parent) as folder:
-            remove_ended(folder, keep=target.name)
-            folder.write(target.name, data)
-    except (OSError, ValueError, nodelocal.Taken) as err:
+        answer["path"] = str(work() or path)
+    except (OSError, ValueError, tarfile.TarError, nodelocal.Taken) as err:
         answer.update(error=str(err), errno=errno.errorcode.get(getattr(err, "errno", None) or 0))
     return answer
+
+
+def _copy_code(run_dir: Path, target: Path) -> None:
+    data = code_archive(run_dir).read_bytes()
+    damaged = problem(data, run_dir)
+    if damaged:
+        raise ValueError(f"{code_archive(run_dir)}: {damaged}")
+    with nodelocal.Folder.open(target.parent) as folder:
+        remove_ended(folder, keep=target.name)
+        folder.write(target.name, data)
+
+
+def _unpack_env(environment: stage_env.Environment, checksum: str, folder_path: Path) -> Path:
+    """The environment's copy on this node (launcher/job/stage_env.py): its interpreter's path."""
+    with nodelocal.Folder.open(folder_path) as folder:
+        stage_env.remove_unused(folder, keep=environment.name)
+        staged = stage_env.unpack(environment.archive, checksum, folder, environment)
+    return staged / environment.python.relative_to(environment.prefix)
 
 
 def remove_ended(folder: nodelocal.Folder, keep: str) -> None:
@@ -209,25 +303,26 @@ def _read(path: Path) -> Optional[bytes]:
         return None
 
 
-def _record(run_dir: Path, node: Optional[str], path: str, err: OSError) -> None:
-    append_event(run_dir, CodeNotStaged(job_id=os.environ.get("SLURM_JOB_ID"), node=node, path=path, error=str(err),
-                                        errno=errno.errorcode.get(err.errno or 0)))
+def _record(run_dir: Path, event: type, path: Optional[str], err: Exception) -> None:
+    """A ``*_not_staged`` event of the job's as a whole (no one node's): its archive could not be made, or some node's
+    stage step gave no answer."""
+    append_event(run_dir, event(job_id=os.environ.get("SLURM_JOB_ID"), path=path, error=str(err),
+                                errno=errno.errorcode.get(getattr(err, "errno", None) or 0)))
 
 
 def main(argv: Sequence[str]) -> int:
-    """``RUN``: the batch host's step, printing the ranks' PYTHONPATH (exit 1 where the job imports the frozen copy);
-    ``node RUN TARGET``: one node's copy, printing what happened as one line of JSON."""
+    """``RUN [code] [env]``: the batch host's step, printing the shell assignments of the variables the ranks take
+    (none where the job runs the frozen copy and the shared environment); ``node RUN ASKED``: one node's copies
+    (``ASKED``: JSON), printing what happened as one line of JSON."""
     args: List[str] = list(argv)
     if len(args) == 3 and args[0] == "node":
-        print(json.dumps(copy(Path(args[1]), Path(args[2]))), flush=True)
+        print(json.dumps(copy(Path(args[1]), json.loads(args[2]))), flush=True)
         return 0
-    if len(args) != 1:
-        print("usage: python -m launcher.job.stage RUN_DIR | node RUN_DIR TARGET", file=sys.stderr)
+    if not args or not set(args[1:]) <= {"code", "env"}:
+        print("usage: python -m launcher.job.stage RUN_DIR [code] [env] | node RUN_DIR ASKED", file=sys.stderr)
         return 2
-    path = stage(Path(args[0]))
-    if path is None:
-        return 1
-    print(path)
+    for name, value in stage(Path(args[0]), "code" in args[1:], "env" in args[1:]).items():
+        print(f"{name}={shlex.quote(value)}")
     return 0
 
 

@@ -129,8 +129,11 @@ def host_python(cluster: ClusterConfig) -> str:
 
 
 def task_python(cluster: ClusterConfig) -> str:
-    """The interpreter every task runs: the container's, or the hosts'."""
-    return cluster.container.python if cluster.container.image is not None else host_python(cluster)
+    """The interpreter every task runs: the container's, or the hosts', or where the environment is staged, the batch
+    shell's :data:`TASK_PYTHON` (the hosts' unless every node has the environment's copy: launcher/job/stage.py)."""
+    if cluster.container.image is not None:
+        return cluster.container.python
+    return f'"${TASK_PYTHON}"' if cluster.stage_env else host_python(cluster)
 
 
 def env_line(env: Dict[str, Any]) -> str:
@@ -188,13 +191,17 @@ def host_steps(cfg: RunConfig, where: str) -> list:
              f"[ $? -ne {EXIT_NOT_OURS} ] || exit {EXIT_NOT_OURS}", f"export {KILL_WAIT}"]
     if cfg.cluster.progress_comment:  # a site may turn it off (cluster.progress_comment: false)
         steps.append(f"{python} -m launcher.job.comment {where} & {PROGRESS}=$!")
-    if stages_code(cfg.cluster):  # the ranks import the run's code from their node's copy, where every node has one
-        steps.append(f'{STAGED}=$({python} -m launcher.job.stage {where}) && export PYTHONPATH="${STAGED}"')
+    staged = [kind for kind, wanted in (("code", stages_code(cfg.cluster)), ("env", cfg.cluster.stage_env)) if wanted]
+    if "env" in staged:
+        steps.append(f"{TASK_PYTHON}={python}")
+    if staged:  # the ranks import the run's code, and run the environment, from their node's copies where every has
+        steps.append(f'{STAGED}=$({python} -m launcher.job.stage {where} {" ".join(staged)}) && eval "${STAGED}"')
     return steps
 
 
-# The batch shell's variable holding the ranks' PYTHONPATH that the stage step printed (launcher/job/stage.py).
-STAGED = "LAUNCHER_STAGED"
+# The batch shell's variable holding the stage step's assignments (launcher/job/stage.py): the ranks' PYTHONPATH
+# with the code's copy, and TASK_PYTHON, the interpreter the ranks run (the environment copy's).
+STAGED, TASK_PYTHON = "LAUNCHER_STAGED", "LAUNCHER_TASK_PYTHON"
 
 
 def stages_code(cluster: ClusterConfig) -> bool:

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from launcher.core.rundir import SOURCE_ROOT, launcher_home
 from launcher.core.store import CREDENTIAL_VARIABLES
@@ -488,11 +488,17 @@ class SharedAnswers:
 SHARED = SharedAnswers()
 
 
-def on_every_node(command: Sequence[str], nodes: int) -> subprocess.CompletedProcess:
+def on_every_node(command: Sequence[str], nodes: int, timeout: float) -> Tuple[str, str]:
     """Run ``command`` as one task on each of the ``nodes`` nodes of the job whose batch step this process is
-    (``srun``, with the job's own environment), its standard output captured; OSError where srun cannot run."""
-    return subprocess.run(["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", *command],
-                          stdout=subprocess.PIPE, text=True)
+    (``srun``, with the job's own environment): what it printed, and how srun ended (its exit status, or killed after
+    ``timeout`` seconds); OSError where srun cannot run."""
+    try:
+        ran = subprocess.run(["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", *command],
+                             stdout=subprocess.PIPE, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        said = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else err.stdout or ""
+        return said, f"srun did not end within {timeout} s"
+    return ran.stdout, f"srun's exit status {ran.returncode}"
 
 
 def user_name() -> str:

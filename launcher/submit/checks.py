@@ -29,7 +29,7 @@ from launcher.compose.catalog import other_clusters
 from launcher.compose.composer import ComposedRun
 from launcher.core.config import ClusterConfig, tracker_missing
 from launcher.core.privacy import group_id
-from launcher.core.rundir import launcher_home
+from launcher.core.rundir import SOURCE_ROOT, launcher_home
 from launcher.core.run_index import root_problem
 from launcher.core.safepath import check_home
 from launcher.errors import LaunchError
@@ -257,3 +257,21 @@ def missing_modules(python: str) -> Union[List[str], str]:
         said = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}, no answer"])[-1]
         return f"is not a Python that runs here ({said})"
     return answer[1:]
+
+
+PACK_TIMEOUT_S = 3600  # a first packing of the tasks' environment: minutes for one of a few GB
+
+
+def pack_environment(python: str) -> None:
+    """With ``cluster.stage_env``: the tasks' Python ``python`` packs its environment where this version is not
+    packed yet (launcher/job/stage_env.py), the launcher's code on its path; LaunchError with its reason in one line
+    where it cannot."""
+    try:
+        proc = subprocess.run([python, "-m", "launcher.job.stage_env", "pack"], capture_output=True, text=True,
+                              timeout=PACK_TIMEOUT_S, env={**os.environ, "PYTHONPATH": str(SOURCE_ROOT)})
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise LaunchError(f"cluster.stage_env=true: the tasks' Python {python} could not pack its environment: "
+                          f"{err}") from None
+    if proc.returncode != 0:
+        said = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        raise LaunchError(f"cluster.stage_env=true: {said}")

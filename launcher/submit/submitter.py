@@ -35,6 +35,7 @@ from launcher.job.stage import pack
 from launcher.slurm.fit import explain_rejection, refusal
 from launcher.job.submission import submit_job, watch, watch_array
 from launcher.submit.array import submit_array
+from launcher.submit.checks import pack_environment
 from launcher.slurm.batch import array_script, render_sbatch, stages_code
 from launcher.submit.freeze import dirty_note, freeze, source_state
 from launcher.slurm.client import Partition, SlurmError, Unreachable, for_cluster, slurm_conf_for
@@ -81,7 +82,11 @@ def check_runs(runs: List[ComposedRun]) -> Tuple[List[Path], List[Partition]]:
         roots = [ensure_root(run.config.run_root, run.config.share_group) for run in runs]
         for root in set(roots):
             remember_root(root)  # so that `launcher runs` in any shell lists its runs without --root
-        return roots, check_cluster(runs)
+        parts = check_cluster(runs)
+        for python in {run.config.cluster.python or sys.executable for run in runs
+                       if run.config.cluster.stage_env and not run.config.cluster.ssh}:
+            pack_environment(python)  # once per version of the environment: nothing to do after
+        return roots, parts
     except Unreachable as err:  # perhaps meant for another cluster
         raise LaunchError(str(err) + other_clusters(*{run.config.cluster.name for run in runs})) from None
     except (SlurmError, PermissionError, ValueError) as err:

@@ -61,7 +61,8 @@ def run(run_dir: str | Path, secrets: Sequence[str] = ()) -> None:
         if env.is_main:
             append_event(run_dir, Started(job_id=os.environ.get("SLURM_JOB_ID"), world_size=env.world_size,
                                           nodes=env.nodes, code=str(SOURCE_ROOT),  # the run's frozen copy
-                                          bring_up=clock.seconds, staged=STAGED))
+                                          bring_up=clock.seconds, staged=STAGED,
+                                          python=sys.executable))
         first = env.rank - env.local_rank  # Slurm's block distribution: a node's ranks are consecutive
         local = node_local(env, run_dir)
         if cfg.parallel.compile:
