@@ -52,6 +52,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -222,23 +223,40 @@ def strace_options() -> List[str]:
                      "CAP_SYS_PTRACE, or kernel.yama.ptrace_scope 3)")
 
 
-def write_wrapper(folder: Path, traces: Path) -> Path:
-    """The tasks' Python for ``cluster.python``: a task runs under strace, its trace and strace's pid in a folder of
-    its job and attempt (``JOB.RESTARTS``) named by its node and rank; anything else (the batch script's own steps,
-    the launch's check of the interpreter) runs as it is. strace runs ahead of the ranks (nice -10, where it may):
-    a rank stops at each traced call until its tracer has written it, and a tracer that waits for a core behind 32
-    ranks leaves its rank stopped (state ``t``) long enough for the ranks' watchdog to take it for a frozen one."""
-    python, strace = tasks_python(), " ".join(strace_options())
-    wrapper = folder / "traced-python"
+def write_wrapper(path: Path, traces: Path, python: str) -> Path:
+    """The tasks' Python for ``cluster.python`` at ``path``, running ``python``: a task runs under strace, its trace
+    and strace's pid in a folder of its job and attempt (``JOB.RESTARTS``) named by its node and rank; anything else
+    (the batch script's own steps, the launch's check of the interpreter) runs as it is. strace runs ahead of the
+    ranks (nice -10, where it may): a rank stops at each traced call until its tracer has written it, and a tracer
+    that waits for a core behind 32 ranks leaves its rank stopped (state ``t``) long enough for the ranks' watchdog to
+    take it for a frozen one."""
+    strace = " ".join(strace_options())
     mine = f'{traces}/$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}'
-    wrapper.write_text(
+    path.write_text(
         "#!/bin/sh\n# scripts/bench_bringup.py: the tasks' Python under strace\n"
         'case " $* " in\n  *" -m launcher.job.task "*)\n'
         f'    mkdir -p "{mine}" && echo $$ > "{mine}/$SLURMD_NODENAME.$SLURM_PROCID.pid"\n'
         f'    exec nice -n -10 {strace} -f -qq -ttt -y -e trace={TRACED} '
         f'-o "{mine}/$SLURMD_NODENAME.$SLURM_PROCID.trace" nice -n 10 {python} "$@" ;;\nesac\nexec {python} "$@"\n')
-    wrapper.chmod(0o755)
-    return wrapper
+    path.chmod(0o755)
+    return path
+
+
+def traced_python(workdir: Path, traces: Path, staged: bool) -> Path:
+    """The wrapper beside the traces, running this interpreter; or, where the environment is staged, the ``bin/python``
+    of a venv of this interpreter's packages (hard links) that runs its ``bin/python-real``: the ranks run the node's
+    copy of that wrapper, traced as before, its interpreter the copy's."""
+    if not staged:
+        return write_wrapper(workdir / "traced-python", traces, tasks_python())
+    prefix = workdir / "env"
+    if not prefix.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True)
+        (site,) = prefix.glob("lib/python3*/site-packages")
+        suite = Path(sysconfig.get_paths()["purelib"])
+        subprocess.run(["cp", "-al", *map(str, suite.iterdir()), str(site)], check=True)
+        (prefix / "bin" / "python-real").symlink_to(os.path.realpath(sys.executable))
+        (prefix / "bin" / "python").unlink()
+    return write_wrapper(prefix / "bin" / "python", traces, '"$(dirname "$0")/python-real"')
 
 
 def detach(traces: Path) -> None:
@@ -258,7 +276,7 @@ def events(run_dir: Path) -> List[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
-def launch(shape: Shape, steps: int, traces: Path, root: Path, overrides: List[str]) -> Path:
+def launch(shape: Shape, steps: int, traces: Path, root: Path, overrides: List[str], python: Path) -> Path:
     """Launch gpt_tiny at ``shape`` with the traced tasks (no retry: an attempt that fails ends the run), end
     the tracing at its first step and wait for its end (stopping it past RUN_BOUND_S); its run directory. The
     launcher imports from this checkout (the working directory), the tasks from the run's frozen code only:
@@ -268,7 +286,7 @@ def launch(shape: Shape, steps: int, traces: Path, root: Path, overrides: List[s
     command = [sys.executable, "-m", "launcher", "model=gpt_tiny", f"gpus={shape.ranks}",
                f"layout.nodes={shape.nodes}", f"train.steps={steps}", "train.log_every=1", "train.eval_every=0",
                "train.checkpoint_every=0", "cluster.max_retries=0",
-               f"cluster.python={write_wrapper(traces.parent, traces)}", f"name={name}", f"run_root={root}", *overrides]
+               f"cluster.python={python}", f"name={name}", f"run_root={root}", *overrides]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"bench_bringup.py: the launch failed:\n{done.stderr[-3000:]}")
@@ -315,7 +333,8 @@ class Measured:
 
 def measure(shape: Shape, steps: int, overrides: List[str], workdir: Path) -> Measured:
     traces = workdir / f"traces-{shape.name}"
-    run_dir = launch(shape, steps, traces, workdir / "runs", overrides)
+    python = traced_python(workdir, traces, "cluster.stage_env=true" in overrides)
+    run_dir = launch(shape, steps, traces, workdir / "runs", overrides, python)
     happened = events(run_dir)
     ready = next((e for e in happened if e["event"] == "ready"), None)
     ended = [e for e in happened if e["event"] == "attempt_ended"]
@@ -323,7 +342,7 @@ def measure(shape: Shape, steps: int, overrides: List[str], workdir: Path) -> Me
         raise SystemExit(f"bench_bringup.py: {run_dir} never reached its first step "
                          f"(outcome {ended[-1].get('outcome') if ended else 'unknown'}); see its logs/")
     attempts = sorted(traces.glob(f"{ready['job_id']}.*"), key=lambda folder: int(folder.suffix[1:]))
-    places = Places(tasks_python(), run_dir)
+    places = Places(str(python), run_dir)
     ranks = {}
     for trace in sorted(attempts[-1].glob("*.trace")) if attempts else []:
         node, rank = trace.stem.rsplit(".", 1)

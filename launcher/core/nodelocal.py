@@ -27,6 +27,10 @@ from typing import Callable, List, Optional
 
 PREFIX = "launcher-"
 VARIABLE = "LAUNCHER_LOCAL_DIR"  # a site's node-local place for this state (cluster.env), instead of /dev/shm
+# The batch shell's variable of the interpreter the ranks run (launcher/slurm/batch.py): cluster.python, exported to
+# the stage step, then the copy of its environment in this user's folder where every node has one
+# (launcher/job/stage_env.py).
+TASK_PYTHON = "LAUNCHER_TASK_PYTHON"
 SHM = Path("/dev/shm")
 
 

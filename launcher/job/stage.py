@@ -161,7 +161,7 @@ def _env_ready(run_dir: Path, job_id: str) -> Optional[stage_env.Environment]:
     """The tasks' environment, its archive checked and packed where it cannot be used (recorded, with why); None where
     it cannot be (recorded)."""
     try:
-        environment = stage_env.this_environment()
+        environment = stage_env.this_environment(python=os.environ.get(nodelocal.TASK_PYTHON))
         why = stage_env.ensure(environment)
     except (OSError, ValueError, tarfile.TarError) as err:
         _record(run_dir, EnvNotStaged, sys.prefix, err)
@@ -188,15 +188,13 @@ def _code_ready(run_dir: Path, job_id: str) -> Optional[str]:
 def _variables(run_dir: Path, staged: Dict[str, str]) -> Dict[str, str]:
     """The batch shell's variables for what every node staged: the code's copy first on PYTHONPATH in place of the
     frozen copy, the environment copy's interpreter for the ranks."""
-    from launcher.slurm.batch import TASK_PYTHON  # lazy: the ranks import this module, and need no batch script
-
     exports = {}
     if "code" in staged:
         rest = [path for path in os.environ.get("PYTHONPATH", "").split(":")
                 if path and Path(path) != code_dir(run_dir)]
         exports["PYTHONPATH"] = ":".join([staged["code"], *rest])
     if "env" in staged:
-        exports[TASK_PYTHON] = staged["env"]
+        exports[nodelocal.TASK_PYTHON] = staged["env"]
     return exports
 
 

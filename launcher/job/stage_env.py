@@ -88,9 +88,11 @@ class Environment:
         return self.prefix / FOLDER / f"{self.name}.sha256"
 
 
-def this_environment(mounts: Optional[str] = None) -> Environment:
-    """The environment of the Python running this, which is the tasks' (the stage step and ``pack`` run it); ValueError
-    where it is no environment of its own (a system's interpreter: its prefix is ``/usr``)."""
+def this_environment(mounts: Optional[str] = None, python: Optional[str] = None) -> Environment:
+    """The environment of the Python running this, which is the tasks' (the stage step and ``pack`` run it), whose
+    ranks run ``python`` (``cluster.python``: a wrapper in the environment's ``bin`` runs as such) where it lies in
+    the environment, else this interpreter; ValueError where it is no environment of its own (a system's
+    interpreter: its prefix is ``/usr``)."""
     prefix = Path(sys.prefix)
     if not ((prefix / "pyvenv.cfg").is_file() or (prefix / "conda-meta").is_dir()):
         raise ValueError(f"the tasks' Python {sys.executable} is not in an environment of its own (its prefix {prefix} "
@@ -105,7 +107,9 @@ def this_environment(mounts: Optional[str] = None) -> Environment:
             info = os.stat(folder)
             digest.update(f"{folder} {info.st_ino} {info.st_mtime_ns}\n".encode())
             digest.update("\0".join(sorted(os.listdir(folder))).encode())
-    return Environment(prefix, Path(sys.executable), stdlib if base else None, digest.hexdigest()[:16])
+    ranks = Path(python or sys.executable)
+    ranks = ranks if ranks.is_absolute() and ranks.is_relative_to(prefix) else Path(sys.executable)
+    return Environment(prefix, ranks, stdlib if base else None, digest.hexdigest()[:16])
 
 
 def network_fs(path: Path, mounts: Optional[str] = None) -> bool:

@@ -23,6 +23,7 @@ from launcher.errors import LaunchError
 from launcher.core.plan import Plan
 from launcher.core.preemption import KILL_WAIT, SIGNAL
 from launcher.core.privacy import umask_line
+from launcher.core.nodelocal import TASK_PYTHON
 from launcher.core.rundir import CODE, code_dir
 from launcher.core.store import is_remote
 
@@ -193,15 +194,15 @@ def host_steps(cfg: RunConfig, where: str) -> list:
         steps.append(f"{python} -m launcher.job.comment {where} & {PROGRESS}=$!")
     staged = [kind for kind, wanted in (("code", stages_code(cfg.cluster)), ("env", cfg.cluster.stage_env)) if wanted]
     if "env" in staged:
-        steps.append(f"{TASK_PYTHON}={python}")
+        steps.append(f"export {TASK_PYTHON}={python}")
     if staged:  # the ranks import the run's code, and run the environment, from their node's copies where every has
         steps.append(f'{STAGED}=$({python} -m launcher.job.stage {where} {" ".join(staged)}) && eval "${STAGED}"')
     return steps
 
 
 # The batch shell's variable holding the stage step's assignments (launcher/job/stage.py): the ranks' PYTHONPATH
-# with the code's copy, and TASK_PYTHON, the interpreter the ranks run (the environment copy's).
-STAGED, TASK_PYTHON = "LAUNCHER_STAGED", "LAUNCHER_TASK_PYTHON"
+# with the code's copy, and TASK_PYTHON, the environment copy's interpreter.
+STAGED = "LAUNCHER_STAGED"
 
 
 def stages_code(cluster: ClusterConfig) -> bool:

@@ -385,10 +385,13 @@ class Stale:
 
 @dataclass
 class Asking:
-    """A question out to Slurm (:class:`SharedAnswers`): since when (wall-clock time), and set once answered."""
+    """A question out to Slurm (:class:`SharedAnswers`): since when (wall-clock time), and set once answered, with
+    its answer (stdout or SlurmError), which those who waited for it take even if the kept ones were forgotten
+    meanwhile."""
 
     since: float
     done: threading.Event = field(default_factory=threading.Event)
+    answer: object = None
 
 
 class SharedAnswers:
@@ -447,18 +450,18 @@ class SharedAnswers:
                 stale.append(Stale(known[0], since, "Slurm has not answered yet"))
             return known[1]
         with self._guard:
-            kept, failing = self._kept[key], self._failing.get(key)
-        if isinstance(kept[1], SlurmError):
-            raise kept[1]
+            given, failing = asking.answer if asking is not None else self._kept[key][1], self._failing.get(key)
+        if isinstance(given, SlurmError):
+            raise given
         if failing is not None and stale is not None:
             stale.append(failing)
-        return kept[1]
+        return given
 
     def _ask(self, key: tuple, ask, asking: "Asking") -> None:
         """Ask the question (:meth:`_asked`) and keep its answer for ``max_age_s``, then tell who waits for it."""
-        answer = self._asked(key, ask)
+        asking.answer = self._asked(key, ask)
         with self._guard:
-            self._kept[key] = (time.monotonic(), answer)
+            self._kept[key] = (time.monotonic(), asking.answer)
             del self._asking[key]
         asking.done.set()
 

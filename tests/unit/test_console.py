@@ -19,7 +19,8 @@ from launcher.console.serve import write_token
 from launcher.errors import LaunchError
 from launcher.service.move import unmovable
 from launcher.core.metrics import Row
-from launcher.slurm.client import SharedAnswers, SlurmError
+import launcher.slurm.client as slurm_client
+from launcher.slurm.client import Asking, SharedAnswers, SlurmError
 from launcher.submit.submitter import write_run_files
 from support.helpers import REPO, wait_for
 
@@ -172,6 +173,22 @@ def test_while_slurm_is_slow_a_refresh_gets_the_last_answer_dated_at_once_and_th
     shared.max_age_s = 60  # from here on the kept answer: the slow question's once it came
     wait_for(lambda: shared.answer("conf", ("squeue",), lambda: "never asked") == "second", 10, "the new answer")
     assert shared.calls == 2
+
+
+def test_a_caller_waiting_for_an_answer_gets_it_though_an_action_forgot_the_kept_ones_meanwhile(monkeypatch):
+    shared = SharedAnswers()
+    shared.max_age_s = 30
+
+    class ForgottenOnWaking(threading.Event):
+        """The question's end as a waiter sees it when a Stop in another tab forgets every kept answer between the
+        answer's coming and the waiter's reading it."""
+
+        def wait(self, timeout=None):
+            answered = super().wait(timeout)
+            shared.forget()
+            return answered
+    monkeypatch.setattr(slurm_client, "Asking", lambda since: Asking(since, ForgottenOnWaking()))
+    assert shared.answer("conf", ("squeue",), lambda: "answer") == "answer"
 
 
 def test_the_console_is_one_line_when_its_stack_is_missing(tmp_path):

@@ -281,10 +281,11 @@ def test_another_versions_copy_is_removed_once_no_process_runs_from_it_and_its_g
 
 def test_the_host_step_stages_the_environment_on_every_node_and_the_ranks_run_its_copy(venv, run_dir, job):
     assert in_venv(venv, "-m", "launcher.job.stage_env", "pack").returncode == 0  # as the launch does
-    ran = in_venv(venv, "-m", "launcher.job.stage", str(run_dir), "code", "env")
+    ran = in_venv(venv, "-m", "launcher.job.stage", str(run_dir), "code", "env",
+                  LAUNCHER_TASK_PYTHON=str(venv / "bin" / "python3"))  # cluster.python, as the batch script exports it
     assigned = dict(line.split("=", 1) for line in ran.stdout.splitlines())
     python = Path(assigned["LAUNCHER_TASK_PYTHON"])
-    assert python.parent.parent.parent == job and python.name == "python", ran.stderr
+    assert python.parent.parent.parent == job and python.name == "python3", ran.stderr
     assert assigned["PYTHONPATH"].startswith(str(job / stage.copy_name(run_dir, "77")))
     (staged,) = events(run_dir)  # the launch's archive used: no env_packed
     assert (staged["event"], staged["python"]) == ("env_staged", str(python))
@@ -295,7 +296,7 @@ def test_the_host_step_stages_the_environment_on_every_node_and_the_ranks_run_it
 def test_a_sites_script_runs_the_staged_environment_and_refuses_it_in_a_container(tmp_path):
     (site,) = compose_runs(["cluster=slurm", "gpus=16", "cluster.stage_env=true", "cluster.python=/env/bin/python"])
     lines = render_sbatch(site.config, site.plan, "r", tmp_path / "submitit").splitlines()
-    at = lines.index("LAUNCHER_TASK_PYTHON=/env/bin/python")
+    at = lines.index("export LAUNCHER_TASK_PYTHON=/env/bin/python")
     assert lines[at + 1] == (f'LAUNCHER_STAGED=$(/env/bin/python -m launcher.job.stage {tmp_path} code env) && '
                              'eval "$LAUNCHER_STAGED"')
     (srun,) = [line for line in lines if line.startswith("srun ")]
