@@ -153,12 +153,15 @@ def ready(roots: Sequence[Path], name: str, cluster: str) -> Moving:
     if refused:
         raise LaunchError(refused)
     target, asked = target_of(rec, cluster)
-    from launcher.compose.runfile import key_of, read_run_file  # lazy: keeps hydra out of start-up
+    from launcher.compose.runfile import read_run_file, without_cluster  # lazy: keeps hydra out of start-up
+    from launcher.core.config import load_run_config  # lazy: keeps omegaconf out of start-up
+    from launcher.service.auto import CANDIDATES  # lazy: Hydra, which composing the run loads anyway
     from launcher.submit.relayout import recompose  # lazy: keeps hydra out of start-up
 
-    kept = [line for line in read_run_file(Path(rec.run_dir) / "run.yaml")
-            if key_of(line) != "cluster" and not key_of(line).startswith("cluster.")]
-    run, warnings = recompose([*kept, f"cluster={target}"])
+    kept = without_cluster(read_run_file(Path(rec.run_dir) / "run.yaml"))
+    candidates = load_run_config(Path(rec.run_dir) / CONFIG).cluster.candidates  # cluster=auto's, kept for a next move
+    run, warnings = recompose([*kept, f"cluster={target}",
+                               *([f"{CANDIDATES}=[{','.join(candidates)}]"] if candidates else [])])
     remote = remote_of(run.config.cluster) if run.config.cluster.ssh else None
     return Moving(rec, state, target, run, warnings, remote, asked)
 
@@ -182,12 +185,14 @@ def move(moving: Moving) -> MovedRun:
         return move_there(moving, moving.remote, moved, taken)
     from launcher.submit.relayout import rewrite  # lazy: keeps hydra out of start-up
 
-    rewrite(rec, moving.run)
     try:
+        rewrite(rec, moving.run)
         job_id = resubmit(run_dir, by="move", taken=taken)
-    except SlurmError as err:
+    except (SlurmError, LaunchError, OSError) as err:
+        claim.drop(run_dir, taken)  # no job of the run holds it: a resume may submit one
+        said = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) else str(err)
         raise LaunchError(f"cancelled {rec.name}'s job {old_job} on {old_cluster}, but {moving.target} refused the "
-                          f"run: {err}; 'launcher resume {rec.name}' submits it there again") from None
+                          f"run: {said}; 'launcher resume {rec.name}' submits it there again") from None
     moved.job_id, moved.cluster = job_id, moving.target
     append_event(run_dir, moved)
     watch(run_dir, job_id)
