@@ -193,6 +193,12 @@ def key_of(line: str) -> str:
     return line.split("=", 1)[0].lstrip("~+").split("@", 1)[0]
 
 
+def without_cluster(lines: Sequence[str]) -> List[str]:
+    """A run file's lines but those that choose its cluster or set one of the cluster's settings (``cluster.*``):
+    what a run keeps when it is placed on another cluster, whose own settings then apply."""
+    return [line for line in lines if key_of(line) != "cluster" and not key_of(line).startswith("cluster.")]
+
+
 def merge(file_overrides: Sequence[str], typed: Sequence[str]) -> List[str]:
     """The file's overrides, less those whose key the command line sets, then the command line's."""
     keys = {key_of(line) for line in typed}

@@ -1,7 +1,7 @@
 """``cluster=auto``: a run placed on the candidate cluster where it starts first.
 
 The candidates are the clusters ``cluster.candidates=[a,b]`` names, else every configured cluster (each cluster file
-of every config layer, local or reached over SSH: launcher/service/clusters.py ``configured``). The run is composed
+of every config layer, local or reached over SSH: launcher/compose/catalog.py ``cluster_choices``). The run is composed
 for each of them here (a mistake is found at once, and one cluster's refusal of the composition is that cluster's
 line), then every candidate is asked at once, each in a thread of its own and bounded by :data:`ASK_TIMEOUT_S`: a
 cluster of this machine through its Slurm, one over SSH through its agent, which asks on its own side
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from launcher.compose.catalog import AUTO_CLUSTER as AUTO, SITE_TEMPLATE
+from launcher.compose.catalog import AUTO_CLUSTER as AUTO, cluster_choices
 from launcher.compose.composer import ComposedRun, compose_runs
-from launcher.compose.runfile import read_run_file
+from launcher.compose.runfile import read_run_file, without_cluster
 from launcher.core.config import ClusterConfig, RunConfig, load_run_config
 from launcher.core.rundir import CONFIG
 from launcher.errors import LaunchError
@@ -32,7 +32,6 @@ from launcher.remote.agent import run_item
 from launcher.remote.clusters import remote_of
 from launcher.remote.ship import call
 from launcher.remote.ssh import Unreachable
-from launcher.service.clusters import configured
 from launcher.slurm.client import for_cluster
 from launcher.slurm.output import SlurmError
 from launcher.submit.placement import Candidate, ask_here, best_first, cannot
@@ -80,10 +79,10 @@ def place(overrides: Sequence[str], multirun: bool = False, leave_out: Sequence[
 
 
 def again(run_dir: Path, names: Sequence[str] = ()) -> List[str]:
-    """The overrides that place the run of ``run_dir`` again with ``cluster=auto``: its own request (run.yaml)
-    among ``names``, else among the candidates it records, else every configured cluster (``launcher move``)."""
-    kept = [line for line in read_run_file(run_dir / "run.yaml")
-            if line.split("=", 1)[0] not in ("cluster", CANDIDATES)]
+    """The overrides that place the run of ``run_dir`` again with ``cluster=auto``: its own request (run.yaml, its
+    cluster's settings left to each candidate's, as a move composes it) among ``names``, else among the candidates it
+    records, else every configured cluster (``launcher move``)."""
+    kept = without_cluster(read_run_file(run_dir / "run.yaml"))
     chosen = list(names) or load_run_config(run_dir / CONFIG).cluster.candidates
     return [*kept, f"cluster={AUTO}", *([f"{CANDIDATES}=[{','.join(chosen)}]"] if chosen else [])]
 
@@ -91,7 +90,7 @@ def again(run_dir: Path, names: Sequence[str] = ()) -> List[str]:
 def candidate_names(overrides: Sequence[str]) -> List[str]:
     """The clusters ``cluster.candidates=[a,b]`` names (each a configured one), else every configured cluster (but
     the package's template for a site)."""
-    known = [name for name in configured() if name != SITE_TEMPLATE]
+    known = cluster_choices()  # the files' names, as cluster=NAME composes them
     given = [line.split("=", 1)[1] for line in overrides if line.split("=", 1)[0] == CANDIDATES]
     if not given:
         return known

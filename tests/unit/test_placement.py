@@ -92,7 +92,7 @@ def test_cluster_auto_is_a_string_test_and_a_sweep_over_clusters_is_not_it():
 
 @pytest.fixture
 def clusters(monkeypatch):
-    monkeypatch.setattr(auto, "configured", lambda: {"local": None, "site-a": None, "site-b": None})
+    monkeypatch.setattr(auto, "cluster_choices", lambda: ["local", "site-a", "site-b"])
 
 
 def test_the_candidates_are_those_named_or_every_configured_cluster(clusters):
