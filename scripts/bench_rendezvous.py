@@ -79,11 +79,11 @@ import torch.distributed as dist  # noqa: E402
 
 from launcher.train.dist import DistEnv  # noqa: E402
 from launcher.train.preflight import CHECKED, JOINED, check_in  # noqa: E402
+from launcher.train.task import NODE_LOCAL_KEY  # noqa: E402
 
 HOST = "127.0.0.1"
 RANKS_A_NODE = 8
 NCCL_ID = "0"  # ProcessGroupNCCL's first communicator's key: rank 0's 128-byte unique id
-NODE_LOCAL = "launcher/node_local/"  # launcher/train/task.py node_local's key, by node
 TIMEOUT = datetime.timedelta(seconds=300)
 SERVERS = {"libuv": True, "legacy": False}
 SIZES, QUICK_SIZES = "16,64,256,1024", "64"
@@ -100,9 +100,9 @@ def register(port: int, rank: int, world: int, run_dir: Path) -> float:
         store.get(NCCL_ID)
     store.set(f"{JOINED}{rank}", node)
     if rank % RANKS_A_NODE == 0:
-        store.set(NODE_LOCAL + node, f"/dev/shm/launcher-{os.getuid()}")
+        store.set(NODE_LOCAL_KEY + node, f"/dev/shm/launcher-{os.getuid()}")
     else:
-        store.get(NODE_LOCAL + node)
+        store.get(NODE_LOCAL_KEY + node)
     env = DistEnv(rank=rank, local_rank=rank % RANKS_A_NODE, world_size=world, nodes=-(-world // RANKS_A_NODE),
                   node=node, device=torch.device("cpu"))
     check_in(store, env, run_dir, TIMEOUT.total_seconds())

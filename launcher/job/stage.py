@@ -8,8 +8,11 @@ archive, ``RUN/code.zip``, every module compiled (:func:`pack`: at launch, and a
 the tasks' Python or is damaged), and the batch script's stage step (:func:`stage`, on the batch host) has one task
 per node copy it, read once and checked, into this user's private node-local folder (launcher/core/nodelocal.py:
 made 0700, written under an exclusive name, no link followed) as ``code-<run>-<job>.zip``. The ranks then have that
-copy alone on PYTHONPATH (launcher/slurm/batch.py), which Python's zipimport reads, and so has the batch script's end
-step on the host; its steps before this one import the frozen copy.
+copy on PYTHONPATH in place of the frozen copy (launcher/slurm/batch.py; the site's own entries stay), which Python's
+zipimport reads, and so has the batch script's end step on the host; its steps before this one import the frozen
+copy. With ``cluster.stage_env`` the same step, and the same task on each node, stages the tasks' environment too
+(launcher/job/stage_env.py), each on its own: the ranks may run the staged environment with the frozen code, or the
+reverse.
 
 A traceback still names the frozen file and its line: each module is compiled with its frozen source's path
 (``RUN/code/launcher/...py``) as its file name, which Python prints and reads the line from when it prints one; and

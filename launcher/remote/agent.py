@@ -151,10 +151,10 @@ def scripts(payload: Dict[str, Any]) -> Dict[str, Any]:
 def place(payload: Dict[str, Any]) -> Dict[str, Any]:
     """When the request's one run would start on this cluster (``cluster=auto``, launcher/submit/placement.py): the
     checks a launch makes here and ``sbatch --test-only`` of its script; nothing is written or queued."""
-    from launcher.submit.placement import ask_here  # lazy: keeps submitit out of start-up
+    from launcher.submit.placement import ASK_TIMEOUT_S, ask_here  # lazy: keeps submitit out of start-up
 
     (item,) = payload["runs"]
-    return asdict(ask_here(composed(item), timeout=float(payload.get("timeout") or 20)))
+    return asdict(ask_here(composed(item), timeout=float(payload.get("timeout") or ASK_TIMEOUT_S)))
 
 
 def follow(payload: Dict[str, Any]) -> Dict[str, Any]:

@@ -15,16 +15,18 @@ sooner, asked when ``describe`` is asked, never while the job waits).
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
+
 from launcher.compose.catalog import AUTO_CLUSTER as AUTO, cluster_choices
-from launcher.compose.composer import ComposedRun, compose_runs
-from launcher.compose.runfile import read_run_file, without_cluster
+from launcher.compose.composer import ComposedRun, compose_runs, one_line
+from launcher.compose.runfile import key_of, read_run_file, without_cluster
 from launcher.core.config import ClusterConfig, RunConfig, load_run_config
 from launcher.core.rundir import CONFIG
 from launcher.errors import LaunchError
@@ -34,10 +36,9 @@ from launcher.remote.ship import call
 from launcher.remote.ssh import Unreachable
 from launcher.slurm.client import for_cluster
 from launcher.slurm.output import SlurmError
-from launcher.submit.placement import Candidate, ask_here, best_first, cannot
+from launcher.submit.placement import ASK_TIMEOUT_S, REMOTE_MARGIN_S, Candidate, ask_here, best_first, cannot
 from launcher.views.lookup import invocation
 
-ASK_TIMEOUT_S = 30.0  # each candidate's answer, from its first question to Slurm's test-only
 CANDIDATES = "cluster.candidates"
 
 
@@ -91,21 +92,24 @@ def candidate_names(overrides: Sequence[str]) -> List[str]:
     """The clusters ``cluster.candidates=[a,b]`` names (each a configured one), else every configured cluster (but
     the package's template for a site)."""
     known = cluster_choices()  # the files' names, as cluster=NAME composes them
-    given = [line.split("=", 1)[1] for line in overrides if line.split("=", 1)[0] == CANDIDATES]
+    given = [line for line in overrides if key_of(line) == CANDIDATES]
     if not given:
         return known
-    names = [name.strip().strip("'\"") for name in re.sub(r"^\[|\]$", "", given[0].strip()).split(",")]
-    names = list(dict.fromkeys(name for name in names if name))
+    try:
+        value = OverridesParser.create().parse_overrides(given[:1])[0].value()
+    except OverrideParseException as err:
+        raise LaunchError(f"{given[0]}: {one_line(err)}; name clusters as cluster.candidates=[a,b]") from None
+    names = list(dict.fromkeys(str(name) for name in (value if isinstance(value, list) else [value]) if name))
     unknown = [name for name in names if name not in known or name == AUTO]
     if not names or unknown:
-        raise LaunchError(f"{CANDIDATES}={given[0]} must name configured clusters ({', '.join(known)})"
+        raise LaunchError(f"{given[0]} must name configured clusters ({', '.join(known)})"
                           + (f", not {', '.join(unknown)}" if unknown else ""))
     return names
 
 
 def for_candidate(overrides: Sequence[str], name: str, names: Sequence[str]) -> List[str]:
     """The overrides of the run on cluster ``name``, recording the candidates (config.yaml and run.yaml keep them)."""
-    kept = [line for line in overrides if line != f"cluster={AUTO}" and line.split("=", 1)[0] != CANDIDATES]
+    kept = [line for line in overrides if line != f"cluster={AUTO}" and key_of(line) != CANDIDATES]
     return [*kept, f"cluster={name}", f"{CANDIDATES}=[{','.join(names)}]"]
 
 
@@ -136,7 +140,8 @@ def _asked(run: ComposedRun, timeout: float) -> Candidate:
     if not cluster.ssh:
         return ask_here(run, timeout)
     try:
-        return Candidate(**call(remote_of(cluster), "place", {"runs": [run_item(run)], "timeout": timeout},
+        there = max(1.0, timeout - REMOTE_MARGIN_S)  # so that the agent says why it did not answer, within ours
+        return Candidate(**call(remote_of(cluster), "place", {"runs": [run_item(run)], "timeout": there},
                                 timeout=timeout))
     except Unreachable as err:
         return cannot(cluster.name, f"unreachable: {err.message}")
@@ -158,7 +163,9 @@ class Sooner:
 
 
 SOONER_MAX_AGE_S = 60.0  # a run's answer is asked again at most once a minute (the console's refreshes)
-_known: Dict[str, Tuple[float, Optional[Sooner]]] = {}
+_known: Dict[str, Tuple[float, Optional[Sooner]]] = {}  # by run directory: when asked, and the answer
+_asking: Dict[str, threading.Lock] = {}  # by run directory: held while its candidates are asked
+_guard = threading.Lock()
 
 
 def sooner(run_dir: Path, cfg: RunConfig, name: str, job_id: str, asker=None) -> Optional[Sooner]:
@@ -166,19 +173,29 @@ def sooner(run_dir: Path, cfg: RunConfig, name: str, job_id: str, asker=None) ->
     would start first, where that is sooner than Slurm expects it where it waits (a job Slurm has not planned yet
     counts as later than any start elsewhere); None otherwise, and at once for a run placed by name. The run's own
     request is placed again (:func:`again`) among the other candidates, as a launch would place it (``asker``: how
-    they are asked); the answer is kept for :data:`SOONER_MAX_AGE_S`, so a page refreshed every few seconds asks
-    once a minute."""
+    they are asked); the answer is kept for :data:`SOONER_MAX_AGE_S`, and asked once at a time however many pages
+    ask, so a page refreshed every few seconds in several tabs asks once a minute."""
     if not [c for c in cfg.cluster.candidates if c != cfg.cluster.name]:
         return None
-    kept = _known.get(str(run_dir))
-    if kept is not None and time.monotonic() - kept[0] < SOONER_MAX_AGE_S:
-        return kept[1]
-    try:
-        _, best = elsewhere(run_dir, cfg, job_id, asker=asker)
-    except LaunchError:  # a candidate no longer configured: nothing to say of the others
-        best = None
-    found = Sooner(best, f"{invocation()} move {name} cluster={best.cluster}") if best is not None else None
-    _known[str(run_dir)] = (time.monotonic(), found)
+    key = str(run_dir)
+    with _guard:
+        asking = _asking.setdefault(key, threading.Lock())
+    with asking:  # a second page waits for the first's answer rather than asking again
+        kept = _known.get(key)
+        if kept is not None and time.monotonic() - kept[0] < SOONER_MAX_AGE_S:
+            return kept[1]
+        try:
+            _, best = elsewhere(run_dir, cfg, job_id, asker=asker)
+        except LaunchError:  # a candidate no longer configured: nothing to say of the others
+            best = None
+        found = Sooner(best, f"{invocation()} move {name} cluster={best.cluster}") if best is not None else None
+    with _guard:
+        now = time.monotonic()
+        for old in [other for other, (when, _) in _known.items() if now - when >= SOONER_MAX_AGE_S]:
+            del _known[old]  # runs that moved, started or ended are not asked of again: their answers go
+            if not _asking[old].locked():
+                del _asking[old]
+        _known[key] = (now, found)
     return found
 
 

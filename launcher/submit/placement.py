@@ -71,7 +71,11 @@ def best_first(candidates: Sequence[Candidate], now: Optional[float] = None) -> 
     return sorted(candidates, key=key)
 
 
-def ask_here(run: ComposedRun, timeout: float = 20) -> Candidate:
+ASK_TIMEOUT_S = 30.0  # each candidate's answer, from its first question to Slurm's test-only
+REMOTE_MARGIN_S = 5.0  # of that, what a cluster over SSH leaves for the connection: its agent's own answer comes first
+
+
+def ask_here(run: ComposedRun, timeout: float = ASK_TIMEOUT_S) -> Candidate:
     """Ask this side's Slurm (the run's cluster, not reached over SSH) when the run would start: unreachable, refused
     by a check a launch makes, refused by Slurm, or its expected start in words."""
     cluster = run.config.cluster

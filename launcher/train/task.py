@@ -123,11 +123,14 @@ def process_start() -> float:
         return time.time()
 
 
+NODE_LOCAL_KEY = "launcher/node_local/"  # the rendezvous store's key of a node's folder, by node name
+
+
 def node_local(env: DistEnv, run_dir: Path) -> nodelocal.Folder:
     """This user's node-local folder (launcher/core/nodelocal.py), the same for every rank of the node: the node's
     first rank opens it, or makes a fresh one where another user's file, folder or symlink has its name (recorded
     once, ``path_refused``), and tells the node's other ranks which through the rendezvous store."""
-    key = f"launcher/node_local/{env.node}"
+    key = NODE_LOCAL_KEY + env.node
     store = dist.distributed_c10d._get_default_store()  # the rendezvous's, kept by rank 0's node
     if env.local_rank != 0:
         return nodelocal.Folder.open(Path(store.get(key).decode()), create=False)

@@ -101,6 +101,8 @@ def test_the_candidates_are_those_named_or_every_configured_cluster(clusters):
     with pytest.raises(auto.LaunchError, match=r"^cluster.candidates=\[x,local\] must name configured clusters "
                                                r"\(local, site-a, site-b\), not x$"):
         auto.candidate_names(["cluster.candidates=[x,local]"])
+    with pytest.raises(auto.LaunchError, match=r"^cluster.candidates=\[a,: .*; name clusters as cluster.candidates"):
+        auto.candidate_names(["cluster.candidates=[a,"])
 
 
 def test_each_candidates_run_records_them_all():
@@ -186,6 +188,24 @@ def test_a_waiting_run_is_told_where_it_would_start_sooner_asked_once_a_minute(w
     assert found.words.endswith(" move r cluster=local2")
     assert auto.sooner(run_dir, cfg, "r", "7", asker) == found
     assert asker.asked == [["local2"]]  # the other candidate only, and once within the minute
+
+
+def test_pages_asking_at_once_of_a_waiting_run_ask_its_candidates_once(waiting):
+    run_dir, cfg = waiting
+    release = threading.Event()
+
+    class Slow(Asker):
+        def __call__(self, runs):
+            release.wait(10)
+            return super().__call__(runs)
+    asker = Slow(Candidate("local2", time.time(), words="starts now (16 GPUs free)", step_s=0.1))
+    pages = [threading.Thread(target=auto.sooner, args=(run_dir, cfg, "r", "7", asker)) for _ in range(4)]
+    for page in pages:
+        page.start()
+    release.set()
+    for page in pages:
+        page.join(10)
+    assert asker.asked == [["local2"]]
 
 
 def test_no_hint_where_it_starts_sooner_where_it_waits_or_nowhere_else(waiting, monkeypatch):
