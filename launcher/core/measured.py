@@ -6,17 +6,16 @@ step (launcher/job/recovery.py) appends one line to ``<run_root>/.measured-<clus
 the final row of its metrics (:class:`Measured`). ``launcher plan`` corrects its forecast with the lines of similar
 runs and ``launcher plan --accuracy`` reads them all, one file per cluster, never a run directory.
 
-The file is shared by every run of the root, so it is appended to as ``.index`` is: one ``O_APPEND`` write of one
-line, opened without following a symlink, in a root no other user can change (launcher/core/safepath.py), and it
-is read only when it is a regular file of this user's, root's, or the share group's of a shared root. A damaged
-line (a disk that filled up, a hand edit) is skipped (launcher/core/damage.py).
+The file is shared by every run of the root, so it is appended to as a run's event log is (launcher/core/rundir.py
+``append_jsonl``: one ``O_APPEND`` write of one line, opened without following a symlink), in a root no other user
+can change, and it is appended to and read only when it is a regular file of this user's, root's, or the share
+group's of a shared root (launcher/core/safepath.py ``trusted_file``). A damaged line (a disk that filled up, a
+hand edit) is skipped (launcher/core/damage.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +24,8 @@ from typing import Any, Dict, List, Optional
 from launcher.core.gpus import GIB
 from launcher.core.damage import DamagedRun, numbered_lines, read_json_object, warn_damaged
 from launcher.core.metrics import FinalRow
-from launcher.core.privacy import file_mode
-from launcher.core.rundir import FORECAST, last_metrics
-from launcher.core.safepath import is_safe_root, open_nofollow
+from launcher.core.rundir import FORECAST, append_jsonl, last_metrics
+from launcher.core.safepath import is_safe_root, open_nofollow, trusted_file
 
 MEASURED = ".measured-{cluster}.jsonl"
 
@@ -122,16 +120,10 @@ def record_completed(run_dir: Path) -> Optional[Measured]:
                     peak_mem_gib=row.peak_mem_gb * 1e9 / GIB if row.peak_mem_gb is not None else None,
                     tokens_per_s=row.tokens_per_s)
     try:
-        fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, file_mode(run_dir.parent))
-    except OSError:  # a symlink planted, or a root this user may not write: the run's own record stands
+        written = append_jsonl(path, line.to_dict(), trusted=lambda info: trusted_file(info, run_dir.parent))
+    except OSError:  # a symlink planted, a root this user may not write, a full disk: the run's own record stands
         return None
-    try:
-        if not _trusted(os.fstat(fd), run_dir.parent):
-            return None
-        os.write(fd, (json.dumps(line.to_dict(), sort_keys=True) + "\n").encode())
-    finally:
-        os.close(fd)
-    return line
+    return line if written else None
 
 
 def read_measured(root: Path, cluster: str) -> List[Measured]:
@@ -146,7 +138,7 @@ def read_measured(root: Path, cluster: str) -> List[Measured]:
     except OSError:
         return []
     with os.fdopen(fd, errors="replace") as f:
-        if not _trusted(os.fstat(fd), Path(root)):
+        if not trusted_file(os.fstat(fd), Path(root)):
             return []
         runs: Dict[str, Measured] = {}
         for number, line in numbered_lines(f, path):
@@ -157,20 +149,6 @@ def read_measured(root: Path, cluster: str) -> List[Measured]:
                 continue
             runs[record.run] = record
     return sorted(runs.values(), key=lambda m: m.finished)
-
-
-def _trusted(info: os.stat_result, root: Path) -> bool:
-    """Whether a file of the run root may be read or appended to: a regular file of this user's or root's, or of
-    the group a shared (setgid) root's runs are shared with."""
-    if not stat.S_ISREG(info.st_mode):
-        return False
-    if info.st_uid in (os.geteuid(), 0):
-        return True
-    try:
-        shared = os.stat(root)
-    except OSError:
-        return False
-    return bool(shared.st_mode & stat.S_ISGID) and info.st_gid == shared.st_gid
 
 
 def measured_clusters(root: Path) -> List[str]:

@@ -207,14 +207,36 @@ def test_accuracy_refuses_overrides_other_than_the_cluster(root, capsys):
     assert "no completed run of cluster nowhere" in output(capsys, "plan", "--accuracy", "cluster=nowhere")
 
 
+def finished(root: Path, name: str) -> Path:
+    """A tiny run's directory with its final row, its line not yet appended."""
+    run_dir = root / name
+    run_dir.mkdir()
+    write_run_files(composed(root, *H100, "model=gpt_tiny", "gpus=8"), run_dir)
+    append_metrics(run_dir / METRICS, FinalRow(step=10, step_time=0.1, peak_mem_gb=1.0, tokens_per_s=1.0))
+    return run_dir
+
+
 def test_the_file_is_never_written_or_read_through_a_planted_symlink(root, tmp_path):
-    run = composed(root, *H100, "model=gpt_tiny", "gpus=8")
     victim = tmp_path / "victim"
     victim.write_text("")
     os.symlink(victim, measured_path(root, "slurm"))
-    run_dir = root / "linked"
-    run_dir.mkdir()
-    write_run_files(run, run_dir)
-    append_metrics(run_dir / METRICS, FinalRow(step=10, step_time=0.1, peak_mem_gb=1.0, tokens_per_s=1.0))
-    assert record_completed(run_dir) is None
+    assert record_completed(finished(root, "linked")) is None
     assert victim.read_text() == "" and read_measured(root, "slurm") == []
+
+
+def test_a_planted_fifo_is_neither_waited_on_nor_written(root):
+    os.mkfifo(measured_path(root, "slurm"))
+    assert record_completed(finished(root, "piped")) is None and read_measured(root, "slurm") == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the file to another user")
+def test_a_file_of_another_user_is_appended_to_only_in_a_root_shared_with_its_group(root):
+    other = 54321  # no user of this machine's: neither this one, nor root
+    path = measured_path(root, "slurm")
+    path.write_text("")
+    os.chown(path, other, other)
+    assert record_completed(finished(root, "theirs")) is None and path.read_text() == ""
+    os.chown(root, -1, other)
+    root.chmod(0o2700)  # setgid: the root's runs are shared with that group
+    assert record_completed(finished(root, "shared")) is not None
+    assert [m.run for m in read_measured(root, "slurm")] == ["shared"]
