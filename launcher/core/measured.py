@@ -6,28 +6,28 @@ step (launcher/job/recovery.py) appends one line to ``<run_root>/.measured-<clus
 the final row of its metrics (:class:`Measured`). ``launcher plan`` corrects its forecast with the lines of similar
 runs and ``launcher plan --accuracy`` reads them all, one file per cluster, never a run directory.
 
-The file is shared by every run of the root, so it is appended to as ``.index`` is: one ``O_APPEND`` write of one
-line, opened without following a symlink, in a root no other user can change (launcher/core/safepath.py), and it
-is read only when it is a regular file of this user's, root's, or the share group's of a shared root. A damaged
-line (a disk that filled up, a hand edit) is skipped (launcher/core/damage.py).
+The file is shared by every run of the root, so it is appended to as a run's event log is (launcher/core/rundir.py
+``append_jsonl``: one ``O_APPEND`` write of one line, opened without following a symlink), in a root no other user
+can change, and it is appended to and read only when it is a regular file of this user's, root's, or the share
+group's of a shared root (launcher/core/safepath.py ``trusted_file``). A damaged line (a disk that filled up, a
+hand edit) is skipped (launcher/core/damage.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import os
-import stat
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from launcher.core.gpus import GIB
 from launcher.core.damage import DamagedRun, numbered_lines, read_json_object, warn_damaged
 from launcher.core.metrics import FinalRow
-from launcher.core.privacy import file_mode
-from launcher.core.rundir import FORECAST, last_metrics
-from launcher.core.safepath import is_safe_root, open_nofollow
+from launcher.core.rundir import FORECAST, append_jsonl, last_metrics
+from launcher.core.safepath import is_safe_root, open_nofollow, trusted_file
 
 MEASURED = ".measured-{cluster}.jsonl"
 
@@ -54,9 +54,7 @@ class Forecast:
     @classmethod
     def from_dict(cls, data: Any) -> Forecast:
         """The forecast of a JSON object; ValueError naming what is missing or mistyped."""
-        if not isinstance(data, dict):
-            raise ValueError("is not an object")
-        return cls(**{f.name: _typed(data, f.name, f.type) for f in dataclasses.fields(cls)})
+        return cls(**_decoded(cls, data))
 
 
 @dataclass(frozen=True)
@@ -75,22 +73,57 @@ class Measured:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> Measured:
+    def from_dict(cls, data: Any) -> Measured:
         """The line's record; ValueError naming what is missing or mistyped."""
-        values = {f.name: _typed(data, f.name, f.type) for f in dataclasses.fields(cls) if f.name != "forecast"}
-        return cls(forecast=Forecast.from_dict(data.get("forecast")), **values)
+        return cls(**_decoded(cls, data))
 
 
-_TYPES = {"str": (str,), "bool": (bool,), "int": (int,), "float": (int, float),
-          "Optional[float]": (int, float, type(None))}
+_PLAIN = (str, bool, int, float, type(None))
 
 
-def _typed(data: Dict[str, Any], name: str, type_name: str) -> Any:
-    value = data.get(name)
-    if name not in data or not isinstance(value, _TYPES[type_name]) or (
-            isinstance(value, bool) and type_name != "bool"):
-        raise ValueError(f"has {name}={value!r}, not a {type_name}")
-    return value
+@functools.lru_cache(maxsize=None)
+def _schema(cls: type) -> Dict[str, Any]:
+    """Each field of a dataclass a line holds and what its annotation (resolved by ``typing.get_type_hints``)
+    lets its JSON value be: a dataclass, read the same way, or a tuple of plain types (one, or an Optional's). Any
+    other annotation is a TypeError when this module is imported, so that no field is left unchecked."""
+    schema: Dict[str, Any] = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(hint):
+            _schema(hint)  # its fields checked with its container's
+            schema[name] = hint
+            continue
+        parts = typing.get_args(hint) if typing.get_origin(hint) is Union else (hint,)
+        if not all(part in _PLAIN for part in parts):
+            raise TypeError(f"{cls.__name__}.{name}: a JSON line's value is not checked against {hint}")
+        schema[name] = parts
+    return schema
+
+
+def _decoded(cls: type, data: Any) -> Dict[str, Any]:
+    """The fields of ``cls`` in a JSON object, each of its annotated type (a float field takes an int too, as a
+    hand edit writes one; a number never takes a bool); ValueError naming what is missing or mistyped."""
+    if not isinstance(data, dict):
+        raise ValueError("is not an object")
+    values: Dict[str, Any] = {}
+    for name, kind in _schema(cls).items():
+        value = data.get(name)
+        if isinstance(kind, type):
+            values[name] = kind(**_decoded(kind, value))
+        elif name in data and any(_is(value, part) for part in kind):
+            values[name] = value
+        else:
+            words = " or ".join("None" if part is type(None) else part.__name__ for part in kind)
+            raise ValueError(f"has {name}={value!r}, not {words}")
+    return values
+
+
+def _is(value: Any, plain: type) -> bool:
+    if isinstance(value, bool):
+        return plain is bool
+    return isinstance(value, (int, float) if plain is float else plain)
+
+
+_schema(Measured)  # every annotation of a line checked once, at import
 
 
 def measured_path(root: Path, cluster: str) -> Optional[Path]:
@@ -105,7 +138,7 @@ def read_forecast(run_dir: Path) -> Optional[Forecast]:
     damaged."""
     try:
         return Forecast.from_dict(read_json_object(Path(run_dir), FORECAST))
-    except (DamagedRun, ValueError, TypeError):
+    except (DamagedRun, ValueError):
         return None
 
 
@@ -122,16 +155,10 @@ def record_completed(run_dir: Path) -> Optional[Measured]:
                     peak_mem_gib=row.peak_mem_gb * 1e9 / GIB if row.peak_mem_gb is not None else None,
                     tokens_per_s=row.tokens_per_s)
     try:
-        fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, file_mode(run_dir.parent))
-    except OSError:  # a symlink planted, or a root this user may not write: the run's own record stands
+        written = append_jsonl(path, line.to_dict(), trusted=lambda info: trusted_file(info, run_dir.parent))
+    except OSError:  # a symlink planted, a root this user may not write, a full disk: the run's own record stands
         return None
-    try:
-        if not _trusted(os.fstat(fd), run_dir.parent):
-            return None
-        os.write(fd, (json.dumps(line.to_dict(), sort_keys=True) + "\n").encode())
-    finally:
-        os.close(fd)
-    return line
+    return line if written else None
 
 
 def read_measured(root: Path, cluster: str) -> List[Measured]:
@@ -146,31 +173,17 @@ def read_measured(root: Path, cluster: str) -> List[Measured]:
     except OSError:
         return []
     with os.fdopen(fd, errors="replace") as f:
-        if not _trusted(os.fstat(fd), Path(root)):
+        if not trusted_file(os.fstat(fd), Path(root)):
             return []
         runs: Dict[str, Measured] = {}
         for number, line in numbered_lines(f, path):
             try:
                 record = Measured.from_dict(line)
-            except (ValueError, TypeError) as err:
+            except ValueError as err:
                 warn_damaged(path, number, f"is no completed run's line ({err})")
                 continue
             runs[record.run] = record
     return sorted(runs.values(), key=lambda m: m.finished)
-
-
-def _trusted(info: os.stat_result, root: Path) -> bool:
-    """Whether a file of the run root may be read or appended to: a regular file of this user's or root's, or of
-    the group a shared (setgid) root's runs are shared with."""
-    if not stat.S_ISREG(info.st_mode):
-        return False
-    if info.st_uid in (os.geteuid(), 0):
-        return True
-    try:
-        shared = os.stat(root)
-    except OSError:
-        return False
-    return bool(shared.st_mode & stat.S_ISGID) and info.st_gid == shared.st_gid
 
 
 def measured_clusters(root: Path) -> List[str]:

@@ -9,7 +9,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from launcher.core import metrics
 from launcher.core.damage import numbered_jsonl, warn_damaged
@@ -136,15 +136,22 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         raise
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+def append_jsonl(path: Path, record: dict[str, Any],
+                 trusted: Optional[Callable[[os.stat_result], bool]] = None) -> bool:
     """Append one JSON line with a single write on an O_APPEND descriptor, so lines from different
     processes (the launcher, rank 0 of successive requeues) never interleave within a line. A symlink
-    there is refused, not followed (launcher/core/safepath.py)."""
-    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, file_mode(Path(path).parent))
+    there is refused, not followed (launcher/core/safepath.py), and the open never waits on a FIFO planted
+    there (O_NONBLOCK); the write blocks as any write to a regular file does. ``trusted``: a check of what
+    was opened (its fstat), for a file in a place others share; False and nothing written where it fails."""
+    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, file_mode(Path(path).parent))
     try:
+        if trusted is not None and not trusted(os.fstat(fd)):
+            return False
+        os.set_blocking(fd, True)
         os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
     finally:
         os.close(fd)
+    return True
 
 
 def append_event(run_dir: Path, event: Event) -> None:

@@ -15,7 +15,8 @@ Inside a directory that passes, only this user (and root) can add names, except 
 another user can still create a name before the launcher does. So the launcher's files there are opened
 with ``O_NOFOLLOW`` (:func:`open_nofollow`), its own directories there are checked to be its own and not
 symlinks (:func:`private_dir`), whole files are written by ``mkstemp`` (``O_EXCL``) and rename (which
-replaces a symlink rather than following it), and ``shutil.rmtree`` does not follow symlinks inside.
+replaces a symlink rather than following it), ``shutil.rmtree`` does not follow symlinks inside, and a file that
+the runs of a root share is read or appended to only when it is one the root trusts (:func:`trusted_file`).
 """
 from __future__ import annotations
 
@@ -138,13 +139,23 @@ def _traversed(path: Path) -> Iterator[Tuple[str, os.stat_result]]:
             here = there
 
 
-def _shared_group(root: Path) -> Optional[int]:
-    """The group of a setgid run root of this user's: the group its runs are shared with."""
+def _shared_group(root: Path, anyones: bool = False) -> Optional[int]:
+    """The group a setgid run root's runs are shared with, of a root of this user's: the group the directories on
+    its path may be writable by. ``anyones``: of a root of any user's, where only the root's own files are judged
+    (:func:`trusted_file`), never what leads to it."""
     try:
         info = os.stat(os.path.expanduser(root))
     except OSError:
         return None
-    return info.st_gid if info.st_uid == os.geteuid() and info.st_mode & stat.S_ISGID else None
+    return info.st_gid if (anyones or info.st_uid == os.geteuid()) and info.st_mode & stat.S_ISGID else None
+
+
+def trusted_file(info: os.stat_result, root: Path) -> bool:
+    """Whether a file directly in a run root that others share (its fstat) may be read or appended to: a regular
+    file of this user's or root's, or of the group a shared (setgid) root's runs are shared with."""
+    if not stat.S_ISREG(info.st_mode):
+        return False
+    return info.st_uid in (os.geteuid(), 0) or info.st_gid == _shared_group(root, anyones=True)
 
 
 def _only_mine(gid: int, me: int) -> bool:

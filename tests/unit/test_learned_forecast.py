@@ -5,16 +5,19 @@ the launch writes them, metrics rows as the trainer appends them); the behaviour
 tests/cluster/test_learned_forecast.py."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
 from pathlib import Path
+from typing import List
 
 import pytest
 
 from launcher import cli
 from launcher.compose.composer import compose_runs
-from launcher.core.measured import measured_path, read_forecast, read_measured, record_completed
+from launcher.core.measured import (Forecast, Measured, _schema, measured_path, read_forecast, read_measured,
+                                    record_completed)
 from launcher.core.metrics import FinalRow, Row
 from launcher.core.rundir import METRICS, append_metrics
 from launcher.forecast.gate import fit_findings, time_budget
@@ -207,14 +210,59 @@ def test_accuracy_refuses_overrides_other_than_the_cluster(root, capsys):
     assert "no completed run of cluster nowhere" in output(capsys, "plan", "--accuracy", "cluster=nowhere")
 
 
+def finished(root: Path, name: str) -> Path:
+    """A tiny run's directory with its final row, its line not yet appended."""
+    run_dir = root / name
+    run_dir.mkdir()
+    write_run_files(composed(root, *H100, "model=gpt_tiny", "gpus=8"), run_dir)
+    append_metrics(run_dir / METRICS, FinalRow(step=10, step_time=0.1, peak_mem_gb=1.0, tokens_per_s=1.0))
+    return run_dir
+
+
 def test_the_file_is_never_written_or_read_through_a_planted_symlink(root, tmp_path):
-    run = composed(root, *H100, "model=gpt_tiny", "gpus=8")
     victim = tmp_path / "victim"
     victim.write_text("")
     os.symlink(victim, measured_path(root, "slurm"))
-    run_dir = root / "linked"
-    run_dir.mkdir()
-    write_run_files(run, run_dir)
-    append_metrics(run_dir / METRICS, FinalRow(step=10, step_time=0.1, peak_mem_gb=1.0, tokens_per_s=1.0))
-    assert record_completed(run_dir) is None
+    assert record_completed(finished(root, "linked")) is None
     assert victim.read_text() == "" and read_measured(root, "slurm") == []
+
+
+def test_a_planted_fifo_is_neither_waited_on_nor_written(root):
+    os.mkfifo(measured_path(root, "slurm"))
+    assert record_completed(finished(root, "piped")) is None and read_measured(root, "slurm") == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the file to another user")
+def test_a_file_of_another_user_is_appended_to_only_in_a_root_shared_with_its_group(root):
+    other = 54321  # no user of this machine's: neither this one, nor root
+    path = measured_path(root, "slurm")
+    path.write_text("")
+    os.chown(path, other, other)
+    assert record_completed(finished(root, "theirs")) is None and path.read_text() == ""
+    os.chown(root, -1, other)
+    root.chmod(0o2700)  # setgid: the root's runs are shared with that group
+    assert record_completed(finished(root, "shared")) is not None
+    assert [m.run for m in read_measured(root, "slurm")] == ["shared"]
+
+
+def test_a_line_with_a_field_of_the_wrong_type_is_skipped_and_a_valid_one_reads_back_equal(root, capsys):
+    forecast = Forecast(cluster="slurm", gpu="h100", stand_in=False, model="gpt_tiny", params=10**6, gpus=8,
+                        step_time_s=None, mem_per_gpu_gib=1.5, tokens_per_s=2e5)
+    valid = Measured(run="valid", finished=2.0, forecast=forecast, step_time_s=0.1, peak_mem_gib=None,
+                     tokens_per_s=1e5)
+    wrong = [{**valid.to_dict(), "run": "text", "step_time_s": "fast"},
+             {**valid.to_dict(), "run": "flag", "forecast": {**forecast.to_dict(), "params": True}},
+             {**valid.to_dict(), "run": "null", "forecast": {**forecast.to_dict(), "mem_per_gpu_gib": None}},
+             {key: value for key, value in valid.to_dict().items() if key != "tokens_per_s"}]
+    measured_path(root, "slurm").write_text("".join(json.dumps(line) + "\n" for line in [*wrong, valid.to_dict()]))
+    assert read_measured(root, "slurm") == [valid]
+    assert "has step_time_s='fast', not float or None" in capsys.readouterr().err
+
+
+def test_a_field_of_a_type_no_line_is_checked_against_is_refused_when_it_is_declared():
+    @dataclasses.dataclass(frozen=True)
+    class Tagged:
+        tags: List[str]
+
+    with pytest.raises(TypeError, match="Tagged.tags: a JSON line's value is not checked against"):
+        _schema(Tagged)
