@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Callable, List, Optional, Sequence
 
-from launcher.slurm.output import JobRow, Node
+from launcher.slurm.output import JobRow, Node, start_epoch
 
 # Codes that need the partition's GPUs in use to be told (one sinfo per cluster, asked only for them).
 NEEDS_NODES = ("Resources",)
@@ -57,16 +56,12 @@ def in_words(row: JobRow, queue: Queue, now: Optional[float] = None) -> str:
 
 def expected_start(start: str, now: float) -> str:
     """Slurm's expected start of a pending job (its StartTime) as ``at 14:05`` or ``on 2026-12-04 at 09:00``;
-    "" when Slurm gives none, or one already past (it has not planned the job)."""
-    try:
-        when = datetime.strptime(start, "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
+    "" where Slurm has not planned the job (launcher/slurm/output.py :func:`start_epoch`)."""
+    stamp = start_epoch(start, now)
+    if stamp is None:
         return ""
-    stamp = when.timestamp()
-    if stamp <= now:
-        return ""
-    same_day = time.localtime(stamp)[:3] == time.localtime(now)[:3]
-    return f"at {when:%H:%M}" if same_day else f"on {when:%Y-%m-%d} at {when:%H:%M}"
+    when = time.localtime(stamp)
+    return time.strftime("at %H:%M" if when[:3] == time.localtime(now)[:3] else "on %Y-%m-%d at %H:%M", when)
 
 
 def _gpus(rows: Sequence[JobRow]) -> int:
