@@ -41,10 +41,15 @@ class Queue:
 
     def ahead_of(self, row: JobRow) -> List[JobRow]:
         """The pending jobs of the same partition that Slurm ranks before this one and would start first: not those
-        it does not consider yet (:data:`NOT_ELIGIBLE`)."""
-        return [r for r in self.rows if r.state == "PENDING" and r.partition == row.partition
-                and r.job_id != row.job_id and r.priority > row.priority
-                and r.reason.partition(",")[0].strip() not in NOT_ELIGIBLE]
+        it does not consider yet (:func:`eligible`)."""
+        return [r for r in self.rows if eligible(r) and r.partition == row.partition
+                and r.job_id != row.job_id and r.priority > row.priority]
+
+
+def eligible(row: JobRow) -> bool:
+    """A pending job that Slurm considers for a start, so one that can stand ahead of another: not one whose
+    reason is of :data:`NOT_ELIGIBLE`."""
+    return row.state == "PENDING" and row.reason.partition(",")[0].strip() not in NOT_ELIGIBLE
 
 
 def in_words(row: JobRow, queue: Queue, now: Optional[float] = None) -> str:

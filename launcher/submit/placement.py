@@ -24,7 +24,7 @@ from launcher.forecast.target import hardware_for, precision_of
 from launcher.slurm.client import Slurm, SlurmError, for_cluster
 from launcher.slurm.fit import explain_rejection
 from launcher.slurm.output import TestOnly
-from launcher.status.pending import NOT_ELIGIBLE
+from launcher.status.pending import eligible
 from launcher.status.usage import usage
 from launcher.submit.checks import judge
 from launcher.submit.submitter import scripts
@@ -125,8 +125,7 @@ def start_words(slurm: Slurm, start: float, partition: str, now: Optional[float]
         parts = [p for p in usage(slurm.nodes(timeout=5)) if p.name == partition]
         if wait < NOW_S:
             return f"starts now ({parts[0].gpus_free} GPUs free)" if parts else "starts now"
-        ahead = [r for r in slurm.squeue() if r.state == "PENDING" and r.partition == partition
-                 and r.reason.partition(",")[0].strip() not in NOT_ELIGIBLE]
+        ahead = [r for r in slurm.squeue() if eligible(r) and r.partition == partition]
     except SlurmError:
         return "starts now" if wait < NOW_S else f"starts in about {in_about(wait)}"
     if ahead:
