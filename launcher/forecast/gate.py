@@ -65,8 +65,8 @@ def time_budget(run: Any) -> Optional[str]:
     """Why the run cannot finish within its time budget, ``cluster.max_requeues + 1`` time limits, at the
     planned step time, corrected by the cluster's similar completed runs where it has some (forecast/learned.py);
     None if it can, or where no step time is planned (a GPU of unknown type). A warning, not a refusal: the step
-    time is an estimate (on the local cluster, uncorrected, of the GPU its CPU ranks stand in for), and
-    ``launcher resume`` can continue a run past it."""
+    time is an estimate (on the local cluster, of the GPU its CPU ranks stand in for, corrected by what those ranks
+    measured), and ``launcher resume`` can continue a run past it."""
     cfg = run.config
     hw = hardware_for(cfg.cluster, precision_of(cfg))
     formula = timing(cfg, run.plan, hw, Assumptions()).step_s
