@@ -105,9 +105,10 @@ def seconds(value: Optional[float]) -> str:
     return f"{value:,.3g} s" if value >= 0.1 else f"{value * 1e3:.3g} ms"
 
 
-def forecast_of(cfg: RunConfig, plan: Plan) -> Forecast:
-    """The forecast a launch keeps in the run's directory: the planner's figures on the run's cluster's GPU."""
-    hw = hardware_for(cfg.cluster, precision_of(cfg), query_slurm=not cfg.cluster.ssh)
+def forecast_of(cfg: RunConfig, plan: Plan, hw: Optional[TargetGpu] = None) -> Forecast:
+    """The forecast a launch keeps in the run's directory: the planner's figures on the run's cluster's GPU (``hw``,
+    where the caller has asked for it already)."""
+    hw = hardware_for(cfg.cluster, precision_of(cfg), query_slurm=not cfg.cluster.ssh) if hw is None else hw
     t = timing(cfg, plan, hw, Assumptions())
     return Forecast(cluster=cfg.cluster.name, gpu=hw.gpu_type, stand_in=hw.stand_in, model=plan.model,
                     params=plan.params, gpus=plan.gpus, step_time_s=t.step_s,
@@ -146,12 +147,12 @@ def correction_for(cfg: RunConfig, plan: Plan, hw: TargetGpu) -> Optional[Correc
 
 def measured_lines(cfg: RunConfig, plan: Plan) -> List[str]:
     """What a dry run says below a run's plan: its step time and memory per GPU corrected by the cluster's similar
-    completed runs, the formulas' beside them; nothing without such runs."""
+    completed runs, the formulas' beside them (:meth:`Correction.lines`); nothing without such runs."""
     hw = hardware_for(cfg.cluster, precision_of(cfg), query_slurm=not cfg.cluster.ssh)
     correction = correction_for(cfg, plan, hw)
     if correction is None:
         return []
-    forecast = forecast_of(cfg, plan)
+    forecast = forecast_of(cfg, plan, hw)
     return correction.lines(forecast.step_time_s, forecast.mem_per_gpu_gib)
 
 
