@@ -12,7 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from launcher.core.config import RunConfig
 from launcher.core.measured import Forecast, Measured, measured_clusters, measured_path, read_measured
@@ -143,6 +143,22 @@ def correction_for(cfg: RunConfig, plan: Plan, hw: TargetGpu) -> Optional[Correc
         return None
     root = Path(os.path.expanduser(cfg.run_root))
     return learned(_read(root, cfg.cluster.name), hw.gpu_type, plan.params, hw.stand_in)
+
+
+class StepTime(NamedTuple):
+    """A plan's seconds per step on a GPU: the formula's (forecast/timing.py) and the one corrected by the cluster's
+    similar completed runs (the formula's where they say nothing); both None where the GPU's speed is not known."""
+
+    formula: Optional[float]
+    corrected: Optional[float]
+
+
+def corrected_step(cfg: RunConfig, plan: Plan, hw: TargetGpu) -> StepTime:
+    """The plan's step time on ``hw``, the formula's and as the run's cluster's similar completed runs correct it
+    (:func:`correction_for`)."""
+    formula = timing(cfg, plan, hw, Assumptions()).step_s
+    correction = correction_for(cfg, plan, hw)
+    return StepTime(formula, correction.step_time(formula) if correction is not None else formula)
 
 
 def measured_lines(cfg: RunConfig, plan: Plan) -> List[str]:

@@ -18,8 +18,7 @@ from typing import List, Optional, Sequence
 
 from launcher.compose.composer import ComposedRun
 from launcher.core.run_index import base_name
-from launcher.forecast.estimate import estimate
-from launcher.forecast.learned import correction_for
+from launcher.forecast.learned import corrected_step
 from launcher.forecast.target import hardware_for, precision_of
 from launcher.slurm.client import Slurm, SlurmError, for_cluster
 from launcher.slurm.fit import explain_rejection
@@ -97,9 +96,7 @@ def step_time(run: ComposedRun) -> Optional[float]:
     """The plan's step time on the cluster's GPUs, corrected by the cluster's similar completed runs where it has
     some (launcher/forecast/learned.py); None where the GPU's speed is not known."""
     hw = hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True)
-    formula = estimate(run.config, run.plan, hw).timing.step_s
-    correction = correction_for(run.config, run.plan, hw)
-    return correction.step_time(formula) if correction is not None else formula
+    return corrected_step(run.config, run.plan, hw).corrected
 
 
 def test_only(run: ComposedRun, slurm: Slurm, timeout: float) -> TestOnly:
