@@ -9,10 +9,9 @@ from launcher.core.config import LOCAL_CLUSTER
 from launcher.forecast.advice import MAX_GPUS
 from launcher.forecast.disk import checkpoint_room
 from launcher.forecast.estimate import Estimate, estimate
-from launcher.forecast.learned import correction_for
-from launcher.forecast.target import GIB, Assumptions, hardware_for, precision_of
+from launcher.forecast.learned import corrected_step, correction_for
+from launcher.forecast.target import GIB, hardware_for, precision_of
 from launcher.forecast.host import host_memory, machine_memory, to_fit
-from launcher.forecast.timing import timing
 
 
 def refusal(est: Estimate, overrides: Sequence[str] = ()) -> str:
@@ -65,13 +64,11 @@ def time_budget(run: Any) -> Optional[str]:
     """Why the run cannot finish within its time budget, ``cluster.max_requeues + 1`` time limits, at the
     planned step time, corrected by the cluster's similar completed runs where it has some (forecast/learned.py);
     None if it can, or where no step time is planned (a GPU of unknown type). A warning, not a refusal: the step
-    time is an estimate (on the local cluster, uncorrected, of the GPU its CPU ranks stand in for), and
-    ``launcher resume`` can continue a run past it."""
+    time is an estimate (on the local cluster, of the GPU its CPU ranks stand in for, corrected by what those ranks
+    measured), and ``launcher resume`` can continue a run past it."""
     cfg = run.config
     hw = hardware_for(cfg.cluster, precision_of(cfg))
-    formula = timing(cfg, run.plan, hw, Assumptions()).step_s
-    correction = correction_for(cfg, run.plan, hw)
-    step_s = correction.step_time(formula) if correction else formula
+    formula, step_s = corrected_step(cfg, run.plan, hw)
     measured = ", corrected by its cluster's completed runs" if step_s != formula else ""
     attempts, limit_min = cfg.cluster.max_requeues + 1, cfg.cluster.time_limit_min
     if step_s is None or cfg.train.steps * step_s <= attempts * limit_min * 60:

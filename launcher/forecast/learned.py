@@ -12,7 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from launcher.core.config import RunConfig
 from launcher.core.measured import Forecast, Measured, measured_clusters, measured_path, read_measured
@@ -105,9 +105,10 @@ def seconds(value: Optional[float]) -> str:
     return f"{value:,.3g} s" if value >= 0.1 else f"{value * 1e3:.3g} ms"
 
 
-def forecast_of(cfg: RunConfig, plan: Plan) -> Forecast:
-    """The forecast a launch keeps in the run's directory: the planner's figures on the run's cluster's GPU."""
-    hw = hardware_for(cfg.cluster, precision_of(cfg), query_slurm=not cfg.cluster.ssh)
+def forecast_of(cfg: RunConfig, plan: Plan, hw: Optional[TargetGpu] = None) -> Forecast:
+    """The forecast a launch keeps in the run's directory: the planner's figures on the run's cluster's GPU (``hw``,
+    where the caller has asked for it already)."""
+    hw = hardware_for(cfg.cluster, precision_of(cfg), query_slurm=not cfg.cluster.ssh) if hw is None else hw
     t = timing(cfg, plan, hw, Assumptions())
     return Forecast(cluster=cfg.cluster.name, gpu=hw.gpu_type, stand_in=hw.stand_in, model=plan.model,
                     params=plan.params, gpus=plan.gpus, step_time_s=t.step_s,
@@ -144,14 +145,30 @@ def correction_for(cfg: RunConfig, plan: Plan, hw: TargetGpu) -> Optional[Correc
     return learned(_read(root, cfg.cluster.name), hw.gpu_type, plan.params, hw.stand_in)
 
 
+class StepTime(NamedTuple):
+    """A plan's seconds per step on a GPU: the formula's (forecast/timing.py) and the one corrected by the cluster's
+    similar completed runs (the formula's where they say nothing); both None where the GPU's speed is not known."""
+
+    formula: Optional[float]
+    corrected: Optional[float]
+
+
+def corrected_step(cfg: RunConfig, plan: Plan, hw: TargetGpu) -> StepTime:
+    """The plan's step time on ``hw``, the formula's and as the run's cluster's similar completed runs correct it
+    (:func:`correction_for`)."""
+    formula = timing(cfg, plan, hw, Assumptions()).step_s
+    correction = correction_for(cfg, plan, hw)
+    return StepTime(formula, correction.step_time(formula) if correction is not None else formula)
+
+
 def measured_lines(cfg: RunConfig, plan: Plan) -> List[str]:
     """What a dry run says below a run's plan: its step time and memory per GPU corrected by the cluster's similar
-    completed runs, the formulas' beside them; nothing without such runs."""
+    completed runs, the formulas' beside them (:meth:`Correction.lines`); nothing without such runs."""
     hw = hardware_for(cfg.cluster, precision_of(cfg), query_slurm=not cfg.cluster.ssh)
     correction = correction_for(cfg, plan, hw)
     if correction is None:
         return []
-    forecast = forecast_of(cfg, plan)
+    forecast = forecast_of(cfg, plan, hw)
     return correction.lines(forecast.step_time_s, forecast.mem_per_gpu_gib)
 
 

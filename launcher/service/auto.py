@@ -35,7 +35,7 @@ from launcher.remote.clusters import remote_of
 from launcher.remote.ship import call
 from launcher.remote.ssh import Unreachable
 from launcher.slurm.client import for_cluster
-from launcher.slurm.output import SlurmError
+from launcher.slurm.output import SlurmError, start_epoch
 from launcher.submit.placement import ASK_TIMEOUT_S, REMOTE_MARGIN_S, Candidate, ask_here, best_first, cannot
 from launcher.views.lookup import invocation
 
@@ -212,11 +212,11 @@ def elsewhere(run_dir: Path, cfg: RunConfig, job_id: str, names: Sequence[str] =
 
 
 def _expected(cluster: ClusterConfig, job_id: str) -> float:
-    """When Slurm expects a pending job to start (its StartTime), or never where it has not planned it: no StartTime,
-    or one not ahead (a job the scheduler has not looked at yet holds its submission time there)."""
+    """When Slurm expects a pending job to start (its StartTime), or never where it has not planned it
+    (launcher/slurm/output.py :func:`start_epoch`) or does not answer."""
     try:
         rows = [r for r in for_cluster(cluster).squeue() if r.job_id == job_id]
-        start = time.mktime(time.strptime(rows[0].start, "%Y-%m-%dT%H:%M:%S"))
-    except (SlurmError, IndexError, ValueError):
+    except SlurmError:
         return math.inf
-    return start if start > time.time() else math.inf
+    start = start_epoch(rows[0].start, time.time()) if rows else None
+    return math.inf if start is None else start

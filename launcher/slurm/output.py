@@ -252,10 +252,22 @@ def parse_test_only(stderr: str) -> TestOnly:
     """sbatch --test-only's answer; SlurmError with Slurm's reason where it names no start (a refusal:
     ``allocation failure: Requested node configuration is not available``)."""
     found = _TEST_ONLY.search(stderr)
-    if found is None:
+    when = start_epoch(found["start"]) if found else None
+    if found is None or when is None:
         raise SlurmError(sbatch_reason(stderr))
-    when = time.mktime(time.strptime(found["start"], "%Y-%m-%dT%H:%M:%S"))
     return TestOnly(when, found["nodes"], found["partition"])
+
+
+def start_epoch(text: str, now: Optional[float] = None) -> Optional[float]:
+    """A start as Slurm prints it (``2026-12-06T06:21:57``, this host's local time) in epoch seconds; None where it
+    names none (``N/A``, ``Unknown``). Where ``now`` is given, a start not after it is None too: squeue's StartTime
+    of a pending job the scheduler has not planned yet holds its submission time, so only a start ahead is a plan.
+    sbatch --test-only's start is always a plan, one of now meaning now: it is read without ``now``."""
+    try:
+        when = time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+    return None if now is not None and when <= now else when
 
 
 def field_list(names: Sequence[str]) -> str:

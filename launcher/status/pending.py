@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Callable, List, Optional, Sequence
 
-from launcher.slurm.output import JobRow, Node
+from launcher.slurm.output import JobRow, Node, start_epoch
 
 # Codes that need the partition's GPUs in use to be told (one sinfo per cluster, asked only for them).
 NEEDS_NODES = ("Resources",)
@@ -42,10 +41,15 @@ class Queue:
 
     def ahead_of(self, row: JobRow) -> List[JobRow]:
         """The pending jobs of the same partition that Slurm ranks before this one and would start first: not those
-        it does not consider yet (:data:`NOT_ELIGIBLE`)."""
-        return [r for r in self.rows if r.state == "PENDING" and r.partition == row.partition
-                and r.job_id != row.job_id and r.priority > row.priority
-                and r.reason.partition(",")[0].strip() not in NOT_ELIGIBLE]
+        it does not consider yet (:func:`eligible`)."""
+        return [r for r in self.rows if eligible(r) and r.partition == row.partition
+                and r.job_id != row.job_id and r.priority > row.priority]
+
+
+def eligible(row: JobRow) -> bool:
+    """A pending job that Slurm considers for a start, so one that can stand ahead of another: not one whose
+    reason is of :data:`NOT_ELIGIBLE`."""
+    return row.state == "PENDING" and row.reason.partition(",")[0].strip() not in NOT_ELIGIBLE
 
 
 def in_words(row: JobRow, queue: Queue, now: Optional[float] = None) -> str:
@@ -57,16 +61,12 @@ def in_words(row: JobRow, queue: Queue, now: Optional[float] = None) -> str:
 
 def expected_start(start: str, now: float) -> str:
     """Slurm's expected start of a pending job (its StartTime) as ``at 14:05`` or ``on 2026-12-04 at 09:00``;
-    "" when Slurm gives none, or one already past (it has not planned the job)."""
-    try:
-        when = datetime.strptime(start, "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
+    "" where Slurm has not planned the job (launcher/slurm/output.py :func:`start_epoch`)."""
+    stamp = start_epoch(start, now)
+    if stamp is None:
         return ""
-    stamp = when.timestamp()
-    if stamp <= now:
-        return ""
-    same_day = time.localtime(stamp)[:3] == time.localtime(now)[:3]
-    return f"at {when:%H:%M}" if same_day else f"on {when:%Y-%m-%d} at {when:%H:%M}"
+    when = time.localtime(stamp)
+    return time.strftime("at %H:%M" if when[:3] == time.localtime(now)[:3] else "on %Y-%m-%d at %H:%M", when)
 
 
 def _gpus(rows: Sequence[JobRow]) -> int:

@@ -18,13 +18,12 @@ from typing import List, Optional, Sequence
 
 from launcher.compose.composer import ComposedRun
 from launcher.core.run_index import base_name
-from launcher.forecast.estimate import estimate
-from launcher.forecast.learned import correction_for
+from launcher.forecast.learned import corrected_step
 from launcher.forecast.target import hardware_for, precision_of
 from launcher.slurm.client import Slurm, SlurmError, for_cluster
 from launcher.slurm.fit import explain_rejection
 from launcher.slurm.output import TestOnly
-from launcher.status.pending import NOT_ELIGIBLE
+from launcher.status.pending import eligible
 from launcher.status.usage import usage
 from launcher.submit.checks import judge
 from launcher.submit.submitter import scripts
@@ -101,9 +100,7 @@ def step_time(run: ComposedRun) -> Optional[float]:
     """The plan's step time on the cluster's GPUs, corrected by the cluster's similar completed runs where it has
     some (launcher/forecast/learned.py); None where the GPU's speed is not known."""
     hw = hardware_for(run.config.cluster, precision_of(run.config), query_slurm=True)
-    formula = estimate(run.config, run.plan, hw).timing.step_s
-    correction = correction_for(run.config, run.plan, hw)
-    return correction.step_time(formula) if correction is not None else formula
+    return corrected_step(run.config, run.plan, hw).corrected
 
 
 def test_only(run: ComposedRun, slurm: Slurm, timeout: float) -> TestOnly:
@@ -129,8 +126,7 @@ def start_words(slurm: Slurm, start: float, partition: str, now: Optional[float]
         parts = [p for p in usage(slurm.nodes(timeout=5)) if p.name == partition]
         if wait < NOW_S:
             return f"starts now ({parts[0].gpus_free} GPUs free)" if parts else "starts now"
-        ahead = [r for r in slurm.squeue() if r.state == "PENDING" and r.partition == partition
-                 and r.reason.partition(",")[0].strip() not in NOT_ELIGIBLE]
+        ahead = [r for r in slurm.squeue() if eligible(r) and r.partition == partition]
     except SlurmError:
         return "starts now" if wait < NOW_S else f"starts in about {in_about(wait)}"
     if ahead:

@@ -21,7 +21,8 @@ from launcher.core.measured import (Forecast, Measured, _schema, measured_path, 
 from launcher.core.metrics import FinalRow, Row
 from launcher.core.rundir import METRICS, append_metrics
 from launcher.forecast.gate import fit_findings, time_budget
-from launcher.forecast.learned import SIMILAR_SIZE, seconds
+from launcher.forecast.learned import SIMILAR_SIZE, StepTime, corrected_step, seconds
+from launcher.forecast.target import hardware_for, precision_of
 from launcher.submit.submitter import write_run_files
 
 H100 = ("cluster=slurm", "cluster.gpu_type=h100")
@@ -111,6 +112,19 @@ def test_a_similar_run_is_corrected_and_says_so_and_others_are_not(root, capsys)
     assert "corrected by" not in output(capsys, "plan", *a100)
     assert "corrected by" not in output(capsys, *a100, "dry_run=true")
     assert json.loads(output(capsys, "plan", "--json", *a100))["corrected"] is None
+
+
+def test_the_step_time_is_corrected_by_the_similar_runs_and_is_the_formulas_without_them(root):
+    def step(*overrides: str) -> StepTime:
+        run = composed(root, "model=gpt_tiny", "gpus=8", *overrides)
+        return corrected_step(run.config, run.plan, hardware_for(run.config.cluster, precision_of(run.config)))
+
+    formula = completed(root, composed(root, *H100, "model=gpt_tiny", "gpus=8"), "a", step=0.8)["step_time_s"]
+    assert step(*H100) == (pytest.approx(formula), pytest.approx(0.8 * formula))
+    assert step(*H100, "cluster.ssh=login.example") == (pytest.approx(formula),) * 2  # its runs' file is there
+    a100 = step("cluster=slurm", "cluster.gpu_type=a100")
+    assert a100.corrected == a100.formula is not None  # no similar run
+    assert step("cluster=slurm") == (None, None)  # a GPU of unknown speed
 
 
 def test_the_gate_takes_the_measured_memory_only_where_it_is_more_cautious(root):

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from launcher.slurm.output import JobRow, Node
-from launcher.status.pending import Queue, expected_start, in_words
+from launcher.status.pending import Queue, eligible, expected_start, in_words
 
 NOW = time.mktime((2026, 12, 3, 12, 0, 0, 0, 0, -1))
 
@@ -30,13 +30,18 @@ def test_waiting_for_resources_says_how_many_gpus_are_in_use_from_one_sinfo():
     assert in_words(job(), Queue([job()]), NOW) == "waiting for 16 GPUs on partition 'gpu' to come free"
 
 
-def test_an_expected_start_is_said_only_where_slurm_gives_one_in_the_future():
+def test_an_expected_start_is_said_only_where_slurm_has_planned_one():
     assert expected_start("2026-12-03T14:05:00", NOW) == "at 14:05"
     assert expected_start("2026-12-04T09:00:00", NOW) == "on 2026-12-04 at 09:00"
-    assert expected_start("2026-12-03T11:00:00", NOW) == ""  # past: Slurm has not planned it
-    assert expected_start("N/A", NOW) == expected_start("Unknown", NOW) == ""
+    assert expected_start("2026-12-03T11:00:00", NOW) == ""  # which starts Slurm has planned: test_slurm.py
     pending = job(reason="Priority", start="2026-12-03T14:05:00")
     assert in_words(pending, Queue([pending]), NOW).endswith("; Slurm expects it to start at 14:05")
+
+
+@pytest.mark.parametrize("reason", ["Dependency", "BeginTime", "JobHeldUser", "JobHeldAdmin, held"])
+def test_a_job_slurm_does_not_consider_for_a_start_stands_ahead_of_none(reason):
+    assert eligible(job(reason="Priority")) and eligible(job(reason="Resources, waiting"))
+    assert not eligible(job(reason=reason)) and not eligible(job(state="RUNNING", reason="None"))
 
 
 def test_priority_counts_the_partitions_pending_jobs_ranked_before_it():

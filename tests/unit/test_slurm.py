@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from launcher.slurm.client import Slurm
 from launcher.slurm.fit import explain_rejection, mem_mb, refusal
 from launcher.slurm.output import (Partition, SlurmError, array_elements, field_rows, max_job_nodes, minutes,
                                    parse_nodes, parse_sacct, parse_squeue, partitions_of, sbatch_reason,
-                                   tres_gpus)
+                                   start_epoch, tres_gpus)
 
 SINFO = """\
 a-node1|gpu*|gpu:h100:8(S:0-1)|gpu:h100:3(IDX:0-2)|mixed|64|512000|2-00:00:00|1-4|
@@ -81,6 +82,14 @@ def test_array_elements_are_rows_of_their_own_named_as_their_runs_records_name_t
     assert [(r.job_id, r.unique_id) for r in rows] == [("123_0", "124"), ("123_1", "123"), ("123_3", "123"),
                                                         ("123_4", "123")]
     assert array_elements("42") == ["42"] and array_elements("42_3") == ["42_3"]
+
+
+def test_a_start_is_slurms_local_time_and_with_now_given_only_one_ahead_is_planned():
+    now = time.mktime((2026, 12, 3, 12, 0, 0, 0, 0, -1))
+    assert start_epoch("2026-12-03T14:05:00", now) == now + 2 * 3600 + 5 * 60
+    assert start_epoch("2026-12-03T12:00:00", now) is None  # not ahead: the scheduler has not planned it
+    assert start_epoch("2026-12-03T12:00:00") == now  # sbatch --test-only's: a start now
+    assert start_epoch("N/A", now) is start_epoch("Unknown") is start_epoch("") is None
 
 
 def test_sbatch_reason_is_slurms_words_alone():
