@@ -39,11 +39,9 @@ class Candidate:
     the cluster's completed runs (None where the GPU's speed is not known)."""
 
     cluster: str
-    start: Optional[float] = None  # None: it cannot run there (``why_not`` says why)
-    why_not: Optional[str] = None  # refused by the site's checks or Slurm, unreachable, or no answer in time
+    start: Optional[float] = None  # None: it cannot run there (``words`` say why)
     words: str = ""  # "starts now (16 GPUs free)", "refused: ...", "unreachable: ..."
     step_s: Optional[float] = None
-    partition: Optional[str] = None  # the partition Slurm would start it in
 
     @property
     def line(self) -> str:
@@ -53,7 +51,7 @@ class Candidate:
 
 def cannot(cluster: str, why: str) -> Candidate:
     """A cluster the run cannot go to, and why (``refused: ...``, ``unreachable: ...``)."""
-    return Candidate(cluster, why_not=why, words=why)
+    return Candidate(cluster, words=why)
 
 
 def best_first(candidates: Sequence[Candidate], now: Optional[float] = None) -> List[Candidate]:
@@ -92,8 +90,7 @@ def ask_here(run: ComposedRun, timeout: float = ASK_TIMEOUT_S) -> Candidate:
         if err.transient:  # the controller did not answer in time: no refusal of the run's
             return cannot(cluster.name, f"unreachable: {err}")
         return cannot(cluster.name, f"refused: {explain_rejection(str(err), run.plan, cluster, None)}")
-    return Candidate(cluster.name, answer.start, None, start_words(slurm, answer.start, answer.partition), step,
-                     answer.partition)
+    return Candidate(cluster.name, answer.start, start_words(slurm, answer.start, answer.partition), step)
 
 
 def step_time(run: ComposedRun) -> Optional[float]:
