@@ -11,7 +11,7 @@ model, no checkpoint in the window), then for a window of ``--window`` seconds, 
 
     python scripts/bench_footprint.py                 # 1, 2 and 4 nodes: a cluster of 7 nodes or more
                                                       # (bash slurm/up.sh --nodes 7 --gpus 2), a 180 s window
-    python scripts/bench_footprint.py --quick         # 1 and 2 nodes (3 nodes or more), a 65 s window
+    python scripts/bench_footprint.py --quick         # 1 and 2 nodes (3 nodes or more), a 35 s window
 """
 from __future__ import annotations
 
@@ -85,11 +85,11 @@ class Watch:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 and 2 nodes, a 65 s window")
-    parser.add_argument("--window", type=float, default=None, help="seconds measured (default 180; 65 quick)")
+    parser.add_argument("--quick", action="store_true", help="1 and 2 nodes, a 35 s window")
+    parser.add_argument("--window", type=float, default=None, help="seconds measured (default 180; 35 quick)")
     args = parser.parse_args()
     counts = [1, 2] if args.quick else [1, 2, 4]
-    window = args.window or (65.0 if args.quick else 180.0)
+    window = args.window or (35.0 if args.quick else 180.0)
     root = Path(tempfile.mkdtemp(prefix="bench-footprint-"))
     names = {n: f"footprint-{n}n" for n in counts}
     for n, name in names.items():
