@@ -19,6 +19,7 @@ import contextlib
 import errno
 import os
 import pwd
+import re
 import stat
 import tempfile
 import time
@@ -130,6 +131,21 @@ class Folder:
         if info.st_uid != os.geteuid() or stat.S_ISLNK(info.st_mode):
             return None
         return "dir" if stat.S_ISDIR(info.st_mode) else "file"
+
+    def older(self, pattern: "re.Pattern[str]", kind: str, age_s: float) -> List[str]:
+        """The names matching ``pattern`` of this user's entries of ``kind`` (:meth:`kind`) last changed more than
+        ``age_s`` ago: what a sweep of copies may remove once nothing uses them."""
+        found = []
+        for name in self.names():
+            if not pattern.fullmatch(name) or self.kind(name) != kind:
+                continue
+            try:
+                changed = os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            if time.time() - changed > age_s:
+                found.append(name)
+        return found
 
     def remove(self, name: str) -> None:
         """Remove the file ``name`` (a link itself, never what it points to); nothing if it is gone."""

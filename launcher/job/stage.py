@@ -38,7 +38,6 @@ import re
 import shlex
 import sys
 import tarfile
-import time
 import types
 import zipfile
 import zlib
@@ -273,14 +272,8 @@ def _unpack_env(environment: stage_env.Environment, checksum: str, folder_path: 
 def remove_ended(folder: nodelocal.Folder, keep: str) -> None:
     """Remove this user's copies in ``folder`` (but ``keep``) that no process of this user's on the node imports from
     (none has it on its PYTHONPATH) and that are older than :data:`GRACE_S`. Only this user's files, by name."""
-    for name in folder.names():
-        if name == keep or not COPY.fullmatch(name) or folder.kind(name) != "file":
-            continue
-        try:
-            made = os.stat(name, dir_fd=folder.fd, follow_symlinks=False).st_mtime
-        except OSError:
-            continue
-        if time.time() - made > GRACE_S and not in_use(str(folder.path / name)):
+    for name in folder.older(COPY, "file", GRACE_S):
+        if name != keep and not in_use(str(folder.path / name)):
             folder.remove(name)
 
 

@@ -37,7 +37,6 @@ import sys
 import sysconfig
 import tarfile
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, List, Optional, Sequence
@@ -289,14 +288,8 @@ def _name_base(unpacked: Path, final: Path) -> None:
 def remove_unused(folder: nodelocal.Folder, keep: str) -> None:
     """Remove this user's copies of other versions in ``folder`` that no process of this user's on the node runs from
     and that are older than :data:`GRACE_S`; only folders of this user's, by name, never through a link."""
-    for name in folder.names():
-        if name == keep or not STAGED.fullmatch(name) or folder.kind(name) != "dir":
-            continue
-        try:
-            made = os.stat(name, dir_fd=folder.fd, follow_symlinks=False).st_mtime
-        except OSError:
-            continue
-        if time.time() - made > GRACE_S and not running_from(str(folder.path / name)):
+    for name in folder.older(STAGED, "dir", GRACE_S):
+        if name != keep and not running_from(str(folder.path / name)):
             shutil.rmtree(folder.path / name, ignore_errors=True)
 
 
