@@ -195,7 +195,7 @@ def host_steps(cfg: RunConfig, where: str) -> list:
     staged = [kind for kind, wanted in (("code", stages_code(cfg.cluster)), ("env", cfg.cluster.stage_env)) if wanted]
     if "env" in staged:
         steps.append(f"export {TASK_PYTHON}={python}")
-    if staged:  # the ranks import the run's code, and run the environment, from their node's copies where every has
+    if staged:  # the ranks import the code, and run the environment, from their node's copies where every node has one
         steps.append(f'{STAGED}=$({python} -m launcher.job.stage {where} {" ".join(staged)}) && eval "${STAGED}"')
     return steps
 
