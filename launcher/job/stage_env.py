@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import re
@@ -46,6 +47,7 @@ from launcher.core import nodelocal
 FOLDER = ".launcher-stage"  # beside the environment: its archives
 BASE = ".base"  # in the archive: the base interpreter and its standard library, where on a network file system
 STAGED = re.compile(r"env-[0-9a-f]{16}")  # a node's copy of one version (:attr:`Environment.name`)
+LOCK = re.compile(r"\.env-[0-9a-f]{16}\.lock")  # held while a node's task unpacks that version (:func:`unpack`)
 GRACE_S = 600.0  # another version's copy is left alone this long after it was made: a job may be about to run it
 # File systems whose files a node reads over the network: a base interpreter's standard library on one of these is
 # packed too (its mount's type in /proc/self/mountinfo).
@@ -227,10 +229,25 @@ def ensure(env: Environment) -> Optional[str]:
 
 def unpack(archive: Path, checksum: str, folder: nodelocal.Folder, env: Environment) -> Path:
     """A node's part: the environment's copy in ``folder`` (this user's private node-local one), unpacked from
-    ``archive`` where this version is not there yet; its path. OSError where there is no room, ValueError where the
-    archive's bytes are not those the checksum names (nothing of it is left)."""
-    if folder.kind(env.name) == "dir":
-        return folder.path / env.name
+    ``archive`` where this version is not there yet; its path. Tasks that share the folder (jobs starting together,
+    the virtual nodes of one machine) unpack it once: the others wait for it under a lock in the folder. OSError where
+    there is no room, ValueError where the archive's bytes are not those the checksum names (nothing of it is
+    left)."""
+    lock = os.open(_lock(env.name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder.fd)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if folder.kind(env.name) != "dir":
+            _unpack(archive, checksum, folder, env)
+    finally:
+        os.close(lock)
+    return folder.path / env.name
+
+
+def _lock(name: str) -> str:
+    return f".{name}.lock"
+
+
+def _unpack(archive: Path, checksum: str, folder: nodelocal.Folder, env: Environment) -> None:
     size, free = archive.stat().st_size, _free(folder)
     if free < size:
         raise OSError(errno.ENOSPC, f"No space left on device: {size / 1e9:.2f} GB to unpack, {free / 1e9:.2f} GB "
@@ -250,13 +267,9 @@ def unpack(archive: Path, checksum: str, folder: nodelocal.Folder, env: Environm
         if env.stdlib is not None:
             _name_base(folder.path / part, folder.path / env.name)
         os.rename(part, env.name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
-    except BaseException as err:
+    except BaseException:
         shutil.rmtree(folder.path / part, ignore_errors=True)
-        raced = isinstance(err, OSError) and err.errno in (errno.ENOTEMPTY, errno.EEXIST)
-        if raced and folder.kind(env.name) == "dir":  # another task on this node unpacked it first
-            return folder.path / env.name
         raise
-    return folder.path / env.name
 
 
 def _damaged(found: str, wanted: str) -> str:
@@ -291,6 +304,9 @@ def remove_unused(folder: nodelocal.Folder, keep: str) -> None:
     for name in folder.older(STAGED, "dir", GRACE_S):
         if name != keep and not running_from(str(folder.path / name)):
             shutil.rmtree(folder.path / name, ignore_errors=True)
+    for name in folder.older(LOCK, "file", GRACE_S):  # a version's lock, once its copy is gone or was never made
+        if name != _lock(keep) and folder.kind(name[1:-len(".lock")]) is None:
+            folder.remove(name)
 
 
 def running_from(path: str) -> bool:

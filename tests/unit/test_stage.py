@@ -257,7 +257,7 @@ def test_a_damaged_archive_is_refused_and_leaves_nothing_on_the_node(venv, tmp_p
         with nodelocal.Folder.open(tmp_path / "shm") as folder:
             with pytest.raises(ValueError, match="damaged"):
                 stage_env.unpack(Path(archive), checksum, folder, env)
-            assert folder.names() == []
+            assert folder.names() == [f".{env.name}.lock"]  # nothing of it but the lock its unpacking is made under
     finally:
         Path(archive).unlink()  # the next pack makes it again
 
@@ -270,6 +270,10 @@ def test_another_versions_copy_is_removed_once_no_process_runs_from_it_and_its_g
         (folder.path / "other").mkdir()
         for key in ("old", "used", "ours"):
             os.utime(folder.path / names[key], (time.time() - 2 * stage_env.GRACE_S,) * 2)
+        for key in ("old", "failed"):  # the locks of a version removed now, and of one whose unpacking failed
+            lock = folder.path / f".env-{9 if key == 'failed' else 0:016x}.lock"
+            lock.touch()
+            os.utime(lock, (time.time() - 2 * stage_env.GRACE_S,) * 2)
         rank = subprocess.Popen([str(folder.path / names["used"] / "bin" / "python"), "60"], executable="sleep")
         try:
             stage_env.remove_unused(folder, keep=names["ours"])
