@@ -176,23 +176,33 @@ class Folder:
         self.close()
 
 
+def own_name() -> str:
+    """The name of this user's folder in a shared place: ``launcher-<uid>``."""
+    return f"{PREFIX}{os.geteuid()}"
+
+
+def base_path() -> Path:
+    """Where :func:`base` is: this user's folder in the shared place, by path (a job's copies are named by it)."""
+    return shared_place() / own_name()
+
+
 def base() -> Folder:
     """This user's folder in the shared place, ``launcher-<uid>``; Taken when another user's file or folder, or a
     symlink, is there."""
-    return Folder.open(shared_place() / f"{PREFIX}{os.geteuid()}")
+    return Folder.open(base_path())
 
 
 def fresh() -> Folder:
     """A new private folder of an unpredictable name in the shared place (``launcher-<uid>-XXXXXXXX``, created
     exclusively): where the node's state goes when :func:`base` is taken."""
-    return Folder.open(Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.geteuid()}-", dir=shared_place())), create=False)
+    return Folder.open(Path(tempfile.mkdtemp(prefix=f"{own_name()}-", dir=shared_place())), create=False)
 
 
 def sweep(unused: Callable[[Folder], bool]) -> None:
     """Remove this user's node-local folders that ``unused`` finds no longer used: each folder in :func:`base`
     and in the fresh ones, then the fresh ones themselves (the base stays). Only folders of this user's are
     looked into and only this user's files removed, by name: a symlink or another user's entry is passed over."""
-    me = f"{PREFIX}{os.geteuid()}"
+    me = own_name()
     try:
         shared = _place(shared_place())
     except OSError:

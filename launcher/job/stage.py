@@ -184,7 +184,7 @@ def _code_ready(run_dir: Path, job_id: str) -> Optional[str]:
     except OSError as err:
         _record(run_dir, CodeNotStaged, str(archive), err)
         return None
-    return str(nodelocal.shared_place() / f"{nodelocal.PREFIX}{os.geteuid()}" / copy_name(run_dir, job_id))
+    return str(nodelocal.base_path() / copy_name(run_dir, job_id))
 
 
 def _variables(run_dir: Path, staged: Dict[str, str]) -> Dict[str, str]:
@@ -235,7 +235,7 @@ def copy(run_dir: Path, asked: Dict[str, Any]) -> dict:
     if asked.get("env"):
         env = asked["env"]
         environment = stage_env.Environment.from_json(env)
-        folder_path = nodelocal.shared_place() / f"{nodelocal.PREFIX}{os.geteuid()}"
+        folder_path = nodelocal.base_path()
         answer["env"] = _attempt(node, folder_path / environment.name,
                                  lambda: _unpack_env(environment, env["checksum"], folder_path))
     return answer

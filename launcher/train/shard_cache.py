@@ -74,7 +74,7 @@ def cache_folder(data: DataConfig, fingerprint: str) -> Tuple[nodelocal.Folder, 
     if data.stream_cache_dir:
         top = nodelocal.Folder.open(Path(os.path.expanduser(data.stream_cache_dir)))
     else:
-        top = nodelocal.Folder.open(Path(tempfile.gettempdir()) / f"{nodelocal.PREFIX}{os.geteuid()}")
+        top = nodelocal.Folder.open(Path(tempfile.gettempdir()) / nodelocal.own_name())
     with top:
         shards = top.folder("shards")
     with shards:
