@@ -95,9 +95,9 @@ def this_environment(mounts: Optional[str] = None, python: Optional[str] = None)
     the environment, else this interpreter; ValueError where it is no environment of its own (a system's
     interpreter: its prefix is ``/usr``)."""
     prefix = Path(sys.prefix)
-    if not ((prefix / "pyvenv.cfg").is_file() or (prefix / "conda-meta").is_dir()):
-        raise ValueError(f"the tasks' Python {sys.executable} is not in an environment of its own (its prefix {prefix} "
-                         "has no pyvenv.cfg or conda-meta); make one (python -m venv) or set cluster.stage_env=false")
+    refused = not_an_environment(sys.executable, prefix)
+    if refused:
+        raise ValueError(refused)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     base = sys.base_prefix != sys.prefix and network_fs(stdlib, mounts)
     packages = {Path(sysconfig.get_paths()[kind]) for kind in ("purelib", "platlib")}
@@ -111,6 +111,15 @@ def this_environment(mounts: Optional[str] = None, python: Optional[str] = None)
     ranks = Path(python or sys.executable)
     ranks = ranks if ranks.is_absolute() and ranks.is_relative_to(prefix) else Path(sys.executable)
     return Environment(prefix, ranks, stdlib if base else None, digest.hexdigest()[:16])
+
+
+def not_an_environment(python: str, prefix: Path) -> Optional[str]:
+    """Why ``python``, whose prefix is ``prefix``, has no environment of its own to stage (a system's interpreter:
+    ``/usr``), or None for a venv's or a conda environment's."""
+    if (prefix / "pyvenv.cfg").is_file() or (prefix / "conda-meta").is_dir():
+        return None
+    return (f"the tasks' Python {python} is not in an environment of its own (its prefix {prefix} has no pyvenv.cfg "
+            "or conda-meta); make one (python -m venv) or set cluster.stage_env=false")
 
 
 def network_fs(path: Path, mounts: Optional[str] = None) -> bool:

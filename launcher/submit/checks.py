@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from launcher.compose.catalog import other_clusters
@@ -35,6 +36,7 @@ from launcher.core.safepath import check_home
 from launcher.errors import LaunchError
 from launcher.forecast.gate import Finding, fit_findings, machine_for, sweep_label
 from launcher.job.entry import NoTorch
+from launcher.job.stage_env import not_an_environment
 from launcher.slurm.client import NoPartition, Partition, Slurm, SlurmError, for_cluster, not_the_local_cluster
 from launcher.slurm.fit import cpus_per_task, refusal
 from launcher.slurm.limits import Request, SiteRules, judge_site
@@ -236,7 +238,8 @@ def python_findings(index: int, cluster: ClusterConfig, unchecked: List[str]) ->
     if missing:
         return [Finding(index, f"the tasks' Python {python} lacks {', '.join(missing)}: install "
                                "'slurm-gpt-launcher[train]' there (cluster.python)")]
-    return []
+    refused = cluster.stage_env and not_an_environment(python, Path(path).parent.parent)  # bin/python's prefix
+    return [Finding(index, f"cluster.stage_env=true: {refused}")] if refused else []
 
 
 @functools.lru_cache(maxsize=None)

@@ -99,3 +99,20 @@ def test_plan_marks_what_a_launch_would_refuse_and_check_makes_it_exit_2(tmp_pat
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["refused"] == [str(NoTorch(str(bare_python)))]
     assert cli.main(["plan", "--check", "model=gpt_tiny", "gpus=2"]) == 0
     assert "a launch would be refused" not in capsys.readouterr().out
+
+
+def test_staging_the_environment_of_a_system_python_is_refused_in_plan_and_a_dry_run(tmp_path, capsys):
+    system = tmp_path / "usr" / "bin" / "python"  # a Python with every package, in no environment of its own
+    system.parent.mkdir(parents=True)
+    system.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    system.chmod(0o755)
+    (found,) = python_findings(0, cluster_of(f"cluster.python={system}", "cluster.stage_env=true"), [])
+    assert found.refuses and found.text == (f"cluster.stage_env=true: the tasks' Python {system} is not in an "
+                                            f"environment of its own (its prefix {tmp_path / 'usr'} has no pyvenv.cfg "
+                                            "or conda-meta); make one (python -m venv) or set cluster.stage_env=false")
+    assert python_findings(0, cluster_of(f"cluster.python={sys.executable}", "cluster.stage_env=true"), []) == []
+    args = ["model=gpt_tiny", "gpus=2", f"cluster.python={system}", "cluster.stage_env=true"]
+    assert cli.main(["plan", "--check", *args]) == 2
+    assert f"a launch would be refused: {found.text}" in capsys.readouterr().out
+    assert cli.main([*args, "dry_run=true"]) == 2
+    assert f"a launch would be refused: {found.text}" in said(capsys.readouterr().err)
